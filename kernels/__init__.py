@@ -1,0 +1,28 @@
+"""Document-aware sequence-mixing ops: short causal convolutions (static, head-wise, low-rank) and RubiConv.
+
+Every op takes ``cu_seqlens`` (int32 [n_docs + 1], see ``kernels.utils``) and a ``backend``: "torch" is the
+plain-torch reference (``naive.py`` beside each op), "triton" the kernels of issues #4 and #5, None picks one.
+"""
+
+from kernels.dynamic_conv import dynamic_conv_headwise, dynamic_conv_lowrank
+from kernels.rubiconv import rubiconv
+from kernels.short_conv import short_conv
+from kernels.utils import (
+    cu_seqlens_to_doc_ids,
+    doc_ids_to_cu_seqlens,
+    positions_in_doc,
+    resolve_backend,
+    validate_cu_seqlens,
+)
+
+__all__ = [
+    "cu_seqlens_to_doc_ids",
+    "doc_ids_to_cu_seqlens",
+    "dynamic_conv_headwise",
+    "dynamic_conv_lowrank",
+    "positions_in_doc",
+    "resolve_backend",
+    "rubiconv",
+    "short_conv",
+    "validate_cu_seqlens",
+]

@@ -1,0 +1,664 @@
+"""Dynamic short causal convolutions over packed documents (head-wise and low-rank weights): Triton kernels,
+host launchers, the custom ops with their autograd, then the public ops.
+
+Both follow ``kernels.short_conv``: tap k of output t multiplies x[t - k] and reads zero before the start of
+t's document; the weights of every tap are those of the output token t.
+
+Head-wise, weight [B, T, H, W], a channel's head is d // hs with hs = D / H. A tile is [BT, NH, HSP]: NH
+heads of hs channels (padded to the power of two HSP), so a head's channels are one axis of the tile and
+    dweight[t, h, k] = sum over the head's channels of dy[t, d] * x[t - k, d]
+is a sum along that axis. Backward programs own (a head block, a chunk of token tiles):
+    dx[t] = sum_k (weight[t + k, h, k] + static_w[k]) * dy[t + k]     for t + k in t's document
+and dstatic_w[k] = sum_t dy[t] * x[t - k] goes through fp32 partials per chunk (``kernels.triton_utils``).
+
+Low-rank, w[t, k, d] = sum_r z[t, r] U[r, k * D + d] (+ static_w[k, d]): the forward forms each tap's
+[BT, BD] weights with one tl.dot (R padded to RP >= 16 with masked loads) and never writes them. Backward
+programs own (a channel block, a chunk of token tiles) and work on the tap-channel columns j = (k, d) of the
+block, g[t, j] = dy[t, d] * x[t - k, d] ([BT, WP * BD], on chip):
+    dz[t]  = g[t] @ U[:, j]^T       one fp32 partial per channel block, [D-blocks, B*T, R], summed on the host
+    dU[:, j] = sum_t z[t]^T g[t]    and dstatic_w[j] = sum_t g[t]: fp32 partials per chunk
+    dx[t]  = sum_k (z[t + k] @ U[:, k*D + d] + static_w[k]) * dy[t + k]     the weights again formed on chip
+so the [B, T, W, D] weights and their gradient never reach device memory either.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import triton_utils as tu
+from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+
+TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})
+# Low-rank backward programs: fewer than the static ones, as each chunk's dU partial is R * W * D floats.
+LOWRANK_BWD_PROGRAMS = 256
+
+
+@triton.jit
+def _dynamic_conv_headwise_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    cu_ptr,
+    T,
+    D,
+    H,
+    N_CU,
+    N_SEARCH,
+    W: tl.constexpr,
+    HS: tl.constexpr,
+    HSP: tl.constexpr,
+    NH: tl.constexpr,
+    BT: tl.constexpr,
+    HAS_CU: tl.constexpr,
+    HAS_STATIC: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    m_t = o_t < T
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    b_y = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    for k in tl.static_range(W):
+        m_k = m_t & (o_g - k >= start)  # taps before the document start read zero
+        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        b_x = tl.load(p_x, mask=m_k[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+        p_w = w_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+        b_w = tl.load(p_w, mask=m_t[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
+        b_wk = b_w[:, :, None]  # [BT, NH, 1], shared by the head's channels
+        if HAS_STATIC:
+            b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
+            b_wk = b_wk + b_s[None, :, :]
+        b_y += b_wk * b_x
+        if RESIDUAL and k == 0:
+            b_y += b_x
+    p_y = y_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None, None] & m_hc[None, :, :])
+
+
+@triton.jit
+def _dynamic_conv_headwise_bwd_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    dy_ptr,
+    dx_ptr,
+    dw_ptr,
+    dsp_ptr,
+    cu_ptr,
+    T,
+    D,
+    H,
+    N_TB,
+    N_TOK,
+    TPC,
+    N_CU,
+    N_SEARCH,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    HS: tl.constexpr,
+    HSP: tl.constexpr,
+    NH: tl.constexpr,
+    BT: tl.constexpr,
+    HAS_CU: tl.constexpr,
+    HAS_STATIC: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    i_h, i_c = tl.program_id(0), tl.program_id(1)
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
+    b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    for j in range(TPC):
+        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        m_tc = m_t[:, None, None] & m_hc[None, :, :]
+        p_dy = dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        b_dy = tl.load(p_dy, mask=m_tc, other=0.0).to(tl.float32)  # [BT, NH, HSP]
+        b_dx = b_dy if RESIDUAL else tl.zeros([BT, NH, HSP], dtype=tl.float32)
+        for k in tl.static_range(W):
+            # tap k of output t + k, which must lie in t's document
+            m_b = m_t & (o_g + k < end)
+            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+            b_dyk = tl.load(p_dyk, mask=m_b[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+            p_wk = w_ptr + ((o_g + k).to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+            b_wk = tl.load(p_wk, mask=m_b[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
+            b_wk3 = b_wk[:, :, None]  # [BT, NH, 1]
+            if HAS_STATIC:
+                b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
+                b_wk3 = b_wk3 + b_s[None, :, :]
+            b_dx += b_wk3 * b_dyk
+            # tap k of output t reads x[t - k], zero before t's document start
+            m_f = m_t & (o_g - k >= start)
+            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+            b_xk = tl.load(p_xk, mask=m_f[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+            b_g = b_dy * b_xk  # [BT, NH, HSP]
+            p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+            b_dw = tl.sum(b_g, axis=2)  # [BT, NH], the head's channels summed
+            tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
+            if HAS_STATIC:
+                b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
+                b_ds = tl.where(o_k[:, None, None] == k, b_ds + 2 * b_dsk[None, :, :], b_ds)
+        p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
+    if HAS_STATIC:
+        p_ds = dsp_ptr + (i_c * W + o_k[:, None, None]).to(tl.int64) * D + o_d[None, :, :]
+        tl.store(p_ds, b_ds, mask=(o_k < W)[:, None, None] & m_hc[None, :, :])
+
+
+@triton.jit
+def _dynamic_conv_lowrank_fwd_kernel(
+    x_ptr,
+    z_ptr,
+    u_ptr,
+    s_ptr,
+    y_ptr,
+    cu_ptr,
+    T,
+    D,
+    R,
+    N_CU,
+    N_SEARCH,
+    W: tl.constexpr,
+    RP: tl.constexpr,
+    BT: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_CU: tl.constexpr,
+    HAS_STATIC: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_t, m_d, m_r = o_t < T, o_d < D, o_r < R
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+    b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+    b_y = tl.zeros([BT, BD], dtype=tl.float32)
+    for k in tl.static_range(W):
+        p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+        b_u = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [RP, BD]
+        b_w = tl.dot(b_z, b_u, input_precision=PRECISION)  # [BT, BD] weights of tap k, on chip only
+        if HAS_STATIC:
+            b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+            b_w += b_s[None, :]
+        m_k = m_t & (o_g - k >= start)  # taps before the document start read zero
+        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        b_y += b_w * b_x
+        if RESIDUAL and k == 0:
+            b_y += b_x
+    p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _dynamic_conv_lowrank_bwd_kernel(
+    x_ptr,
+    z_ptr,
+    u_ptr,
+    s_ptr,
+    dy_ptr,
+    dx_ptr,
+    dzp_ptr,
+    dup_ptr,
+    dsp_ptr,
+    cu_ptr,
+    T,
+    D,
+    R,
+    N_TB,
+    N_TOK,
+    TPC,
+    N_CU,
+    N_SEARCH,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    RP: tl.constexpr,
+    BT: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_CU: tl.constexpr,
+    HAS_STATIC: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_d, m_r = o_d < D, o_r < R
+    # tap-channel columns j = k * BD + (d - d0) of this channel block
+    o_j = tl.arange(0, WP * BD)  # [WP * BD]
+    k_j = o_j // BD
+    d_j = i_d * BD + o_j % BD
+    m_j = (k_j < W) & (d_j < D)
+    p_u2 = u_ptr + o_r[:, None] * (W * D) + (k_j * D + d_j)[None, :]
+    b_u2 = tl.load(p_u2, mask=m_r[:, None] & m_j[None, :], other=0.0).to(tl.float32)  # [RP, WP * BD]
+    b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
+    b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
+    for j in range(TPC):
+        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
+        m_tj = m_t[:, None] & m_j[None, :]
+        m_g = m_tj & (o_g[:, None] - k_j[None, :] >= start[:, None])
+        p_x2 = x_ptr + (o_g[:, None] - k_j[None, :]).to(tl.int64) * D + d_j[None, :]
+        b_x2 = tl.load(p_x2, mask=m_g, other=0.0).to(tl.float32)  # [BT, WP * BD]
+        p_dy2 = dy_ptr + o_g.to(tl.int64)[:, None] * D + d_j[None, :]
+        b_dy2 = tl.load(p_dy2, mask=m_tj, other=0.0).to(tl.float32)  # [BT, WP * BD]
+        b_g = b_dy2 * b_x2
+        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        b_dz = tl.dot(b_g, tl.trans(b_u2), input_precision=PRECISION)  # [BT, RP]
+        p_dz = dzp_ptr + (i_d * N_TOK + o_g).to(tl.int64)[:, None] * R + o_r[None, :]
+        tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
+        b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
+        if HAS_STATIC:
+            b_ds += tl.sum(b_g, axis=0)
+        # dx[t] = sum_k w[t + k, k] * dy[t + k] for t + k in t's document, w formed on chip again
+        p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        if RESIDUAL:
+            b_dx = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        else:
+            b_dx = tl.zeros([BT, BD], dtype=tl.float32)
+        for k in tl.static_range(W):
+            m_b = m_t & (o_g + k < end)
+            p_zk = z_ptr + (o_g + k).to(tl.int64)[:, None] * R + o_r[None, :]
+            b_zk = tl.load(p_zk, mask=m_b[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+            p_uk = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+            b_uk = tl.load(p_uk, mask=m_r[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [RP, BD]
+            b_wk = tl.dot(b_zk, b_uk, input_precision=PRECISION)  # [BT, BD]
+            if HAS_STATIC:
+                b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+                b_wk += b_s[None, :]
+            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            b_dx += b_wk * b_dyk
+        p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
+    tl.store(p_du, b_du, mask=m_r[:, None] & m_j[None, :])
+    if HAS_STATIC:
+        p_ds = dsp_ptr + (i_c * W + k_j).to(tl.int64) * D + d_j
+        tl.store(p_ds, b_ds, mask=m_j)
+
+
+def _head_tiles(T: int, H: int, hs: int) -> tuple[int, int, int]:
+    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about 4096 elements."""
+    HSP = triton.next_power_of_2(hs)
+    NH = min(triton.next_power_of_2(H), max(1, 128 // HSP))
+    BT = max(1, min(triton.next_power_of_2(T), 4096 // (NH * HSP)))
+    return BT, NH, HSP
+
+
+def _lowrank_fwd_tiles(T: int, D: int) -> tuple[int, int]:
+    """(BT, BD), both >= 16 for tl.dot: up to 128 channels, about 4096 elements a tile."""
+    BD = max(16, min(128, triton.next_power_of_2(D)))
+    BT = max(16, min(triton.next_power_of_2(T), 4096 // BD))
+    return BT, BD
+
+
+def _lowrank_bwd_tiles(T: int, D: int, WP: int, RP: int) -> tuple[int, int]:
+    """(BT, BD), both >= 16 for tl.dot: the [RP, WP * BD] U block and dU sum at most 8192 floats each, the
+    [BT, WP * BD] g block too."""
+    BD = max(16, min(triton.next_power_of_2(D), 8192 // (WP * RP)))
+    BT = max(16, min(triton.next_power_of_2(T), 8192 // (WP * BD)))
+    return BT, BD
+
+
+def _dims_of_static(static_w: torch.Tensor | None, W: int, D: int) -> None:
+    if static_w is not None and tuple(static_w.shape) != (W, D):
+        raise ValueError(f"static_w must be [W={W}, D={D}], got {tuple(static_w.shape)}")
+
+
+def _headwise_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    """x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    B, T, D = x.shape
+    H, W = weight.shape[2], weight.shape[3]
+    if tuple(weight.shape[:2]) != (B, T) or D % H:
+        raise ValueError(f"weight must be [B={B}, T={T}, H, W] with H dividing D={D}, got {tuple(weight.shape)}")
+    _dims_of_static(static_w, W, D)
+    x, weight = x.contiguous(), weight.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    y = tu.empty((B, T, D), x.dtype, x.device)
+    BT, NH, HSP = _head_tiles(T, H, D // H)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
+    _dynamic_conv_headwise_fwd_kernel[grid](
+        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search,
+        W=W, HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
+        RESIDUAL=residual, num_warps=4,
+    )  # fmt: skip
+    return y
+
+
+def _headwise_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx [B, T, D], dweight [B, T, H, W], dstatic_w [W, D], or [0] without static_w), each in the dtype
+    of its input."""
+    B, T, D = x.shape
+    H, W = weight.shape[2], weight.shape[3]
+    if tuple(dy.shape) != (B, T, D):
+        raise ValueError(f"dy must be [B={B}, T={T}, D={D}], got {tuple(dy.shape)}")
+    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    BT, NH, HSP = _head_tiles(T, H, D // H)
+    n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb)
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
+    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    _dynamic_conv_headwise_bwd_kernel[(n_hb, n_chunks)](
+        x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, n_tb, B * T, per_chunk, n_cu,
+        n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
+        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual, num_warps=4,
+    )  # fmt: skip
+    if static_w is None:
+        return dx, dweight, x.new_empty(0)
+    return dx, dweight, ds_partial.sum(0).to(static_w.dtype)
+
+
+def _lowrank_fwd(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    """x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    B, T, D = x.shape
+    R = z.shape[2]
+    if tuple(z.shape[:2]) != (B, T) or U.shape[0] != R or U.shape[1] % D:
+        raise ValueError(f"z must be [B={B}, T={T}, R] and U [R, W*D], got {tuple(z.shape)}, {tuple(U.shape)}")
+    W = U.shape[1] // D
+    _dims_of_static(static_w, W, D)
+    x, z, U = x.contiguous(), z.contiguous(), U.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    y = tu.empty((B, T, D), x.dtype, x.device)
+    BT, BD = _lowrank_fwd_tiles(T, D)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
+    _dynamic_conv_lowrank_fwd_kernel[grid](
+        x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search,
+        W=W, RP=max(16, triton.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
+        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x), num_warps=4,
+    )  # fmt: skip
+    return y
+
+
+def _lowrank_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx [B, T, D], dz [B, T, R], dU [R, W * D], dstatic_w [W, D], or [0] without static_w), each in the
+    dtype of its input."""
+    B, T, D = x.shape
+    R, W = z.shape[2], U.shape[1] // D
+    if tuple(dy.shape) != (B, T, D):
+        raise ValueError(f"dy must be [B={B}, T={T}, D={D}], got {tuple(dy.shape)}")
+    dy, x, z, U = dy.contiguous(), x.contiguous(), z.contiguous(), U.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
+    BT, BD = _lowrank_bwd_tiles(T, D, WP, RP)
+    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    dz_partial = tu.empty((n_db, B, T, R), torch.float32, x.device)
+    du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
+    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    _dynamic_conv_lowrank_bwd_kernel[(n_db, n_chunks)](
+        x, z, U, static_w, dy, dx, dz_partial, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T,
+        per_chunk, n_cu, n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
+        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x), num_warps=8,
+    )  # fmt: skip
+    dz, dU = dz_partial.sum(0).to(z.dtype), du_partial.sum(0).to(U.dtype)
+    if static_w is None:
+        return dx, dz, dU, x.new_empty(0)
+    return dx, dz, dU, ds_partial.sum(0).to(static_w.dtype)
+
+
+@torch.library.custom_op("mixlab::dynamic_conv_headwise", mutates_args=())
+def _headwise_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    return _headwise_fwd(x, weight, static_w, cu_seqlens, residual)
+
+
+@_headwise_op.register_fake
+def _(x, weight, static_w, cu_seqlens, residual):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("mixlab::dynamic_conv_headwise_bwd", mutates_args=())
+def _headwise_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _headwise_bwd(dy, x, weight, static_w, cu_seqlens, residual)
+
+
+@_headwise_bwd_op.register_fake
+def _(dy, x, weight, static_w, cu_seqlens, residual):
+    ds = x.new_empty(0) if static_w is None else static_w.new_empty(static_w.shape)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), ds
+
+
+def _headwise_setup_context(ctx, inputs, output):
+    x, weight, static_w, cu_seqlens, residual = inputs
+    ctx.save_for_backward(x, weight, static_w, cu_seqlens)
+    ctx.residual = residual
+
+
+def _headwise_backward(ctx, dy):
+    x, weight, static_w, cu_seqlens = ctx.saved_tensors
+    dx, dweight, ds = _headwise_bwd_op(dy, x, weight, static_w, cu_seqlens, ctx.residual)
+    return dx, dweight, None if static_w is None else ds, None, None
+
+
+_headwise_op.register_autograd(_headwise_backward, setup_context=_headwise_setup_context)
+
+
+@torch.library.custom_op("mixlab::dynamic_conv_lowrank", mutates_args=())
+def _lowrank_op(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    return _lowrank_fwd(x, z, U, static_w, cu_seqlens, residual)
+
+
+@_lowrank_op.register_fake
+def _(x, z, U, static_w, cu_seqlens, residual):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("mixlab::dynamic_conv_lowrank_bwd", mutates_args=())
+def _lowrank_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _lowrank_bwd(dy, x, z, U, static_w, cu_seqlens, residual)
+
+
+@_lowrank_bwd_op.register_fake
+def _(dy, x, z, U, static_w, cu_seqlens, residual):
+    ds = x.new_empty(0) if static_w is None else static_w.new_empty(static_w.shape)
+    return x.new_empty(x.shape), z.new_empty(z.shape), U.new_empty(U.shape), ds
+
+
+def _lowrank_setup_context(ctx, inputs, output):
+    x, z, U, static_w, cu_seqlens, residual = inputs
+    ctx.save_for_backward(x, z, U, static_w, cu_seqlens)
+    ctx.residual = residual
+
+
+def _lowrank_backward(ctx, dy):
+    x, z, U, static_w, cu_seqlens = ctx.saved_tensors
+    dx, dz, dU, ds = _lowrank_bwd_op(dy, x, z, U, static_w, cu_seqlens, ctx.residual)
+    return dx, dz, dU, None if static_w is None else ds, None, None
+
+
+_lowrank_op.register_autograd(_lowrank_backward, setup_context=_lowrank_setup_context)
+
+
+def _check_static_w(static_w: torch.Tensor | None, W: int, x: torch.Tensor) -> None:
+    if static_w is None:
+        return
+    check_tensor("static_w", static_w, 2, x)
+    if tuple(static_w.shape) != (W, x.shape[2]):
+        raise ValueError(f"static_w must be [W={W}, D={x.shape[2]}], got {tuple(static_w.shape)}")
+
+
+def _check_cu_seqlens(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
+    # reading cu_seqlens' values would break a torch.compile graph; eager calls check them
+    if not torch.compiler.is_compiling():
+        check_cu_seqlens(cu_seqlens, x)
+
+
+def _check_headwise(
+    x: torch.Tensor, weight: torch.Tensor, static_w: torch.Tensor | None, cu_seqlens: torch.Tensor | None
+) -> None:
+    check_tensor("x", x, 3)
+    check_tensor("weight", weight, 4, x)
+    B, T, D = x.shape
+    if tuple(weight.shape[:2]) != (B, T):
+        raise ValueError(f"weight must be [B={B}, T={T}, H, W], got {tuple(weight.shape)}")
+    if D % weight.shape[2]:
+        raise ValueError(f"the head count H={weight.shape[2]} of weight must divide D={D}")
+    _check_static_w(static_w, weight.shape[3], x)
+    _check_cu_seqlens(cu_seqlens, x)
+
+
+def _check_lowrank(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> None:
+    check_tensor("x", x, 3)
+    check_tensor("z", z, 3, x)
+    check_tensor("U", U, 2, x)
+    B, T, D = x.shape
+    if tuple(z.shape[:2]) != (B, T):
+        raise ValueError(f"z must be [B={B}, T={T}, R], got {tuple(z.shape)}")
+    if U.shape[0] != z.shape[2] or U.shape[1] % D:
+        raise ValueError(f"U must be [R={z.shape[2]}, W*D] with D={D}, got {tuple(U.shape)}")
+    _check_static_w(static_w, U.shape[1] // D, x)
+    _check_cu_seqlens(cu_seqlens, x)
+
+
+def dynamic_conv_headwise(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None = None,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    residual: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Causal convolution with one weight per token, head and tap, shared by the D / H channels of a head.
+
+    ``y[b, t, d] = sum_k (weight[b, t, d // (D / H), k] + static_w[k, d]) * x[b, t - k, d]``
+    (+ ``x[b, t, d]``).
+
+    Args:
+        x: [B, T, D] float16/bfloat16/float32/float64.
+        weight: [B, T, H, W], H divides D; tap k of token t multiplies x[t - k].
+        static_w: [W, D] added to every token's taps, or None.
+        cu_seqlens: int32 [n_docs + 1] offsets into the flattened B*T axis (``kernels.utils``), or None for
+            one document per row. Taps that reach before the token's document start read zero.
+        residual: add x[t] to the output.
+        backend: "torch", "triton" or None (auto, ``kernels.utils.resolve_backend``; float64 stays on
+            "torch" under auto, the kernels take float16, bfloat16 and float32).
+
+    Returns:
+        y: [B, T, D] in x's dtype (half types compute in float32).
+    """
+    _check_headwise(x, weight, static_w, cu_seqlens)
+    if tu.use_triton(backend, "dynamic_conv_headwise", _dynamic_conv_headwise_fwd_kernel, x, weight, static_w):
+        return _headwise_op(x, weight, static_w, cu_seqlens, residual)
+    return dynamic_conv_headwise_ref(x, weight, static_w, cu_seqlens=cu_seqlens, residual=residual)
+
+
+def dynamic_conv_lowrank(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None = None,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    residual: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Causal convolution with per-token, per-channel weights of rank R: ``(z @ U).view(B, T, W, D)``.
+
+    ``y[b, t, d] = sum_k ((z @ U).view(B, T, W, D)[b, t, k, d] + static_w[k, d]) * x[b, t - k, d]``
+    (+ ``x[b, t, d]``).
+
+    Args:
+        x: [B, T, D] float16/bfloat16/float32/float64.
+        z: [B, T, R] per-token coefficients.
+        U: [R, W * D] basis; column k * D + d is tap k of channel d.
+        static_w: [W, D] added to every token's taps, or None.
+        cu_seqlens: int32 [n_docs + 1] offsets into the flattened B*T axis (``kernels.utils``), or None for
+            one document per row. Taps that reach before the token's document start read zero.
+        residual: add x[t] to the output.
+        backend: "torch", "triton" or None (auto, ``kernels.utils.resolve_backend``; float64 stays on
+            "torch" under auto, the kernels take float16, bfloat16 and float32).
+
+    Returns:
+        y: [B, T, D] in x's dtype (half types compute in float32).
+    """
+    _check_lowrank(x, z, U, static_w, cu_seqlens)
+    if tu.use_triton(backend, "dynamic_conv_lowrank", _dynamic_conv_lowrank_fwd_kernel, x, z, U, static_w):
+        return _lowrank_op(x, z, U, static_w, cu_seqlens, residual)
+    return dynamic_conv_lowrank_ref(x, z, U, static_w, cu_seqlens=cu_seqlens, residual=residual)

@@ -1,0 +1,155 @@
+"""Shared helpers of the kernels: document layouts (``cu_seqlens`` <-> ``doc_ids``), input checks, backends.
+
+A packed batch ``x: [B, T, D]`` holds documents laid end to end inside each row. ``cu_seqlens`` is an int32
+tensor ``[n_docs + 1]`` of offsets into the flattened ``B * T`` token axis: it starts at 0, ends at ``B * T``,
+never decreases and contains every row end ``k * T``, so a document never spans two rows. Two equal
+consecutive offsets are an empty document. ``doc_ids: [B, T]`` numbers the documents within each row
+(0, 1, ...); a new document starts at a row start or wherever the id changes.
+"""
+
+import os
+
+import torch
+
+BACKENDS = ("torch", "triton")
+# Ops whose Triton kernel exists; each op.py adds its name once its kernel lands (issues #4 and #5).
+TRITON_OPS: set[str] = set()
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def resolve_backend(backend: str | None, x: torch.Tensor, op: str | None = None) -> str:
+    """Return "torch" or "triton" for an op on input ``x``.
+
+    ``backend=None`` is auto: the env var ``MIXLAB_BACKEND`` (torch|triton) when set, else "triton" when ``x``
+    is on CUDA, else "torch". When ``op`` is given and has no Triton kernel in ``TRITON_OPS``, auto falls back
+    to "torch"; an explicit ``backend="triton"`` is returned as asked (the op then raises).
+    """
+    if backend is None:
+        env = os.environ.get("MIXLAB_BACKEND", "")
+        if env and env not in BACKENDS:
+            raise ValueError(f"MIXLAB_BACKEND={env!r} is not a backend; expected {' or '.join(BACKENDS)}")
+        backend = env or ("triton" if x.is_cuda else "torch")
+        if backend == "triton" and op is not None and op not in TRITON_OPS:
+            backend = "torch"
+        return backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected {' or '.join(BACKENDS)}")
+    return backend
+
+
+def validate_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:
+    """Raise ValueError unless ``cu_seqlens`` is a valid int32 [n_docs + 1] layout of B rows of T tokens."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be a tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with >= 2 offsets, got shape {tuple(cu_seqlens.shape)}")
+    cu = cu_seqlens.detach().cpu().long()
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {cu[0].item()}")
+    if cu[-1] != B * T:
+        raise ValueError(f"cu_seqlens must end at B*T={B * T}, got {cu[-1].item()}")
+    steps = cu[1:] - cu[:-1]
+    if (steps < 0).any():
+        i = int((steps < 0).nonzero()[0])
+        raise ValueError(f"cu_seqlens decreases at index {i + 1}: {cu[i].item()} -> {cu[i + 1].item()}")
+    row_ends = torch.arange(1, B + 1) * T
+    missing = row_ends[~torch.isin(row_ends, cu)]
+    if missing.numel():
+        raise ValueError(f"cu_seqlens misses row end {missing[0].item()} (T={T}): a document spans two rows")
+
+
+def doc_ids_to_cu_seqlens(doc_ids: torch.Tensor) -> torch.Tensor:
+    """doc_ids: [B, T] integer, non-decreasing within each row -> cu_seqlens: int32 [n_docs + 1]."""
+    if doc_ids.dim() != 2 or doc_ids.dtype.is_floating_point or doc_ids.dtype == torch.bool:
+        raise ValueError(f"doc_ids must be integer [B, T], got {doc_ids.dtype} {tuple(doc_ids.shape)}")
+    B, T = doc_ids.shape
+    if B * T == 0:
+        raise ValueError(f"doc_ids must be non-empty, got shape {(B, T)}")
+    if (doc_ids[:, 1:] < doc_ids[:, :-1]).any():
+        row = int((doc_ids[:, 1:] < doc_ids[:, :-1]).any(dim=1).nonzero()[0])
+        raise ValueError(f"doc_ids must be non-decreasing within a row; row {row} decreases")
+    is_start = torch.ones_like(doc_ids, dtype=torch.bool)  # [B, T]
+    is_start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    starts = is_start.flatten().nonzero().flatten()
+    end = torch.tensor([B * T], device=doc_ids.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def _doc_index(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token of the flattened B*T axis: (index into cu_seqlens of its document's start, that start)."""
+    cu = cu_seqlens.long()
+    flat = torch.arange(B * T, device=cu.device)  # [B*T]
+    # right=True skips empty documents: the last offset <= t is the start of the non-empty document holding t
+    doc = torch.searchsorted(cu, flat, right=True) - 1
+    return doc, cu[doc]
+
+
+def doc_positions(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """positions_in_doc without validation, for callers that already validated ``cu_seqlens``: [B, T] long."""
+    _, start = _doc_index(cu_seqlens, B, T)
+    return (torch.arange(B * T, device=start.device) - start).view(B, T)
+
+
+def positions_in_doc(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """cu_seqlens: int32 [n_docs + 1] -> [B, T] long: t - start(doc(t)), 0 at each document's first token."""
+    validate_cu_seqlens(cu_seqlens, B, T)
+    return doc_positions(cu_seqlens, B, T)
+
+
+def cu_seqlens_to_doc_ids(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """cu_seqlens: int32 [n_docs + 1] -> doc_ids: [B, T] long; each row's non-empty documents are 0, 1, ...
+
+    Empty documents hold no token and get no number, so ``doc_ids_to_cu_seqlens`` of the result gives
+    ``cu_seqlens`` with its repeated offsets removed.
+    """
+    validate_cu_seqlens(cu_seqlens, B, T)
+    doc, _ = _doc_index(cu_seqlens, B, T)
+    doc = doc.view(B, T)
+    is_start = torch.ones_like(doc, dtype=torch.bool)  # [B, T]
+    is_start[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    return is_start.long().cumsum(dim=1) - 1
+
+
+def shift_in_doc(x: torch.Tensor, k: int, pos: torch.Tensor | None) -> torch.Tensor:
+    """x: [B, T, D] -> [B, T, D] holding x[t - k], zero where t - k falls before the start of t's document.
+
+    ``pos``: [B, T] positions in document (``doc_positions``), or None when each row is one document. Uses
+    ``torch.where``, not a 0/1 product, so a NaN in another document stays out and its gradient is exactly 0.
+    """
+    T = x.shape[1]
+    if k >= T:
+        return torch.zeros_like(x)
+    shifted = torch.nn.functional.pad(x[:, : T - k], (0, 0, k, 0))  # rows start with k zeros
+    if pos is None or k == 0:
+        return shifted
+    return torch.where((pos >= k).unsqueeze(-1), shifted, 0.0)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """Half types compute in float32; float32 and float64 compute in their own precision."""
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def check_tensor(name: str, t: torch.Tensor, dims: int, x: torch.Tensor | None = None) -> None:
+    """Raise ValueError unless ``t`` is a floating tensor with ``dims`` dimensions on ``x``'s device."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if 0 in t.shape:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(t.shape)}")
+    if x is not None and t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
+    """Validate an op's optional ``cu_seqlens`` against ``x: [B, T, D]``, device included."""
+    if cu_seqlens is None:
+        return
+    validate_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
+    if cu_seqlens.device != x.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")

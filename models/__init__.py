@@ -1,0 +1,26 @@
+"""Sequence mixers, the pre-norm block, the small LM and compression models, and the MIXERS registry.
+
+    config = ModelConfig(vocab_size=16, mixer="attention", qkv_conv="dynamic_lowrank")
+    model = build_model(config)
+    logits = model(input_ids, doc_ids=None)   # [B, T, V]
+"""
+
+from models.config import PRESETS, ModelConfig, preset_config
+from models.layers import Block, Mixer, RMSNorm, SwiGLU
+from models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
+from models.mixers import MIXERS
+
+__all__ = [
+    "MIXERS",
+    "PRESETS",
+    "Block",
+    "CompressionAutoencoder",
+    "LanguageModel",
+    "Mixer",
+    "ModelConfig",
+    "RMSNorm",
+    "SwiGLU",
+    "build_model",
+    "count_parameters",
+    "preset_config",
+]

@@ -1,0 +1,137 @@
+"""ModelConfig: the typed, keyword-only description of a model, saved whole with every result.
+
+The dataclass refuses unknown keys (the constructor raises TypeError; `from_dict` raises ValueError naming
+them) and checks every value in `__post_init__`, so a misspelled or impossible setting fails before training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from models.mixers import MIXERS
+
+QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
+OBJECTIVES = ("lm", "compression")
+KERNEL_BACKENDS = (None, "torch", "triton")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Every setting of a mixlab model. Defaults give the MAD protocol's model (SPEC 3.3).
+
+    Fields:
+        vocab_size: number of token ids; also the output size. Required.
+        d_model: residual-stream width D.
+        n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
+            these as two "layers", so the MAD model's 4 layers are 2 blocks).
+        mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
+            rubiconv, fft_conv_leaky, none).
+        n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
+        mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
+        max_seq_len: longest accepted sequence; the long-conv filter length L_F.
+        qkv_conv: short conv on Q, K and V after the projection, before RoPE (attention only): none, static,
+            dynamic_lowrank or dynamic_headwise. Residual: X = X + conv(X).
+        conv_width: taps W of every short conv (qkv convs and the short-conv mixers).
+        conv_rank: rank R of the low-rank dynamic conv's generator D -> R -> W*C.
+        conv_head_size: channels sharing one generated weight in the head-wise dynamic conv (H = C / size).
+        rope_base: base of the rotary embedding's frequencies.
+        norm_eps: epsilon of every RMSNorm.
+        init_std: standard deviation of the normal init of every Linear and Embedding weight.
+        objective: "lm" (next-token logits) or "compression" (MAD autoencoder, SPEC 3.3 item 5).
+        kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 2
+    mixer: str = "attention"
+    n_heads: int = 16
+    mlp_hidden: int | None = 352
+    max_seq_len: int = 2048
+    qkv_conv: str = "none"
+    conv_width: int = 4
+    conv_rank: int = 16
+    conv_head_size: int = 8
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    objective: str = "lm"
+    kernel_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in [("vocab_size", 1), ("d_model", 1), ("n_layers", 1), ("n_heads", 1),
+                              ("max_seq_len", 1), ("conv_width", 1), ("conv_rank", 1), ("conv_head_size", 1)]:
+            _check_int(name, getattr(self, name), minimum)
+        if self.mlp_hidden is not None:
+            _check_int("mlp_hidden", self.mlp_hidden, 0)
+        for name in ("rope_base", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        _check_choice("mixer", self.mixer, sorted(MIXERS))
+        _check_choice("qkv_conv", self.qkv_conv, QKV_CONVS)
+        _check_choice("objective", self.objective, OBJECTIVES)
+        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
+        if self.qkv_conv != "none" and self.mixer != "attention":
+            raise ValueError(f"ModelConfig.qkv_conv={self.qkv_conv!r} needs mixer='attention', "
+                             f"got mixer={self.mixer!r}")
+        if self.mixer == "attention":
+            if self.d_model % self.n_heads:
+                raise ValueError(f"ModelConfig.d_model={self.d_model} is not divisible by "
+                                 f"n_heads={self.n_heads}")
+            if (self.d_model // self.n_heads) % 2:
+                raise ValueError(f"ModelConfig.n_heads={self.n_heads} gives an odd head size "
+                                 f"{self.d_model // self.n_heads}; rotary embedding needs an even one")
+        if (self.mixer == "dynamic_conv_headwise" or self.qkv_conv == "dynamic_headwise") and (
+            self.d_model % self.conv_head_size
+        ):
+            raise ValueError(f"ModelConfig.conv_head_size={self.conv_head_size} does not divide "
+                             f"d_model={self.d_model}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (JSON-ready)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """Inverse of `to_dict`; unknown or missing keys raise ValueError naming them."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"ModelConfig.from_dict needs a mapping, got {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown keys {unknown}")
+        missing = sorted(name for name, f in fields.items()
+                         if f.default is dataclasses.MISSING and name not in data)
+        if missing:
+            raise ValueError(f"ModelConfig: missing keys {missing}")
+        return cls(**data)
+
+
+# The MAD reference models of the dynamic-conv paper (SPEC 3.3): fields over the ModelConfig defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "transformer": {"mixer": "attention"},
+    "static_conv_qkv": {"mixer": "attention", "qkv_conv": "static"},
+    "dynamic_conv_qkv": {"mixer": "attention", "qkv_conv": "dynamic_lowrank", "conv_rank": 16},
+    "dynamic_conv_headwise_qkv": {"mixer": "attention", "qkv_conv": "dynamic_headwise"},
+}
+
+
+def preset_config(name: str, **fields: Any) -> ModelConfig:
+    """ModelConfig of preset `name` with `fields` on top: `preset_config("transformer", vocab_size=16)`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return ModelConfig.from_dict({**PRESETS[name], **fields})
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"ModelConfig.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"ModelConfig.{name}: unknown value {value!r}; choose from {list(choices)}")

@@ -1,0 +1,116 @@
+"""The small models: a pre-norm LM and the MAD compression autoencoder, and `build_model`.
+
+Both embed tokens, run `config.n_layers` Blocks with the configured mixer, and take
+`model(input_ids [B, T], doc_ids [B, T] | None) -> logits [B, T, V]`. doc_ids are turned into cu_seqlens
+once per forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
+with zero biases; mixer-specific parameters (conv weights, long filters) keep their modules' own init.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels.utils
+from models.config import ModelConfig
+from models.layers import Block, RMSNorm, sincos_embedding
+from models.mixers import MIXERS
+
+
+def init_weights(model: nn.Module, std: float) -> None:
+    """Normal(0, std) on every Linear and Embedding weight, zero on Linear biases."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters (each shared tensor counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+class _BlockStack(nn.Module):
+    """Token embedding + Blocks; `encode` checks the inputs and returns the last block's states."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        factory = MIXERS[config.mixer]
+        self.blocks = nn.ModuleList(Block(config, i, factory) for i in range(config.n_layers))
+
+    def encode(self, input_ids: torch.Tensor,
+               doc_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> states [B, T, D] after the last block, cu_seqlens (int32 [n_docs + 1]) or None."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds "
+                             f"max_seq_len={self.config.max_seq_len}")
+        cu_seqlens = None
+        if doc_ids is not None:
+            if doc_ids.shape != input_ids.shape:
+                raise ValueError(f"doc_ids shape {tuple(doc_ids.shape)} != input_ids shape "
+                                 f"{tuple(input_ids.shape)}")
+            cu_seqlens = kernels.utils.doc_ids_to_cu_seqlens(doc_ids)
+        x = self.embed(input_ids)  # [B, T, D]
+        for block in self.blocks:
+            x = block(x, cu_seqlens=cu_seqlens)
+        return x, cu_seqlens
+
+
+class LanguageModel(_BlockStack):
+    """Blocks -> final RMSNorm -> untied linear head: next-token logits [B, T, V]."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self, config.init_std)
+
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x, _ = self.encode(input_ids, doc_ids)
+        return self.head(self.norm(x))  # [B, T, V]
+
+
+class CompressionAutoencoder(_BlockStack):
+    """MAD compression model (SPEC 3.3 item 5; mad-lab `AutoEncoder` with global_pool="last").
+
+    Encoder: the Blocks; the state at the last position of each document (each row without doc_ids) is the
+    code. Decoder, for every position p of that document (p counted from the document's start):
+    (code + sincos(p)) -> RMSNorm -> Linear -> GELU -> RMSNorm -> Linear -> GELU -> RMSNorm -> Linear(D, V).
+    The decoder's Linear layers carry biases, as in mad-lab.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        d, eps = config.d_model, config.norm_eps
+        self.decoder = nn.Sequential(
+            RMSNorm(d, eps), nn.Linear(d, d), nn.GELU(),
+            RMSNorm(d, eps), nn.Linear(d, d), nn.GELU(),
+            RMSNorm(d, eps), nn.Linear(d, config.vocab_size),
+        )
+        init_weights(self, config.init_std)
+
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x, cu_seqlens = self.encode(input_ids, doc_ids)
+        B, T, D = x.shape
+        if cu_seqlens is None:
+            cu_seqlens = torch.arange(0, B * T + 1, T, device=x.device)  # each row one document
+        cu = cu_seqlens.long()
+        token = torch.arange(B * T, device=x.device)
+        doc = torch.searchsorted(cu[1:], token, right=True)  # [B*T]: the document holding each token
+        code = x.reshape(B * T, D)[cu[1:][doc] - 1]  # [B*T, D]: state at its document's last position
+        h = code + sincos_embedding(token - cu[:-1][doc], D).to(code.dtype)
+        return self.decoder(h).view(B, T, -1)  # [B, T, V]
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The model of `config`: LanguageModel for objective "lm", CompressionAutoencoder for "compression"."""
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"build_model needs a ModelConfig, got {type(config).__name__}")
+    if config.objective == "compression":
+        return CompressionAutoencoder(config)
+    return LanguageModel(config)

@@ -1,0 +1,81 @@
+"""Causal multi-head attention with rotary embedding on all head dims and an optional short conv on Q, K, V.
+
+With documents (cu_seqlens) attention is exactly blind to other documents without a dense [T, T] mask: a
+masked score still enters P @ V as 0 * v, and 0 * NaN = NaN, so one poisoned document would reach the others.
+Instead every document is gathered into its own row of a padded [n_docs, L_max, ...] batch (padding read from
+a zero row, never from another document), causal attention runs per row with positions restarting at 0, and
+the valid positions are scattered back. Padding sits after each document's end, so the causal mask hides it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.layers import Mixer, apply_rope, rope_cos_sin
+from models.mixers.short_conv import make_conv_unit
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
+
+
+def document_gather_index(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded per-document layout of the flattened token axis.
+
+    Returns index [n_docs, L_max] (Long) into a token axis of n_tokens + 1 rows whose last row is the padding
+    row, and valid [n_docs, L_max] (bool). valid is row-major in document order, so `padded[valid]` lists the
+    tokens in their original flattened order.
+    """
+    cu = cu_seqlens.long()
+    starts, lengths = cu[:-1], cu[1:] - cu[:-1]  # [n_docs]
+    max_len = int(lengths.max())
+    offsets = torch.arange(max_len, device=cu.device)  # [L_max]: in-document positions
+    valid = offsets[None, :] < lengths[:, None]  # [n_docs, L_max]
+    index = torch.where(valid, starts[:, None] + offsets[None, :], n_tokens)
+    return index, valid
+
+
+class Attention(Mixer):
+    """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal SDPA -> out projection.
+
+    qkv_conv (config): "none", or a conv unit (models.mixers.short_conv) on the 3D channels of [Q, K, V]
+    after the projection and before RoPE; dynamic weights are generated from the mixer's input x.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.head_dim = config.d_model // config.n_heads
+        self.rope_base = config.rope_base
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.qkv_conv = None
+        if config.qkv_conv != "none":
+            self.qkv_conv = make_conv_unit(config.qkv_conv, config, 3 * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        H, hd = self.n_heads, self.head_dim
+        qkv = self.qkv(x)  # [B, T, 3D]
+        if self.qkv_conv is not None:
+            qkv = self.qkv_conv(qkv, x, cu_seqlens=cu_seqlens)
+        if cu_seqlens is None:
+            out = self._causal_attention(qkv.view(B, T, 3, H, hd))  # [B, T, H, hd]
+        else:
+            index, valid = document_gather_index(cu_seqlens, B * T)
+            flat = qkv.reshape(B * T, 3, H, hd)
+            flat = torch.cat([flat, flat.new_zeros(1, 3, H, hd)])  # padding row of zeros
+            out = self._causal_attention(flat[index])[valid]  # [n_docs, L_max, H, hd] -> [B*T, H, hd]
+        return self.out(out.reshape(B, T, D))
+
+    def _causal_attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]."""
+        q, k, v = qkv.unbind(2)  # [N, L, H, hd] each
+        cos, sin = rope_cos_sin(qkv.shape[1], self.head_dim, self.rope_base, qkv.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True)  # [N, H, L, hd]
+        return out.transpose(1, 2)

@@ -1,0 +1,65 @@
+"""Gated long-convolution mixer (Hyena-style, order 1) over RubiConv, and its leaky negative control.
+
+    v, g = in_proj(x)                                       # [B, T, D] each
+    y    = (longconv(v, h) + skip * v) * g                  # h [D, L_F], skip [D]
+    out  = out_proj(y)
+`rubiconv` convolves each document on its own (kernels.rubiconv with cu_seqlens: exact per document);
+`fft_conv_leaky` is the same layer with one FFT over each whole packed row, so a document's outputs depend on
+the documents before it in the row. Both are causal, but only up to rounding (FFT/DFT arithmetic), so both set
+`bitwise_causal = False`. The filter reaches the kernel in fp32; half inputs compute in fp32 there.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+import kernels
+from models.layers import Mixer
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
+
+
+def decaying_filter(channels: int, length: int) -> torch.Tensor:
+    """Init of the explicit filter h [channels, length]: normal taps under a per-channel envelope exp(-r j),
+    rates r log-spaced from 1 (about one token) to 1/length (the whole filter), each row scaled to unit L2
+    norm so the convolution keeps the input's scale at init."""
+    rates = torch.exp(torch.linspace(0.0, -math.log(length), channels))  # [D]
+    envelope = torch.exp(-rates[:, None] * torch.arange(length, dtype=torch.float32))  # [D, L_F]
+    taps = nn.init.normal_(torch.empty(channels, length)) * envelope
+    return taps / taps.norm(dim=1, keepdim=True)
+
+
+class GatedLongConv(Mixer):
+    """Registry `rubiconv`: gated long conv, exact per document. Filter length L_F = config.max_seq_len."""
+
+    bitwise_causal = False
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        d = config.d_model
+        self.backend = config.kernel_backend
+        self.in_proj = nn.Linear(d, 2 * d, bias=False)  # value and gate
+        self.filter = nn.Parameter(decaying_filter(d, config.max_seq_len))  # [D, L_F]
+        self.skip = nn.Parameter(torch.ones(d))  # per-channel skip: starts as a residual around the conv
+        self.out_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        T = x.shape[1]
+        v, gate = self.in_proj(x).chunk(2, dim=-1)  # [B, T, D] each
+        v = v.contiguous()
+        documents = None if self.leaks_across_documents else cu_seqlens
+        # taps j >= T never reach a token, so the filter is cut to T before the transform
+        y = kernels.rubiconv(v, self.filter[:, :T], cu_seqlens=documents, backend=self.backend)
+        return self.out_proj((y + self.skip.to(v.dtype) * v) * gate)
+
+
+class LeakyFFTConv(GatedLongConv):
+    """Registry `fft_conv_leaky`: GatedLongConv with one FFT per packed row, ignoring document boundaries (the
+    negative control for the leakage probes)."""
+
+    leaks_across_documents = True

@@ -1,0 +1,117 @@
+"""Packed associative retrieval (RubiConv paper): several documents per row, each its own key->value map.
+
+Token ids: 0 filler, 1 BOS, 2 ``=>`` (query marker), 3 NONE, keys ``4 .. 4+num_keys-1``, then values.
+One document of length L::
+
+    BOS k v k v ... k v [filler] => q a
+
+It holds (L - 4) // 2 pairs whose keys come from the document's own active subset of ``keys_per_doc`` keys of the
+shared key set, each mapped to a value by the document's own map; one filler token pads an odd length. The query
+``q`` is, with probability 1 - ``absent_prob``, a key shown in this document (answer: its value) and otherwise a key
+absent from this document but shown in the previous document of the row (answer: NONE; the first document of a row,
+or one whose neighbour shares all its keys, takes any key it does not show). The target sits at ``q`` (the model
+emits the answer after reading the query key); nothing else is scored. A mixer that reads the previous document
+answers absent queries with that document's value instead of NONE.
+
+Worked example (one document, keys 4.., values 4+num_keys..; num_keys=8, L=10)::
+
+    inputs : 1  5 14  7 12  5 14  2  7 12
+    targets: .  .  .  .  .  .  .  . 12  .
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.base import IGNORE, Role, Task, TaskData, require
+from tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
+
+FILLER, BOS, QUERY, NONE = 0, 1, 2, 3
+FIRST_KEY = 4
+MIN_DOC = 6  # BOS, one pair, =>, query, answer
+
+
+@dataclass(frozen=True)
+class AssociativeRetrievalParams(PackingParams):
+    num_keys: int = 32
+    num_values: int = 32
+    keys_per_doc: int = 8
+    absent_prob: float = 0.5
+
+
+class PackedAssociativeRetrieval(Task):
+    name = "packed/associative_retrieval"
+    description = "Packed documents of key-value pairs and one query; absent keys (seen next door) answer NONE."
+    Params = AssociativeRetrievalParams
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_KEY + self.params.num_keys + self.params.num_values
+
+    def validate(self) -> None:
+        p = self.params
+        validate_packing(p, MIN_DOC)
+        require(p.num_keys >= 2, f"num_keys must be >= 2, got {p.num_keys}")
+        require(p.num_values >= 1, f"num_values must be >= 1, got {p.num_values}")
+        require(
+            1 <= p.keys_per_doc < p.num_keys,
+            f"keys_per_doc must be in [1, num_keys) so absent keys exist, got {p.keys_per_doc}",
+        )
+        require(0.0 <= p.absent_prob <= 1.0, f"absent_prob must be in [0, 1], got {p.absent_prob}")
+
+    def token_label(self, token: int) -> str:
+        special = {FILLER: "<fill>", BOS: "<bos>", QUERY: "=>", NONE: "NONE"}
+        if token in special:
+            return special[token]
+        if token < FIRST_KEY + self.params.num_keys:
+            return f"k{token - FIRST_KEY}"
+        return f"v{token - FIRST_KEY - self.params.num_keys}"
+
+    def score_groups(self, targets):
+        """Present-key queries (answer: a value) and absent-key queries (answer: NONE)."""
+        return {"present": (targets != IGNORE) & (targets != NONE), "absent": targets == NONE}
+
+    def _generate(self, rng: np.random.Generator, num_examples: int, split: str) -> TaskData:
+        p = self.params
+        t = p.seq_len
+        first_value = FIRST_KEY + p.num_keys
+        inputs = np.zeros((num_examples, t), dtype=np.int64)
+        targets = np.full((num_examples, t), IGNORE, dtype=np.int64)
+        roles = np.zeros((num_examples, t), dtype=np.uint8)
+        doc_ids = np.zeros((num_examples, t), dtype=np.int64)
+        for r, lengths in enumerate(draw_doc_lengths(rng, num_examples, p)):
+            doc_ids[r] = doc_ids_from_lengths(lengths, t)
+            prev_keys = np.zeros(0, dtype=np.int64)
+            start = 0
+            for length in lengths:
+                n_pairs = (length - 4) // 2
+                active = rng.choice(p.num_keys, size=p.keys_per_doc, replace=False)
+                mapping = rng.integers(0, p.num_values, size=p.keys_per_doc)  # value of active[i]
+                which = rng.integers(0, p.keys_per_doc, size=n_pairs)
+                keys, values = active[which] + FIRST_KEY, mapping[which] + first_value
+                shown = np.unique(keys)
+                absent = rng.random() < p.absent_prob
+                if absent:
+                    candidates = np.setdiff1d(prev_keys, shown)
+                    if candidates.size == 0:
+                        candidates = np.setdiff1d(np.arange(p.num_keys) + FIRST_KEY, shown)
+                    query, answer = rng.choice(candidates), NONE
+                else:
+                    pick = rng.integers(0, n_pairs)
+                    query, answer = keys[pick], values[pick]
+
+                doc = inputs[r, start : start + length]
+                role = roles[r, start : start + length]
+                doc[0], role[0] = BOS, Role.BOUNDARY
+                doc[1 : 1 + 2 * n_pairs : 2], role[1 : 1 + 2 * n_pairs : 2] = keys, Role.KEY
+                doc[2 : 2 + 2 * n_pairs : 2], role[2 : 2 + 2 * n_pairs : 2] = values, Role.VALUE
+                role[1 + 2 * n_pairs : length - 3] = Role.FILLER  # one token when L is odd
+                doc[-3], role[-3] = QUERY, Role.SPECIAL
+                doc[-2], role[-2] = query, Role.KEY
+                doc[-1], role[-1] = answer, Role.VALUE
+                targets[r, start + length - 2] = answer
+                prev_keys = shown
+                start += length
+        return TaskData.from_numpy(inputs, targets, roles, self.vocab_size, doc_ids=doc_ids)

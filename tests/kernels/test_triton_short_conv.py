@@ -1,0 +1,478 @@
+"""The Triton short-convolution kernels (issue #4) against the float64 torch reference.
+
+Without CUDA they run in the Triton interpreter (tests/kernels/conftest.py sets TRITON_INTERPRET=1 before
+`kernels` is imported), with CUDA on the GPU. Every comparison covers the output and the gradient of every
+input, driven by a random upstream gradient, and every buffer the launchers allocate starts full of NaN.
+"""
+
+import pytest
+import torch
+import triton
+
+import kernels
+from kernels import triton_utils as tu
+from kernels import utils as kutils
+from kernels.dynamic_conv import op as dynamic_op
+from kernels.short_conv import op as short_op
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every launcher buffer (outputs and fp32 partials) starts full of NaN: an unwritten element fails."""
+    monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
+
+
+def _cu(rows: list[list[int]] | None, T: int) -> torch.Tensor | None:
+    """Document lengths per row (0 = empty document) -> cu_seqlens on DEVICE; None stays None."""
+    if rows is None:
+        return None
+    offsets = [0]
+    for row in rows:
+        assert sum(row) == T, f"row {row} does not sum to T={T}"
+        for length in row:
+            offsets.append(offsets[-1] + length)
+    return torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+
+
+def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE)
+
+
+def _fwd_bwd(op, inputs: dict, upstream: torch.Tensor, backend: str, **kwargs):
+    """Leaves from inputs (None entries passed as None), op forward, gradients of every leaf -> (y, grads)."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items() if v is not None}
+    args = {k: leaves.get(k) for k in inputs}
+    y = op(**args, **kwargs, backend=backend)
+    grads = torch.autograd.grad(y, list(leaves.values()), upstream.to(y.dtype))
+    return y, dict(zip(leaves, grads, strict=True))
+
+
+def _check_against_reference(op, inputs: dict, gen, assert_rel_rms, bound_dtype, **kwargs) -> None:
+    """Triton output and every input gradient against the float64 reference on the same rounded inputs."""
+    x = inputs["x"]
+    upstream = _randn(gen, *x.shape).to(x.dtype)
+    y, grads = _fwd_bwd(op, inputs, upstream, "triton", **kwargs)
+    assert y.dtype == x.dtype
+    as64 = {k: None if v is None else v.double() for k, v in inputs.items()}
+    y_ref, grads_ref = _fwd_bwd(op, as64, upstream.double(), "torch", **kwargs)
+    assert_rel_rms(y, y_ref, bound_dtype, "y")
+    for name, grad in grads.items():
+        assert grad.dtype == inputs[name].dtype, f"d{name} is {grad.dtype}"
+        assert_rel_rms(grad, grads_ref[name], bound_dtype, f"d{name}")
+
+
+FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
+
+SHORT_CASES = [
+    # B, T, D, W, document lengths per row (None: one per row), residual, dtype
+    pytest.param(1, 1, 1, 1, None, False, FP32, id="T1-D1-W1"),
+    pytest.param(2, 1, 65, 4, None, True, FP32, id="T1-D65-W4-residual"),
+    pytest.param(1, 63, 127, 4, None, False, FP32, id="T63-D127-W4"),
+    pytest.param(2, 9, 257, 5, [[4, 5], [9]], True, FP32, id="D257-three-channel-blocks"),
+    pytest.param(2, 65, 63, 3, [[20, 1, 44], [65]], True, FP32, id="T65-D63-W3-docs-residual"),
+    pytest.param(2, 20, 5, 8, [[3, 5, 2, 7, 3], [6, 0, 14]], False, FP32, id="W8-docs-shorter-than-W-empty"),
+    pytest.param(3, 16, 1, 2, [[1] * 16, [2, 3, 0, 0, 11], [16]], True, FP32, id="D1-length1-docs-empty"),
+    pytest.param(2, 127, 3, 6, [[1, 2, 7, 0, 40, 77], [127]], False, FP32, id="T127-D3-W6-docs"),
+    pytest.param(3, 127, 65, 4, [[60, 67], [127], [1] * 27 + [100]], True, BF16, id="bf16-T127-D65-docs"),
+    pytest.param(2, 65, 63, 4, [[20, 1, 44], [65]], False, FP16, id="fp16-T65-D63-docs"),
+]
+
+
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES)
+def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
+    gen = torch.Generator().manual_seed(10)
+    inputs = {"x": _randn(gen, B, T, D).to(dtype), "weight": _randn(gen, W, D).to(dtype)}
+    op = kernels.short_conv
+    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+
+
+@pytest.mark.parametrize("W", range(1, 9), ids=lambda w: f"W{w}")
+def test_short_conv_every_width(W, assert_rel_rms):
+    gen = torch.Generator().manual_seed(W)
+    B, T, D, rows = 2, 12, 3, [[1, W, 11 - W], [12]]
+    inputs = {"x": _randn(gen, B, T, D).float(), "weight": _randn(gen, W, D).float()}
+    _check_against_reference(kernels.short_conv, inputs, gen, assert_rel_rms, FP32, cu_seqlens=_cu(rows, T))
+
+
+HEADWISE_CASES = [
+    # B, T, D, head size, W, document lengths per row, residual, static_w, dtype
+    pytest.param(1, 1, 1, 1, 1, None, False, False, FP32, id="T1-D1-hs1-W1"),
+    pytest.param(2, 65, 63, 1, 4, [[20, 1, 44], [65]], True, True, FP32, id="hs1-T65-D63-docs-static-residual"),
+    pytest.param(2, 9, 257, 1, 3, [[4, 5], [9]], False, True, FP32, id="hs1-D257-three-head-blocks"),
+    pytest.param(1, 63, 6, 2, 3, None, False, True, FP32, id="hs2-T63-D6-H3-static"),
+    pytest.param(2, 20, 20, 4, 8, [[3, 5, 2, 7, 3], [1] * 20], True, False, FP32, id="hs4-H5-W8-short-docs"),
+    pytest.param(2, 127, 64, 16, 5, [[1, 2, 7, 0, 40, 77], [127]], False, True, FP32, id="hs16-T127-W5-docs"),
+    pytest.param(1, 9, 256, 128, 2, None, True, True, FP32, id="hs128-D256-one-head-a-tile"),
+    pytest.param(2, 17, 9, 3, 4, [[5, 12], [17]], False, True, FP32, id="hs3-not-a-power-of-two"),
+    pytest.param(3, 65, 32, 2, 4, [[60, 5], [65], [1] * 15 + [50]], True, True, BF16, id="bf16-hs2-docs"),
+    pytest.param(2, 63, 32, 16, 4, [[20, 43], [63]], False, True, FP16, id="fp16-hs16-docs"),
+]
+
+
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype", HEADWISE_CASES)
+def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms):
+    gen = torch.Generator().manual_seed(11)
+    inputs = {
+        "x": _randn(gen, B, T, D).to(dtype),
+        "weight": _randn(gen, B, T, D // hs, W).to(dtype),
+        "static_w": _randn(gen, W, D).to(dtype) if static else None,
+    }
+    op = kernels.dynamic_conv_headwise
+    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+
+
+LOWRANK_CASES = [
+    # B, T, D, R, W, document lengths per row, residual, static_w, dtype
+    pytest.param(1, 1, 1, 1, 1, None, False, False, FP32, id="T1-D1-R1-W1"),
+    pytest.param(1, 63, 65, 8, 4, None, False, True, FP32, id="R8-T63-D65-static"),
+    pytest.param(2, 65, 63, 16, 3, [[20, 1, 44], [65]], True, False, FP32, id="R16-T65-D63-W3-docs-residual"),
+    pytest.param(2, 20, 3, 16, 8, [[3, 5, 0, 2, 7, 3], [1] * 20], True, True, FP32, id="R16-W8-short-docs-empty"),
+    pytest.param(2, 127, 1, 3, 2, [[1, 2, 7, 0, 40, 77], [127]], False, True, FP32, id="R3-T127-D1-docs"),
+    pytest.param(1, 33, 130, 20, 6, [[1, 32]], False, True, FP32, id="R20-padded-to-32-W6"),
+    pytest.param(3, 65, 63, 16, 4, [[60, 5], [65], [1] * 15 + [50]], True, True, BF16, id="bf16-R16-docs"),
+    pytest.param(2, 63, 32, 8, 4, [[20, 43], [63]], False, True, FP16, id="fp16-R8-docs"),
+]
+
+
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms):
+    gen = torch.Generator().manual_seed(12)
+    inputs = {
+        "x": _randn(gen, B, T, D).to(dtype),
+        "z": _randn(gen, B, T, R).to(dtype),
+        "U": _randn(gen, R, W * D).to(dtype),
+        "static_w": _randn(gen, W, D).to(dtype) if static else None,
+    }
+    op = kernels.dynamic_conv_lowrank
+    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+
+
+def test_mixed_dtypes_as_under_autocast(assert_rel_rms):
+    """bf16 activations with fp32 parameters (the models under autocast): y in x's dtype, each gradient in
+    its input's dtype, within the bf16 bound."""
+    gen = torch.Generator().manual_seed(13)
+    B, T, D, W, cu = 2, 33, 24, 4, _cu([[10, 23], [33]], 33)
+    x = _randn(gen, B, T, D).to(BF16)
+    static_w = _randn(gen, W, D).float()
+    cases = [
+        (kernels.short_conv, {"x": x, "weight": static_w}),
+        (kernels.dynamic_conv_headwise, {"x": x, "weight": _randn(gen, B, T, 3, W).to(BF16), "static_w": static_w}),
+        (
+            kernels.dynamic_conv_lowrank,
+            {"x": x, "z": _randn(gen, B, T, 5).to(BF16), "U": _randn(gen, 5, W * D).float(), "static_w": static_w},
+        ),
+    ]
+    for op, inputs in cases:
+        _check_against_reference(op, inputs, gen, assert_rel_rms, BF16, cu_seqlens=cu, residual=True)
+
+
+# ---- poisoned outputs, non-contiguous inputs, determinism ----
+
+
+def test_poisoned_buffer_shows_an_unwritten_tile():
+    """Negative control: a launch whose grid misses the last row tile leaves NaN that the checks see."""
+    gen = torch.Generator().manual_seed(14)
+    T, D = 300, 8
+    x, weight = _randn(gen, 1, T, D).float(), _randn(gen, 3, D).float()
+    BT, BD = short_op._tiles(T, D)
+    assert BT < T, "the case needs two row tiles"
+    y = tu.empty((1, T, D), x.dtype, x.device)
+    assert torch.isnan(y).all()
+    short_op._short_conv_fwd_kernel[(1, 1, 1)](
+        x, weight, y, None, T, D, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
+    )
+    assert torch.isfinite(y[:, :BT]).all()
+    assert torch.isnan(y[:, BT:]).all()
+
+
+def test_non_contiguous_inputs_and_upstream(assert_rel_rms):
+    """A transposed x and the stride-0 upstream gradient of y.sum()."""
+    gen = torch.Generator().manual_seed(15)
+    B, T, D = 2, 19, 12
+    x = _randn(gen, B, D, T).float().transpose(1, 2)  # [B, T, D], not contiguous
+    z = _randn(gen, B, 3, T).float().transpose(1, 2)  # [B, T, 3]
+    U, static_w = _randn(gen, 3, 4 * D).float(), _randn(gen, 4, D).float()
+    results = {}
+    for backend in ("triton", "torch"):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, z, U, static_w)]
+        y = kernels.dynamic_conv_lowrank(*leaves, backend=backend)
+        results[backend] = [y, *torch.autograd.grad(y.sum(), leaves)]
+    for name, got, ref in zip(["y", "dx", "dz", "dU", "dstatic_w"], results["triton"], results["torch"], strict=True):
+        assert_rel_rms(got, ref, FP32, name)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
+    chunk part empty (the test shapes would otherwise give one tile per chunk)."""
+    monkeypatch.setattr(tu, "BWD_PROGRAMS", 4)
+    monkeypatch.setattr(dynamic_op, "LOWRANK_BWD_PROGRAMS", 4)
+
+
+CHUNK_B, CHUNK_T, CHUNK_D = 5, 65, 40
+CHUNK_ROWS = [[30, 35], [65], [1] * 15 + [50], [3, 0, 62], [65]]
+
+
+def _chunk_inputs(gen) -> list[tuple]:
+    B, T, D, W = CHUNK_B, CHUNK_T, CHUNK_D, 4
+    x, static_w = _randn(gen, B, T, D).float(), _randn(gen, W, D).float()
+    headwise = {"x": x, "weight": _randn(gen, B, T, D // 2, W).float(), "static_w": static_w}
+    lowrank = {"x": x, "z": _randn(gen, B, T, 16).float(), "U": _randn(gen, 16, W * D).float(), "static_w": static_w}
+    return [
+        (kernels.short_conv, {"x": x, "weight": static_w}),
+        (kernels.dynamic_conv_headwise, headwise),
+        (kernels.dynamic_conv_lowrank, lowrank),
+    ]
+
+
+def test_chunks_of_several_tiles(small_chunks, assert_rel_rms):
+    BT, BD = short_op._tiles(CHUNK_T, CHUNK_D)
+    n_tiles = CHUNK_B * triton.cdiv(CHUNK_T, BT)
+    per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD))
+    assert per_chunk > 1 and per_chunk * n_chunks > n_tiles, "the case needs long chunks with a ragged tail"
+    gen = torch.Generator().manual_seed(16)
+    for op, inputs in _chunk_inputs(gen):
+        cu = _cu(CHUNK_ROWS, CHUNK_T)
+        _check_against_reference(op, inputs, gen, assert_rel_rms, FP32, cu_seqlens=cu, residual=True)
+
+
+def test_backward_is_bitwise_deterministic(small_chunks):
+    """Weight gradients sum fp32 partials of several chunks in a fixed order: two runs agree bit for bit."""
+    cu = _cu(CHUNK_ROWS, CHUNK_T)
+    for op, inputs in _chunk_inputs(torch.Generator().manual_seed(16)):
+        upstream = torch.randn(CHUNK_B, CHUNK_T, CHUNK_D, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+        first = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
+        second = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
+        assert torch.equal(first[0], second[0])
+        for name, grad in first[1].items():
+            assert torch.equal(grad, second[1][name]), f"d{name} differs between runs"
+
+
+# ---- document isolation on the Triton backend ----
+
+ISO_B, ISO_T, ISO_D = 3, 40, 20
+ISO_ROWS = [[7, 1, 0, 12, 20], [40], [3, 3, 3, 31]]
+TARGET_DOCS = [
+    pytest.param((8, 20), id="doc-row0-len12"),
+    pytest.param((83, 86), id="doc-row2-len3"),
+    pytest.param((40, 80), id="doc-row1-len40"),
+]
+OPS = [
+    pytest.param("short_conv", id="short_conv"),
+    pytest.param("dynamic_conv_headwise", id="headwise"),
+    pytest.param("dynamic_conv_lowrank", id="lowrank"),
+]
+
+
+def _iso_inputs(op_name: str, gen) -> tuple[dict, list[str]]:
+    """fp32 inputs of an op on the isolation layout and the names of its per-token inputs ([B, T, ...])."""
+    B, T, D, W = ISO_B, ISO_T, ISO_D, 4
+    x, static_w = _randn(gen, B, T, D).float(), _randn(gen, W, D).float()
+    if op_name == "short_conv":
+        return {"x": x, "weight": static_w}, ["x"]
+    if op_name == "dynamic_conv_headwise":
+        return {"x": x, "weight": _randn(gen, B, T, 5, W).float(), "static_w": static_w}, ["x", "weight"]
+    z, U = _randn(gen, B, T, 8).float(), _randn(gen, 8, W * D).float()
+    return {"x": x, "z": z, "U": U, "static_w": static_w}, ["x", "z"]
+
+
+def _in_doc(doc: tuple[int, int]) -> torch.Tensor:
+    """[B, T] bool on DEVICE, True on the tokens of doc."""
+    flat = torch.arange(ISO_B * ISO_T, device=DEVICE)
+    return ((flat >= doc[0]) & (flat < doc[1])).view(ISO_B, ISO_T)
+
+
+def _set_doc(t: torch.Tensor, doc: tuple[int, int], values: torch.Tensor | float) -> torch.Tensor:
+    return torch.where(_in_doc(doc).view(ISO_B, ISO_T, *[1] * (t.dim() - 2)), values, t)
+
+
+@pytest.mark.parametrize("doc", TARGET_DOCS)
+@pytest.mark.parametrize("op_name", OPS)
+def test_documents_are_blind_to_each_other(op_name, doc):
+    """Perturbing one document leaves the others' outputs bitwise equal; a NaN document leaves them finite and
+    equal; the gradients of one document's outputs are exactly zero outside it."""
+    gen = torch.Generator().manual_seed(17)
+    cu, op = _cu(ISO_ROWS, ISO_T), getattr(kernels, op_name)
+    inputs, token_inputs = _iso_inputs(op_name, gen)
+    inside = _in_doc(doc)
+    before = op(**inputs, cu_seqlens=cu, backend="triton")
+    changed = {k: _set_doc(v, doc, 10 * _randn(gen, *v.shape).float()) if k in token_inputs else v
+               for k, v in inputs.items()}  # fmt: skip
+    after = op(**changed, cu_seqlens=cu, backend="triton")
+    assert not torch.equal(before[inside], after[inside]), "the perturbation did not reach its own document"
+    assert torch.equal(before[~inside], after[~inside])
+
+    nan_doc = {k: _set_doc(v, doc, float("nan")) if k in token_inputs else v for k, v in inputs.items()}
+    after = op(**nan_doc, cu_seqlens=cu, backend="triton")
+    assert torch.isnan(after[inside]).all()
+    assert torch.equal(before[~inside], after[~inside])
+
+    upstream = torch.where(inside[..., None], _randn(gen, ISO_B, ISO_T, ISO_D).float(), 0.0)
+    _, grads = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
+    for name in token_inputs:
+        assert (grads[name][~inside] == 0).all(), f"d{name} leaks outside the document"
+        assert (grads[name][inside] != 0).any(), f"d{name} is zero inside the document"
+
+
+@pytest.mark.parametrize("op_name", OPS)
+def test_a_nan_document_changes_no_other_gradient(op_name):
+    gen = torch.Generator().manual_seed(18)
+    cu, op = _cu(ISO_ROWS, ISO_T), getattr(kernels, op_name)
+    inputs, token_inputs = _iso_inputs(op_name, gen)
+    upstream = _randn(gen, ISO_B, ISO_T, ISO_D).float()
+    poisoned = (0, 7)  # row 0's first document
+    _, clean = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
+    _, dirty = _fwd_bwd(op, {**inputs, "x": _set_doc(inputs["x"], poisoned, float("nan"))}, upstream, "triton",
+                        cu_seqlens=cu)  # fmt: skip
+    outside = ~_in_doc(poisoned)
+    for name in token_inputs:
+        assert torch.equal(dirty[name][outside], clean[name][outside]), f"d{name} changed by the NaN"
+
+
+@pytest.mark.parametrize("op_name", OPS)
+def test_leaky_control_is_caught(op_name):
+    """Without cu_seqlens a packed row is one document: the perturbation check must see the leak."""
+    gen = torch.Generator().manual_seed(19)
+    op = getattr(kernels, op_name)
+    inputs, token_inputs = _iso_inputs(op_name, gen)
+    before = op(**inputs, backend="triton")
+    changed = {k: _set_doc(v, (8, 20), 10 * _randn(gen, *v.shape).float()) if k in token_inputs else v
+               for k, v in inputs.items()}  # fmt: skip
+    after = op(**changed, backend="triton")
+    later_in_row0 = _in_doc((20, 40))
+    assert not torch.equal(before[later_in_row0], after[later_in_row0])
+
+
+# ---- custom ops: registration, torch.compile, backend choice ----
+
+
+class _ThreeConvs(torch.nn.Module):
+    """static -> head-wise -> low-rank, every one on the Triton backend."""
+
+    def __init__(self, D: int, W: int, H: int, R: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(_randn(gen, W, D).float())
+        self.static_w = torch.nn.Parameter(_randn(gen, W, D).float())
+        self.U = torch.nn.Parameter(_randn(gen, R, W * D).float())
+        self.H, self.W = H, W
+
+    def forward(self, x, head_weight, z, cu_seqlens):
+        y = kernels.short_conv(x, self.weight, cu_seqlens=cu_seqlens, residual=True, backend="triton")
+        y = kernels.dynamic_conv_headwise(y, head_weight, self.static_w, cu_seqlens=cu_seqlens, backend="triton")
+        return kernels.dynamic_conv_lowrank(y, z, self.U, self.static_w, cu_seqlens=cu_seqlens, backend="triton")
+
+
+@pytest.mark.parametrize("rows", [pytest.param(None, id="rows"), pytest.param([[5, 12], [17]], id="docs")])
+def test_compiles_fullgraph_and_matches_eager(rows):
+    gen = torch.Generator().manual_seed(20)
+    B, T, D, W, H, R = 2, 17, 8, 3, 4, 5
+    model = _ThreeConvs(D, W, H, R, gen)
+    inputs = [_randn(gen, B, T, D).float(), _randn(gen, B, T, H, W).float(), _randn(gen, B, T, R).float()]
+    cu, upstream = _cu(rows, T), _randn(gen, B, T, D).float()
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y = fn(*leaves, cu)
+        grads = torch.autograd.grad(y, leaves + list(model.parameters()), upstream)
+        return [y, *grads]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for eager, graph in zip(run(model), run(compiled), strict=True):
+        assert torch.equal(eager, graph)
+
+
+def _opcheck_cases():
+    gen = torch.Generator().manual_seed(21)
+    B, T, D, W = 2, 9, 6, 3
+    x, dy, static_w = _randn(gen, B, T, D).float(), _randn(gen, B, T, D).float(), _randn(gen, W, D).float()
+    weight, z, U = _randn(gen, B, T, 2, W).float(), _randn(gen, B, T, 4).float(), _randn(gen, 4, W * D).float()
+    cu = _cu([[4, 5], [9]], T)
+    # forward ops get inputs that require grad (their autograd is checked); backward ops have no autograd
+    return [
+        pytest.param(short_op._short_conv_op, (x, static_w, cu, True), True, id="short_conv"),
+        pytest.param(short_op._short_conv_bwd_op, (dy, x, static_w, None, False), False, id="short_conv_bwd"),
+        pytest.param(dynamic_op._headwise_op, (x, weight, static_w, cu, False), True, id="headwise"),
+        pytest.param(dynamic_op._headwise_op, (x, weight, None, None, True), True, id="headwise-no-static"),
+        pytest.param(dynamic_op._headwise_bwd_op, (dy, x, weight, None, cu, True), False, id="headwise_bwd"),
+        pytest.param(dynamic_op._lowrank_op, (x, z, U, static_w, cu, True), True, id="lowrank"),
+        pytest.param(dynamic_op._lowrank_bwd_op, (dy, x, z, U, static_w, None, False), False, id="lowrank_bwd"),
+    ]
+
+
+@pytest.mark.parametrize("op, args, differentiable", _opcheck_cases())
+def test_custom_op_registration(op, args, differentiable):
+    """Schema, fake (meta) kernel, autograd registration and AOT dispatch of each custom op."""
+    if differentiable:
+        args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                     for a in args)  # fmt: skip
+    torch.library.opcheck(op, args)
+
+
+def test_ops_register_their_triton_kernels():
+    assert {"short_conv", "dynamic_conv_headwise", "dynamic_conv_lowrank"} <= kutils.TRITON_OPS
+
+
+def _count_calls(monkeypatch, module, name: str) -> list:
+    calls = []
+    original = getattr(module, name)
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def test_backend_choice(monkeypatch):
+    """Auto follows the device, MIXLAB_BACKEND overrides it, float64 stays on the reference under auto."""
+    calls = _count_calls(monkeypatch, short_op, "_short_conv_op")
+    x, weight = torch.ones(1, 5, 3, device=DEVICE), torch.ones(2, 3, device=DEVICE)
+    monkeypatch.delenv("MIXLAB_BACKEND", raising=False)
+    kernels.short_conv(x, weight)
+    assert len(calls) == (1 if DEVICE.type == "cuda" else 0)
+    monkeypatch.setenv("MIXLAB_BACKEND", "triton")
+    y = kernels.short_conv(x, weight)
+    assert len(calls) == (2 if DEVICE.type == "cuda" else 1)
+    assert torch.equal(y, kernels.short_conv(x, weight, backend="torch"))
+    kernels.short_conv(x.double(), weight.double())
+    assert len(calls) == (2 if DEVICE.type == "cuda" else 1), "float64 must stay on the reference"
+    monkeypatch.setenv("MIXLAB_BACKEND", "torch")
+    kernels.short_conv(x, weight)
+    assert len(calls) == (2 if DEVICE.type == "cuda" else 1)
+    with pytest.raises(ValueError, match="float64"):
+        kernels.short_conv(x.double(), weight.double(), backend="triton")
+
+
+MODEL_MIXERS = [
+    pytest.param({"mixer": "static_conv"}, id="static_conv"),
+    pytest.param({"mixer": "dynamic_conv", "conv_rank": 8}, id="dynamic_conv"),
+    pytest.param({"mixer": "dynamic_conv_headwise", "conv_head_size": 4}, id="dynamic_conv_headwise"),
+    pytest.param({"mixer": "attention", "n_heads": 2, "qkv_conv": "dynamic_lowrank"}, id="attention-qkv-lowrank"),
+]
+
+
+@pytest.mark.parametrize("fields", MODEL_MIXERS)
+def test_models_on_the_triton_backend_match_the_reference(fields, assert_rel_rms):
+    """A packed batch through a small model: logits and every parameter gradient, Triton against torch."""
+    import models  # the one place the kernel tests reach up: the models' kernel_backend must reach the ops
+
+    gen = torch.Generator().manual_seed(22)
+    input_ids = torch.randint(0, 16, (2, 21), generator=gen).to(DEVICE)
+    doc_ids = torch.tensor([[0] * 6 + [1] * 15, [0] * 20 + [1]], device=DEVICE)
+    built = {}
+    for backend in ("triton", "torch"):
+        config = models.ModelConfig(vocab_size=16, d_model=32, n_layers=1, mlp_hidden=0, kernel_backend=backend,
+                                    **fields)  # fmt: skip
+        built[backend] = models.build_model(config).to(DEVICE)
+    built["torch"].load_state_dict(built["triton"].state_dict())
+    results = {}
+    for backend, model in built.items():
+        logits = model(input_ids, doc_ids)
+        results[backend] = [logits, *torch.autograd.grad(logits.square().sum(), list(model.parameters()))]
+    names = ["logits"] + [f"d{name}" for name, _ in built["torch"].named_parameters()]
+    for name, got, ref in zip(names, results["triton"], results["torch"], strict=True):
+        assert_rel_rms(got, ref, FP32, name)

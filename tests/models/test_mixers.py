@@ -1,0 +1,198 @@
+"""Every registered mixer (read from MIXERS) and every qkv_conv option: shape, causality, exact document
+blindness (perturbation and NaN injection, SPEC 6), packing invariance and gradients. Each probe also runs on
+a variant built to fail it, so a probe that cannot fail is caught."""
+
+import pytest
+import torch
+from torch import nn
+
+from models import MIXERS, ModelConfig
+from models.mixers.attention import document_gather_index
+
+D, T = 16, 13
+# documents per row: several rows, a one-document row, documents of length 1 and shorter than the width W=4
+LAYOUT = [[5, 1, 2, 5], [13], [1, 1, 3, 8]]
+B = len(LAYOUT)
+DOCS = [(row, start, length) for row, lengths in enumerate(LAYOUT)
+        for start, length in zip([sum(lengths[:i]) for i in range(len(lengths))], lengths)]
+QKV_CONVS = ["static", "dynamic_lowrank", "dynamic_headwise"]
+CASES = [pytest.param(name, "none", id=name) for name in MIXERS] + [
+    pytest.param("attention", q, id=f"attention-qkv_{q}") for q in QKV_CONVS
+]
+
+
+def make_config(mixer: str, qkv_conv: str = "none") -> ModelConfig:
+    return ModelConfig(vocab_size=11, d_model=D, n_layers=1, mixer=mixer, n_heads=2, mlp_hidden=24,
+                       max_seq_len=16, qkv_conv=qkv_conv, conv_width=4, conv_rank=4, conv_head_size=4)
+
+
+def make_mixer(mixer: str, qkv_conv: str = "none") -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return MIXERS[mixer](make_config(mixer, qkv_conv), 0)
+
+
+BLIND_CASES = [case for case in CASES if not make_mixer(*case.values).leaks_across_documents]
+
+
+def layout_cu_seqlens(layout=LAYOUT, row_len=T) -> torch.Tensor:
+    offsets = [0]
+    for row, lengths in enumerate(layout):
+        assert sum(lengths) == row_len
+        for length in lengths:
+            offsets.append(offsets[-1] + length)
+        assert offsets[-1] == (row + 1) * row_len
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
+def randn(*shape, seed=0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def outside(row, start, length) -> torch.Tensor:
+    """[B, T] bool: True outside document (row, start, length)."""
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[row, start:start + length] = False
+    return mask
+
+
+def cross_document_change(mixer, x, cu, doc) -> float:
+    """Perturbation probe: largest change outside `doc` when only `doc`'s inputs change."""
+    row, start, length = doc
+    with torch.no_grad():
+        before = mixer(x, cu_seqlens=cu)
+        x2 = x.clone()
+        x2[row, start:start + length] += randn(length, D, seed=1)
+        after = mixer(x2, cu_seqlens=cu)
+    keep = outside(*doc)
+    return (after[keep] - before[keep]).abs().max().item()
+
+
+def nan_escapes(mixer, x, cu, doc, last_only) -> bool:
+    """NaN probe: does a NaN in `doc` (all of it, or its last token) reach another document?"""
+    row, start, length = doc
+    x2 = x.clone()
+    x2[row, start + length - 1 if last_only else start:start + length] = float("nan")
+    with torch.no_grad():
+        y = mixer(x2, cu_seqlens=cu)
+    return not torch.isfinite(y[outside(*doc)]).all().item()
+
+
+def causal_violation(mixer, x, cu, t) -> tuple[float, float]:
+    """(largest change before t, largest change at t) when x[:, t] changes."""
+    with torch.no_grad():
+        before = mixer(x, cu_seqlens=cu)
+        x2 = x.clone()
+        x2[:, t] += randn(B, D, seed=2)
+        after = mixer(x2, cu_seqlens=cu)
+    diff = (after - before).abs()
+    return diff[:, :t].max().item() if t else 0.0, diff[:, t].max().item()
+
+
+class TimeReversedConv(nn.Module):
+    """Deliberately non-causal: y[t] = x[t] + x[t + 1]."""
+
+    bitwise_causal = True
+
+    def forward(self, x, cu_seqlens=None):
+        return x + torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], dim=1)
+
+
+class DenseMaskMixer(nn.Module):
+    """Block-diagonal causal mixing through a dense [BT, BT] 0/1 matrix: bitwise blind to perturbations, yet a
+    NaN leaks through 0 * NaN. The pitfall the attention mixer's per-document gather avoids."""
+
+    def forward(self, x, cu_seqlens=None):
+        n = x.shape[0] * x.shape[1]
+        pos = torch.arange(n)
+        doc = torch.searchsorted(cu_seqlens.long()[1:], pos, right=True)  # [BT]
+        mask = ((doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])).to(x.dtype)  # [BT, BT]
+        return (mask @ x.reshape(n, -1)).view_as(x)
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), CASES)
+@pytest.mark.parametrize("with_docs", [False, True], ids=["rows", "docs"])
+def test_output_shape_and_dtype(mixer, qkv_conv, with_docs):
+    y = make_mixer(mixer, qkv_conv)(randn(B, T, D), cu_seqlens=layout_cu_seqlens() if with_docs else None)
+    assert y.shape == (B, T, D)
+    assert y.dtype == torch.float32
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), CASES)
+@pytest.mark.parametrize("with_docs", [False, True], ids=["rows", "docs"])
+def test_causal(mixer, qkv_conv, with_docs):
+    module = make_mixer(mixer, qkv_conv)
+    x, cu = randn(B, T, D), layout_cu_seqlens() if with_docs else None
+    for t in (0, 4, 7, T - 1):
+        before_t, at_t = causal_violation(module, x, cu, t)
+        assert at_t > 0
+        if module.bitwise_causal:
+            assert before_t == 0, f"t={t}"
+        else:  # FFT arithmetic: causal up to fp32 rounding
+            assert before_t < 1e-5, f"t={t}"
+
+
+def test_causality_probe_catches_a_non_causal_mixer():
+    before_t, _ = causal_violation(TimeReversedConv(), randn(B, T, D), None, 4)
+    assert before_t > 0
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), BLIND_CASES)
+def test_blind_to_perturbed_document(mixer, qkv_conv):
+    module, x, cu = make_mixer(mixer, qkv_conv), randn(B, T, D), layout_cu_seqlens()
+    for doc in DOCS:
+        assert cross_document_change(module, x, cu, doc) == 0, f"document {doc}"
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), BLIND_CASES)
+@pytest.mark.parametrize("last_only", [False, True], ids=["whole_doc", "last_token"])
+def test_blind_to_nan_document(mixer, qkv_conv, last_only):
+    module, x, cu = make_mixer(mixer, qkv_conv), randn(B, T, D), layout_cu_seqlens()
+    for doc in DOCS:
+        assert not nan_escapes(module, x, cu, doc, last_only), f"document {doc}"
+
+
+def test_fft_conv_leaky_leaks():
+    module, x, cu = make_mixer("fft_conv_leaky"), randn(B, T, D), layout_cu_seqlens()
+    first_doc = DOCS[0]  # row 0 holds three more documents after it
+    assert cross_document_change(module, x, cu, first_doc) > 1e-4
+    assert nan_escapes(module, x, cu, first_doc, last_only=False)
+
+
+def test_nan_probe_catches_dense_mask_that_perturbation_misses():
+    module, x, cu = DenseMaskMixer(), randn(B, T, D), layout_cu_seqlens()
+    assert all(cross_document_change(module, x, cu, doc) == 0 for doc in DOCS)
+    assert any(nan_escapes(module, x, cu, doc, last_only=False) for doc in DOCS)
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), BLIND_CASES)
+def test_packing_invariance(mixer, qkv_conv):
+    """Each document alone (one row, no cu_seqlens) equals its slice of the packed batch."""
+    module, x = make_mixer(mixer, qkv_conv), randn(B, T, D)
+    with torch.no_grad():
+        packed = module(x, cu_seqlens=layout_cu_seqlens())
+        for row, start, length in DOCS:
+            alone = module(x[row:row + 1, start:start + length])
+            torch.testing.assert_close(packed[row:row + 1, start:start + length], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv"), CASES)
+@pytest.mark.parametrize("with_docs", [False, True], ids=["rows", "docs"])
+def test_gradients_reach_every_parameter(mixer, qkv_conv, with_docs):
+    module = make_mixer(mixer, qkv_conv)
+    x = randn(B, T, D).requires_grad_()
+    y = module(x, cu_seqlens=layout_cu_seqlens() if with_docs else None)
+    y.backward(randn(B, T, D, seed=3))
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    for name, p in module.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_document_gather_index_layout():
+    index, valid = document_gather_index(torch.tensor([0, 2, 3, 6], dtype=torch.int32), 6)
+    assert index.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]
+    assert valid.sum().item() == 6
+    assert index[valid].tolist() == list(range(6))

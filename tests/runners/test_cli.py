@@ -1,0 +1,132 @@
+import re
+import subprocess
+import sys
+
+import pytest
+
+from runners.cli import main
+from tasks import TASKS, get_task
+
+SMALL = {"packed/associative_retrieval": ["--set", "seq_len=256"], "packed/noisy_recall": ["--set", "seq_len=256"]}
+
+
+def run(capsys, *argv):
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    code = 0
+    try:
+        main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_tasks_list_names_every_task(capsys):
+    code, out, _ = run(capsys, "tasks", "list")
+    assert code == 0
+    for name, cls in TASKS.items():
+        assert re.search(rf"^{re.escape(name)}$", out, re.M)
+        assert cls.description in out
+
+
+@pytest.mark.parametrize("name", sorted(TASKS), ids=sorted(TASKS))
+def test_tasks_show_prints_roles_and_every_scored_position(capsys, name):
+    code, out, err = run(capsys, "tasks", "show", name, "--seed", "3", *SMALL.get(name, []))
+    assert code == 0, err
+    task = get_task(name, **({"seq_len": 256} if name in SMALL else {}))
+    data = task.generate(1, seed=3, split="test")
+    n_scored = int((data.targets != -100).sum())
+    assert f"scored positions: {n_scored}" in out
+    assert len(re.findall(r"-> target ", out)) == n_scored
+    if data.doc_ids is not None:
+        assert out.count("--- document ") == int(data.doc_ids.max()) + 1
+
+
+def test_tasks_show_sets_parameters_and_split(capsys):
+    code, out, _ = run(capsys, "tasks", "show", "mad/in_context_recall", "--set", "seq_len=16", "--split", "train")
+    assert code == 0
+    assert "seq_len=16" in out and "scored positions: 15" in out
+
+
+@pytest.mark.parametrize(
+    "argv,named",
+    [
+        (["tasks", "show", "no_such_task"], "no_such_task"),
+        (["tasks", "show", "mqar", "--set", "bogus=1"], "bogus"),
+        (["tasks", "show", "mqar", "--set", "seq_len=abc"], "abc"),
+        (["tasks", "show", "mqar", "--set", "num_kv_pairs=40"], "num_kv_pairs=40"),
+        (["tasks", "show", "mad/selective_copy", "--set", "seq_len=33"], "seq_len"),
+        (["tasks", "show", "mqar", "--split", "val"], "val"),
+        (["tasks", "show", "mqar", "--set", "novalue"], "novalue"),
+        (["tasks", "show", "mqar", "--seed", "x"], "seed"),
+        (["tasks", "frobnicate"], "frobnicate"),
+    ],
+    ids=["unknown-task", "unknown-param", "mistyped", "too-many-pairs", "copy-too-short", "bad-split",
+         "malformed-set", "bad-seed", "unknown-command"],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, named):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mixlab: error:") and named in lines[0]
+
+
+def test_console_script_entry_point():
+    proc = subprocess.run(
+        [sys.executable, "-c", "from runners.cli import main; main()", "tasks", "show", "nope"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("mixlab: error: unknown task 'nope'")
+
+
+TINY_RUN = ["--set", "seq_len=32", "--set", "num_kv_pairs=4", "--set", "vocab_size=64", "--set", "d_model=16",
+            "--set", "n_heads=2", "--set", "n_layers=1", "--set", "num_train=16", "--set", "num_test=8",
+            "--set", "batch_size=8"]
+
+
+def test_run_trains_writes_record_and_prints_summary(capsys, tmp_path):
+    code, out, err = run(capsys, "run", "mqar", "--mixer", "static_conv", *TINY_RUN, "--steps", "3",
+                         "--device", "cpu", "--out", str(tmp_path), "--no-progress")
+    assert code == 0, err
+    (record,) = tmp_path.glob("*.json")
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mqar static_conv: acc ") and record.name in lines[0]
+
+
+def test_mixers_list_names_every_mixer(capsys):
+    import models
+
+    code, out, _ = run(capsys, "mixers", "list")
+    assert code == 0
+    assert [line.split()[0] for line in out.strip().splitlines()] == list(models.MIXERS)
+
+
+@pytest.mark.parametrize(
+    "argv,named",
+    [
+        (["run", "mqar", "--mixer", "lstm"], "lstm"),
+        (["run", "mqar", "--set", "vocab_sise=3"], "vocab_sise"),
+        (["run", "mqar", "--set", "model.seq_len=3"], "model.seq_len"),
+        (["run", "mqar", "--set", "d_model=wide"], "wide"),
+        (["run", "mqar", "--set", "qkv_conv=fancy"], "fancy"),
+        (["run", "mqar", "--set", "lr=-1"], "lr"),
+        (["run", "mqar", "--device", "tpu"], "tpu"),
+    ],
+    ids=["unknown-mixer", "misspelt-key", "wrong-namespace", "mistyped-model-field", "bad-model-choice",
+         "bad-lr", "bad-device"],
+)
+def test_run_bad_input_is_one_line_and_exit_2(capsys, argv, named):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mixlab: error:") and named in lines[0], err
+
+
+def test_readme_lists_every_mixer():
+    from pathlib import Path
+
+    import models
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert all(f"| `{name}` |" in readme for name in models.MIXERS)

@@ -1,0 +1,124 @@
+import numpy as np
+import pytest
+
+from tasks import IGNORE, Role, get_task
+from tasks.packed.associative_retrieval import BOS, NONE, QUERY
+
+
+def documents(data, r):
+    """[(start, end)] of every document of row r, from doc_ids."""
+    ids = data.doc_ids[r].numpy()
+    bounds = np.flatnonzero(np.diff(ids)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [ids.size]])
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+@pytest.fixture(scope="module", params=["packed/associative_retrieval", "packed/noisy_recall"])
+def packed(request):
+    task = get_task(request.param, seq_len=1024)
+    return task, task.generate(40, seed=0)
+
+
+def test_doc_ids_non_decreasing_from_zero_and_lengths_bounded(packed):
+    task, data = packed
+    p = task.params
+    ids = data.doc_ids.numpy()
+    assert (ids[:, 0] == 0).all()
+    steps = np.diff(ids, axis=1)
+    assert ((steps == 0) | (steps == 1)).all(), "doc ids go up by one at each boundary"
+    lengths = np.concatenate([np.bincount(row) for row in ids])
+    assert lengths.min() >= p.min_doc_len
+    assert lengths.max() < p.max_doc_len + p.min_doc_len
+    assert ids.max(axis=1).mean() > 1, "rows hold several documents"
+
+
+def test_every_document_starts_with_bos(packed):
+    task, data = packed
+    bos = BOS if task.name.endswith("associative_retrieval") else task.bos
+    for r in range(len(data)):
+        for start, end in documents(data, r):
+            assert data.inputs[r, start] == bos and data.roles[r, start] == Role.BOUNDARY
+            assert (data.inputs[r, start + 1 : end] != bos).all()
+
+
+def test_document_length_distribution_is_lognormal_around_the_median():
+    task = get_task("packed/associative_retrieval")
+    data = task.generate(200, seed=0)
+    lengths = np.concatenate([np.bincount(row) for row in data.doc_ids.numpy()])
+    assert 150 <= np.median(lengths) <= 240
+
+
+def test_associative_retrieval_scores_only_the_query():
+    task = get_task("packed/associative_retrieval", seq_len=1024)
+    data = task.generate(60, seed=1)
+    first_value = 4 + task.params.num_keys
+    n_absent = n_prev = n_docs = n_absent_after_first = 0
+    for r in range(len(data)):
+        inp, tgt = data.inputs[r].numpy(), data.targets[r].numpy()
+        prev_keys = None
+        for start, end in documents(data, r):
+            doc, dtgt = inp[start:end], tgt[start:end]
+            n_docs += 1
+            assert np.flatnonzero(dtgt != IGNORE).tolist() == [end - start - 2], "one score, at the query key"
+            assert doc[-3] == QUERY and dtgt[-2] == doc[-1], "the answer follows the query key"
+            body = doc[1:-3]
+            keys, values = body[0 : len(body) - len(body) % 2 : 2], body[1 : len(body) - len(body) % 2 : 2]
+            assert (keys >= 4).all() and (keys < first_value).all() and (values >= first_value).all()
+            mapping = {}
+            for k, v in zip(keys, values):
+                assert mapping.setdefault(k, v) == v, "one value per key within a document"
+            assert len(mapping) <= task.params.keys_per_doc
+            query, answer = doc[-2], doc[-1]
+            if answer == NONE:
+                n_absent += 1
+                assert query not in mapping
+                n_absent_after_first += prev_keys is not None
+                if prev_keys is not None and set(prev_keys) - set(mapping):
+                    assert query in prev_keys, "absent keys come from the previous document"
+                    n_prev += 1
+            else:
+                assert mapping[query] == answer
+            prev_keys = set(mapping)
+    assert 0.4 < n_absent / n_docs < 0.6
+    assert n_prev > 0.9 * n_absent_after_first, "the neighbour almost always has a key this document lacks"
+
+
+def test_noisy_recall_scores_repeated_keys_within_each_document():
+    task = get_task("packed/noisy_recall", seq_len=1024)
+    data = task.generate(20, seed=2)
+    num_keys = (task.params.vocab_size - task.params.noise_vocab_size) // 2
+    for r in range(len(data)):
+        inp, tgt, role = data.inputs[r].numpy(), data.targets[r].numpy(), data.roles[r].numpy()
+        for start, end in documents(data, r):
+            seen = {}
+            expected = np.full(end - start, IGNORE)
+            for pos in range(start + 1, end):
+                if role[pos] == Role.KEY:
+                    key = inp[pos]
+                    assert key < num_keys
+                    if key in seen:
+                        expected[pos - start] = seen[key]
+                    elif pos + 1 < end:
+                        seen[key] = inp[pos + 1]
+            # The probe key is the last token; its value is cut off, so recompute it from the first showing.
+            assert np.array_equal(tgt[start:end], expected)
+            assert (role[start:end][tgt[start:end] != IGNORE] == Role.KEY).all()
+            assert not (role[start:end][tgt[start:end] != IGNORE] == Role.NOISE).any()
+
+
+@pytest.mark.parametrize(
+    "name,params,bad",
+    [
+        ("packed/associative_retrieval", {"keys_per_doc": 32}, "keys_per_doc"),
+        ("packed/associative_retrieval", {"min_doc_len": 4}, "min_doc_len"),
+        ("packed/associative_retrieval", {"doc_len_median": 5000}, "doc_len_median"),
+        ("packed/associative_retrieval", {"absent_prob": 2.0}, "absent_prob"),
+        ("packed/noisy_recall", {"seq_len": 1023}, "seq_len"),
+        ("packed/noisy_recall", {"frac_noise": 1.0}, "frac_noise"),
+    ],
+    ids=["all-keys-active", "tiny-docs", "median-out-of-range", "bad-prob", "odd-row", "all-noise"],
+)
+def test_impossible_settings_name_the_parameter(name, params, bad):
+    with pytest.raises(ValueError, match=bad):
+        get_task(name, **params)
