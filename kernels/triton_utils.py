@@ -1,8 +1,9 @@
 """Shared pieces of the short-convolution Triton kernels: document bounds found inside a kernel, the tile and
 chunk plans, output allocation and the backend/dtype gate.
 
-Documents: a kernel gets ``cu_seqlens`` itself (int32 [n_docs + 1]) and binary-searches it for the tokens of
-its tile (``doc_bounds``), so no per-token tensor is built on the host and a packed call costs no extra launch.
+Documents: a kernel gets ``cu_seqlens`` itself (int32 [n_docs + 1]) and binary-searches it for the tokens
+of its tile (``doc_bounds``), so no per-token tensor is built on the host: a packed call costs no extra
+launch.
 Without ``cu_seqlens`` every row is one document.
 
 Reductions over tokens (weight gradients) never use atomics: the token tiles are split into a fixed number of
@@ -54,14 +55,15 @@ def use_triton(backend: str | None, op: str, kernel, *tensors: torch.Tensor | No
             raise ValueError(f"{op}: backend='triton' takes float16, bfloat16 or float32, got {t.dtype}")
     if not x.is_cuda and not is_interpreted(kernel):
         raise ValueError(
-            f"{op}: backend='triton' on a {x.device.type} tensor needs TRITON_INTERPRET=1 set before kernels is "
-            "imported"
+            f"{op}: backend='triton' on a {x.device.type} tensor needs TRITON_INTERPRET=1 set before kernels "
+            "is imported"
         )
     return True
 
 
 def search_steps(cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
-    """(offsets, binary-search steps) for ``doc_bounds``: ceil(log2(n_docs)) steps find any token's document."""
+    """(offsets, binary-search steps) for ``doc_bounds``: ceil(log2(n_docs)) steps find any token's
+    document."""
     if cu_seqlens is None:
         return 0, 0
     n_cu = cu_seqlens.numel()

@@ -8,6 +8,7 @@ consecutive offsets are an empty document. ``doc_ids: [B, T]`` numbers the docum
 """
 
 import os
+import weakref
 
 import torch
 
@@ -146,10 +147,25 @@ def check_tensor(name: str, t: torch.Tensor, dims: int, x: torch.Tensor | None =
         raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
+# cu_seqlens tensors already validated for a (B, T), with the tensor's version counter at the time: a model passes
+# one layout to every layer, and validating reads its values on the host (a device sync on CUDA), so once suffices.
+# Keyed by id() (a tensor's == is elementwise, so it cannot be a dict key); the weak reference tells a live
+# tensor from a dead one whose id was reused.
+_VALIDATED: dict[int, tuple[weakref.ref, tuple[int, int, int]]] = {}
+
+
 def check_cu_seqlens(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
-    """Validate an op's optional ``cu_seqlens`` against ``x: [B, T, D]``, device included."""
+    """Validate an op's optional ``cu_seqlens`` against ``x: [B, T, D]``, device included (once per layout)."""
     if cu_seqlens is None:
         return
-    validate_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
     if cu_seqlens.device != x.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")
+    key = (x.shape[0], x.shape[1], cu_seqlens._version)
+    ref, seen = _VALIDATED.get(id(cu_seqlens), (None, None))
+    if ref is not None and ref() is cu_seqlens and seen == key:
+        return
+    validate_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
+    if len(_VALIDATED) > 256:
+        for k in [k for k, (r, _) in _VALIDATED.items() if r() is None]:
+            del _VALIDATED[k]
+    _VALIDATED[id(cu_seqlens)] = (weakref.ref(cu_seqlens), key)

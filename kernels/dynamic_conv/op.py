@@ -32,28 +32,20 @@ from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})
 # Low-rank backward programs: fewer than the static ones, as each chunk's dU partial is R * W * D floats.
 LOWRANK_BWD_PROGRAMS = 256
+# Tile sizes and warps, fixed by shape (no autotuning). Compiled for sm_90a (Triton 3.9, ptxas -v), B=4,
+# T=4096, D=2048, W=4, bf16, registers: head-wise hs=1 forward 128, backward 173; hs=16 80 and 106;
+# low-rank R=16 forward 75, backward 254 (fp32: 108, 183); no spills.
+TILE, FWD_WARPS, BWD_WARPS = 2048, 4, 8
+LOWRANK_FWD_WARPS, LOWRANK_BWD_TILE = 8, 4096
 
 
+# fmt: off
 @triton.jit
 def _dynamic_conv_headwise_fwd_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    y_ptr,
-    cu_ptr,
-    T,
-    D,
-    H,
-    N_CU,
-    N_SEARCH,
-    W: tl.constexpr,
-    HS: tl.constexpr,
-    HSP: tl.constexpr,
-    NH: tl.constexpr,
-    BT: tl.constexpr,
-    HAS_CU: tl.constexpr,
-    HAS_STATIC: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, H, N_CU, N_SEARCH,  # sizes
+    W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
@@ -81,35 +73,17 @@ def _dynamic_conv_headwise_fwd_kernel(
             b_y += b_x
     p_y = y_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
     tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None, None] & m_hc[None, :, :])
+# fmt: on
 
 
+# fmt: off
 @triton.jit
 def _dynamic_conv_headwise_bwd_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    dy_ptr,
-    dx_ptr,
-    dw_ptr,
-    dsp_ptr,
-    cu_ptr,
-    T,
-    D,
-    H,
-    N_TB,
-    N_TOK,
-    TPC,
-    N_CU,
-    N_SEARCH,
-    W: tl.constexpr,
-    WP: tl.constexpr,
-    HS: tl.constexpr,
-    HSP: tl.constexpr,
-    NH: tl.constexpr,
-    BT: tl.constexpr,
-    HAS_CU: tl.constexpr,
-    HAS_STATIC: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, H, N_TB, N_TOK, TPC, N_CU, N_SEARCH,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
+    BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_h, i_c = tl.program_id(0), tl.program_id(1)
     o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
@@ -148,35 +122,22 @@ def _dynamic_conv_headwise_bwd_kernel(
             tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
             if HAS_STATIC:
                 b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
-                b_ds = tl.where(o_k[:, None, None] == k, b_ds + 2 * b_dsk[None, :, :], b_ds)
+                b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
     if HAS_STATIC:
         p_ds = dsp_ptr + (i_c * W + o_k[:, None, None]).to(tl.int64) * D + o_d[None, :, :]
         tl.store(p_ds, b_ds, mask=(o_k < W)[:, None, None] & m_hc[None, :, :])
+# fmt: on
 
 
+# fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_fwd_kernel(
-    x_ptr,
-    z_ptr,
-    u_ptr,
-    s_ptr,
-    y_ptr,
-    cu_ptr,
-    T,
-    D,
-    R,
-    N_CU,
-    N_SEARCH,
-    W: tl.constexpr,
-    RP: tl.constexpr,
-    BT: tl.constexpr,
-    BD: tl.constexpr,
-    HAS_CU: tl.constexpr,
-    HAS_STATIC: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    PRECISION: tl.constexpr,
+    x_ptr, z_ptr, u_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, R, N_CU, N_SEARCH,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
@@ -203,37 +164,16 @@ def _dynamic_conv_lowrank_fwd_kernel(
             b_y += b_x
     p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
     tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+# fmt: on
 
 
+# fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_bwd_kernel(
-    x_ptr,
-    z_ptr,
-    u_ptr,
-    s_ptr,
-    dy_ptr,
-    dx_ptr,
-    dzp_ptr,
-    dup_ptr,
-    dsp_ptr,
-    cu_ptr,
-    T,
-    D,
-    R,
-    N_TB,
-    N_TOK,
-    TPC,
-    N_CU,
-    N_SEARCH,
-    W: tl.constexpr,
-    WP: tl.constexpr,
-    RP: tl.constexpr,
-    BT: tl.constexpr,
-    BD: tl.constexpr,
-    HAS_CU: tl.constexpr,
-    HAS_STATIC: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    PRECISION: tl.constexpr,
+    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, N_TB, N_TOK, TPC, N_CU, N_SEARCH,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
@@ -245,7 +185,6 @@ def _dynamic_conv_lowrank_bwd_kernel(
     d_j = i_d * BD + o_j % BD
     m_j = (k_j < W) & (d_j < D)
     p_u2 = u_ptr + o_r[:, None] * (W * D) + (k_j * D + d_j)[None, :]
-    b_u2 = tl.load(p_u2, mask=m_r[:, None] & m_j[None, :], other=0.0).to(tl.float32)  # [RP, WP * BD]
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
     for j in range(TPC):
@@ -261,8 +200,10 @@ def _dynamic_conv_lowrank_bwd_kernel(
         b_g = b_dy2 * b_x2
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
         b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        # U's columns of this block, [RP, WP * BD]: reloaded per tile (cached) rather than held in registers
+        b_u2 = tl.load(p_u2, mask=m_r[:, None] & m_j[None, :], other=0.0).to(tl.float32)
         b_dz = tl.dot(b_g, tl.trans(b_u2), input_precision=PRECISION)  # [BT, RP]
-        p_dz = dzp_ptr + (i_d * N_TOK + o_g).to(tl.int64)[:, None] * R + o_r[None, :]
+        p_dz = dzp_ptr + (i_d.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
         tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
         b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
         if HAS_STATIC:
@@ -293,29 +234,28 @@ def _dynamic_conv_lowrank_bwd_kernel(
     if HAS_STATIC:
         p_ds = dsp_ptr + (i_c * W + k_j).to(tl.int64) * D + d_j
         tl.store(p_ds, b_ds, mask=m_j)
+# fmt: on
 
 
 def _head_tiles(T: int, H: int, hs: int) -> tuple[int, int, int]:
-    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about 4096 elements."""
+    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about TILE elements."""
     HSP = triton.next_power_of_2(hs)
     NH = min(triton.next_power_of_2(H), max(1, 128 // HSP))
-    BT = max(1, min(triton.next_power_of_2(T), 4096 // (NH * HSP)))
+    BT = max(1, min(triton.next_power_of_2(T), TILE // (NH * HSP)))
     return BT, NH, HSP
 
 
 def _lowrank_fwd_tiles(T: int, D: int) -> tuple[int, int]:
-    """(BT, BD), both >= 16 for tl.dot: up to 128 channels, about 4096 elements a tile."""
+    """(BT, BD), both >= 16 for tl.dot: up to 128 channels, about TILE elements a tile."""
     BD = max(16, min(128, triton.next_power_of_2(D)))
-    BT = max(16, min(triton.next_power_of_2(T), 4096 // BD))
+    BT = max(16, min(triton.next_power_of_2(T), TILE // BD))
     return BT, BD
 
 
-def _lowrank_bwd_tiles(T: int, D: int, WP: int, RP: int) -> tuple[int, int]:
-    """(BT, BD), both >= 16 for tl.dot: the [RP, WP * BD] U block and dU sum at most 8192 floats each, the
-    [BT, WP * BD] g block too."""
-    BD = max(16, min(triton.next_power_of_2(D), 8192 // (WP * RP)))
-    BT = max(16, min(triton.next_power_of_2(T), 8192 // (WP * BD)))
-    return BT, BD
+def _lowrank_bwd_tiles(D: int, WP: int, RP: int) -> tuple[int, int]:
+    """(BT, BD): BT = 16, the least tl.dot takes; BD up to 64 channels with the [RP, WP * BD] blocks of U and
+    of the dU sum at most LOWRANK_BWD_TILE floats each."""
+    return 16, max(16, min(triton.next_power_of_2(D), 64, LOWRANK_BWD_TILE // (WP * RP)))
 
 
 def _dims_of_static(static_w: torch.Tensor | None, W: int, D: int) -> None:
@@ -334,7 +274,9 @@ def _headwise_fwd(
     B, T, D = x.shape
     H, W = weight.shape[2], weight.shape[3]
     if tuple(weight.shape[:2]) != (B, T) or D % H:
-        raise ValueError(f"weight must be [B={B}, T={T}, H, W] with H dividing D={D}, got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be [B={B}, T={T}, H, W] with H dividing D={D}, got {tuple(weight.shape)}"
+        )
     _dims_of_static(static_w, W, D)
     x, weight = x.contiguous(), weight.contiguous()
     static_w = None if static_w is None else static_w.contiguous()
@@ -342,11 +284,13 @@ def _headwise_fwd(
     BT, NH, HSP = _head_tiles(T, H, D // H)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
+    # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](
-        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search,
-        W=W, HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
-        RESIDUAL=residual, num_warps=4,
-    )  # fmt: skip
+        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search, W=W, HS=D // H, HSP=HSP, NH=NH, BT=BT,
+        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        num_warps=FWD_WARPS,
+    )
+    # fmt: on
     return y
 
 
@@ -373,11 +317,14 @@ def _headwise_bwd(
     dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
     ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
+    # fmt: off
     _dynamic_conv_headwise_bwd_kernel[(n_hb, n_chunks)](
         x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, n_tb, B * T, per_chunk, n_cu,
         n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
-        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual, num_warps=4,
-    )  # fmt: skip
+        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        num_warps=BWD_WARPS,
+    )
+    # fmt: on
     if static_w is None:
         return dx, dweight, x.new_empty(0)
     return dx, dweight, ds_partial.sum(0).to(static_w.dtype)
@@ -395,7 +342,9 @@ def _lowrank_fwd(
     B, T, D = x.shape
     R = z.shape[2]
     if tuple(z.shape[:2]) != (B, T) or U.shape[0] != R or U.shape[1] % D:
-        raise ValueError(f"z must be [B={B}, T={T}, R] and U [R, W*D], got {tuple(z.shape)}, {tuple(U.shape)}")
+        raise ValueError(
+            f"z must be [B={B}, T={T}, R] and U [R, W*D], got {tuple(z.shape)}, {tuple(U.shape)}"
+        )
     W = U.shape[1] // D
     _dims_of_static(static_w, W, D)
     x, z, U = x.contiguous(), z.contiguous(), U.contiguous()
@@ -404,11 +353,13 @@ def _lowrank_fwd(
     BT, BD = _lowrank_fwd_tiles(T, D)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
+    # fmt: off
     _dynamic_conv_lowrank_fwd_kernel[grid](
-        x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search,
-        W=W, RP=max(16, triton.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
-        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x), num_warps=4,
-    )  # fmt: skip
+        x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search, W=W, RP=max(16, triton.next_power_of_2(R)),
+        BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        PRECISION=tu.dot_precision(x), num_warps=LOWRANK_FWD_WARPS,
+    )
+    # fmt: on
     return y
 
 
@@ -430,7 +381,7 @@ def _lowrank_bwd(
     dy, x, z, U = dy.contiguous(), x.contiguous(), z.contiguous(), U.contiguous()
     static_w = None if static_w is None else static_w.contiguous()
     WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
-    BT, BD = _lowrank_bwd_tiles(T, D, WP, RP)
+    BT, BD = _lowrank_bwd_tiles(D, WP, RP)
     n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
     dx = tu.empty((B, T, D), x.dtype, x.device)
@@ -438,11 +389,14 @@ def _lowrank_bwd(
     du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
     ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
+    # fmt: off
     _dynamic_conv_lowrank_bwd_kernel[(n_db, n_chunks)](
         x, z, U, static_w, dy, dx, dz_partial, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T,
         per_chunk, n_cu, n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
-        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x), num_warps=8,
-    )  # fmt: skip
+        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x),
+        num_warps=BWD_WARPS,
+    )
+    # fmt: on
     dz, dU = dz_partial.sum(0).to(z.dtype), du_partial.sum(0).to(U.dtype)
     if static_w is None:
         return dx, dz, dU, x.new_empty(0)
@@ -624,7 +578,9 @@ def dynamic_conv_headwise(
         y: [B, T, D] in x's dtype (half types compute in float32).
     """
     _check_headwise(x, weight, static_w, cu_seqlens)
-    if tu.use_triton(backend, "dynamic_conv_headwise", _dynamic_conv_headwise_fwd_kernel, x, weight, static_w):
+    if tu.use_triton(
+        backend, "dynamic_conv_headwise", _dynamic_conv_headwise_fwd_kernel, x, weight, static_w
+    ):
         return _headwise_op(x, weight, static_w, cu_seqlens, residual)
     return dynamic_conv_headwise_ref(x, weight, static_w, cu_seqlens=cu_seqlens, residual=residual)
 

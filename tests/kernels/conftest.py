@@ -4,16 +4,8 @@ The reference is computed in float64 from the very same (already rounded) inputs
 op's own arithmetic and the rounding of its result to the input dtype.
 """
 
-import os
-
 import pytest
 import torch
-
-# Triton decides between compiling and interpreting when a kernel is decorated, that is when `kernels` is first
-# imported, so TRITON_INTERPRET must be set before that: here, before this folder's test modules are imported.
-# On a machine without CUDA the Triton backend then runs in the interpreter (kernel tests at small shapes).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Relative RMS error allowed for a result whose inputs have this dtype.
 RMS_BOUND = {

@@ -528,28 +528,6 @@ def test_bad_inputs_raise(call, message):
         call()
 
 
-TRITON_CALLS = [
-    pytest.param(lambda: kernels.short_conv(_X, torch.zeros(3, 4), backend="triton"), "#4", id="short_conv"),
-    pytest.param(
-        lambda: kernels.dynamic_conv_headwise(_X, torch.zeros(2, 5, 2, 3), backend="triton"),
-        "#4",
-        id="headwise",
-    ),
-    pytest.param(
-        lambda: kernels.dynamic_conv_lowrank(_X, torch.zeros(2, 5, 1), torch.zeros(1, 12), backend="triton"),
-        "#4",
-        id="lowrank",
-    ),
-    pytest.param(lambda: kernels.rubiconv(_X, torch.zeros(4, 8), backend="triton"), "#5", id="rubiconv"),
-]
-
-
-@pytest.mark.parametrize("call, issue", TRITON_CALLS)
-def test_triton_backend_is_not_there_yet(call, issue):
-    with pytest.raises(NotImplementedError, match=f"Triton backend arrives with issue {issue}"):
-        call()
-
-
 def test_rubiconv_accepts_a_block():
     h = torch.ones(4, 3)
     assert torch.equal(kernels.rubiconv(_X + 1, h, block=256), kernels.rubiconv(_X + 1, h))
@@ -560,7 +538,8 @@ def test_auto_backend_follows_the_device_and_the_registry(monkeypatch):
     on_cuda = types.SimpleNamespace(is_cuda=True)
     assert kutils.resolve_backend(None, _X) == "torch"
     assert kutils.resolve_backend(None, on_cuda) == "triton"
-    assert kutils.resolve_backend(None, on_cuda, op="short_conv") == "torch"
+    assert kutils.resolve_backend(None, on_cuda, op="short_conv") == "triton"  # registered by its op.py
+    assert kutils.resolve_backend(None, on_cuda, op="no_kernel") == "torch"
     monkeypatch.setattr(kutils, "TRITON_OPS", {"short_conv"})
     assert kutils.resolve_backend(None, on_cuda, op="short_conv") == "triton"
     assert kutils.resolve_backend(None, on_cuda, op="rubiconv") == "torch"
@@ -571,14 +550,25 @@ def test_mixlab_backend_env_var(monkeypatch):
     monkeypatch.setenv("MIXLAB_BACKEND", "triton")
     on_cpu = types.SimpleNamespace(is_cuda=False)
     assert kutils.resolve_backend(None, on_cpu) == "triton"
-    assert kutils.resolve_backend(None, on_cpu, op="short_conv") == "torch"  # no kernel registered yet
+    assert kutils.resolve_backend(None, on_cpu, op="no_kernel") == "torch"
     assert kutils.resolve_backend("torch", on_cpu) == "torch"
-    with pytest.raises(NotImplementedError):
-        kernels.short_conv(_X, torch.zeros(3, 4), backend="triton")
-    y = kernels.short_conv(_X + 1, torch.ones(3, 4))  # auto falls back to the reference
+    monkeypatch.setattr(kutils, "TRITON_OPS", set())
+    y = kernels.short_conv(_X + 1, torch.ones(3, 4))  # no kernel registered: auto falls back to the reference
     assert torch.equal(y, kernels.short_conv(_X + 1, torch.ones(3, 4), backend="torch"))
     monkeypatch.setenv("MIXLAB_BACKEND", "torch")
     assert kutils.resolve_backend(None, types.SimpleNamespace(is_cuda=True)) == "torch"
     monkeypatch.setenv("MIXLAB_BACKEND", "cuda")
     with pytest.raises(ValueError, match="MIXLAB_BACKEND='cuda'"):
         kernels.rubiconv(_X, torch.zeros(4, 8))
+
+
+def test_cu_seqlens_validated_once_per_layout_and_again_after_a_change():
+    x = torch.randn(2, 4, 3)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    kutils.check_cu_seqlens(cu, x)
+    assert kutils._VALIDATED[id(cu)][1] == (2, 4, cu._version)
+    cu[1] = 5  # in place: a document now spans rows, and the version counter moved on
+    with pytest.raises(ValueError, match="row end"):
+        kutils.check_cu_seqlens(cu, x)
+    with pytest.raises(ValueError, match="B\\*T"):
+        kutils.check_cu_seqlens(torch.tensor([0, 4, 8], dtype=torch.int32), torch.randn(3, 4, 3))

@@ -85,7 +85,9 @@ def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
     gen = torch.Generator().manual_seed(10)
     inputs = {"x": _randn(gen, B, T, D).to(dtype), "weight": _randn(gen, W, D).to(dtype)}
     op = kernels.short_conv
-    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+    _check_against_reference(
+        op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual
+    )
 
 
 @pytest.mark.parametrize("W", range(1, 9), ids=lambda w: f"W{w}")
@@ -99,7 +101,9 @@ def test_short_conv_every_width(W, assert_rel_rms):
 HEADWISE_CASES = [
     # B, T, D, head size, W, document lengths per row, residual, static_w, dtype
     pytest.param(1, 1, 1, 1, 1, None, False, False, FP32, id="T1-D1-hs1-W1"),
-    pytest.param(2, 65, 63, 1, 4, [[20, 1, 44], [65]], True, True, FP32, id="hs1-T65-D63-docs-static-residual"),
+    pytest.param(
+        2, 65, 63, 1, 4, [[20, 1, 44], [65]], True, True, FP32, id="hs1-T65-D63-docs-static-residual"
+    ),
     pytest.param(2, 9, 257, 1, 3, [[4, 5], [9]], False, True, FP32, id="hs1-D257-three-head-blocks"),
     pytest.param(1, 63, 6, 2, 3, None, False, True, FP32, id="hs2-T63-D6-H3-static"),
     pytest.param(2, 20, 20, 4, 8, [[3, 5, 2, 7, 3], [1] * 20], True, False, FP32, id="hs4-H5-W8-short-docs"),
@@ -120,7 +124,9 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
         "static_w": _randn(gen, W, D).to(dtype) if static else None,
     }
     op = kernels.dynamic_conv_headwise
-    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+    _check_against_reference(
+        op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual
+    )
 
 
 LOWRANK_CASES = [
@@ -128,7 +134,9 @@ LOWRANK_CASES = [
     pytest.param(1, 1, 1, 1, 1, None, False, False, FP32, id="T1-D1-R1-W1"),
     pytest.param(1, 63, 65, 8, 4, None, False, True, FP32, id="R8-T63-D65-static"),
     pytest.param(2, 65, 63, 16, 3, [[20, 1, 44], [65]], True, False, FP32, id="R16-T65-D63-W3-docs-residual"),
-    pytest.param(2, 20, 3, 16, 8, [[3, 5, 0, 2, 7, 3], [1] * 20], True, True, FP32, id="R16-W8-short-docs-empty"),
+    pytest.param(
+        2, 20, 3, 16, 8, [[3, 5, 0, 2, 7, 3], [1] * 20], True, True, FP32, id="R16-W8-short-docs-empty"
+    ),
     pytest.param(2, 127, 1, 3, 2, [[1, 2, 7, 0, 40, 77], [127]], False, True, FP32, id="R3-T127-D1-docs"),
     pytest.param(1, 33, 130, 20, 6, [[1, 32]], False, True, FP32, id="R20-padded-to-32-W6"),
     pytest.param(3, 65, 63, 16, 4, [[60, 5], [65], [1] * 15 + [50]], True, True, BF16, id="bf16-R16-docs"),
@@ -146,7 +154,9 @@ def test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, asse
         "static_w": _randn(gen, W, D).to(dtype) if static else None,
     }
     op = kernels.dynamic_conv_lowrank
-    _check_against_reference(op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual)
+    _check_against_reference(
+        op, inputs, gen, assert_rel_rms, dtype, cu_seqlens=_cu(rows, T), residual=residual
+    )
 
 
 def test_mixed_dtypes_as_under_autocast(assert_rel_rms):
@@ -158,10 +168,18 @@ def test_mixed_dtypes_as_under_autocast(assert_rel_rms):
     static_w = _randn(gen, W, D).float()
     cases = [
         (kernels.short_conv, {"x": x, "weight": static_w}),
-        (kernels.dynamic_conv_headwise, {"x": x, "weight": _randn(gen, B, T, 3, W).to(BF16), "static_w": static_w}),
+        (
+            kernels.dynamic_conv_headwise,
+            {"x": x, "weight": _randn(gen, B, T, 3, W).to(BF16), "static_w": static_w},
+        ),
         (
             kernels.dynamic_conv_lowrank,
-            {"x": x, "z": _randn(gen, B, T, 5).to(BF16), "U": _randn(gen, 5, W * D).float(), "static_w": static_w},
+            {
+                "x": x,
+                "z": _randn(gen, B, T, 5).to(BF16),
+                "U": _randn(gen, 5, W * D).float(),
+                "static_w": static_w,
+            },
         ),
     ]
     for op, inputs in cases:
@@ -199,7 +217,9 @@ def test_non_contiguous_inputs_and_upstream(assert_rel_rms):
         leaves = [t.detach().clone().requires_grad_() for t in (x, z, U, static_w)]
         y = kernels.dynamic_conv_lowrank(*leaves, backend=backend)
         results[backend] = [y, *torch.autograd.grad(y.sum(), leaves)]
-    for name, got, ref in zip(["y", "dx", "dz", "dU", "dstatic_w"], results["triton"], results["torch"], strict=True):
+    for name, got, ref in zip(
+        ["y", "dx", "dz", "dU", "dstatic_w"], results["triton"], results["torch"], strict=True
+    ):
         assert_rel_rms(got, ref, FP32, name)
 
 
@@ -219,7 +239,12 @@ def _chunk_inputs(gen) -> list[tuple]:
     B, T, D, W = CHUNK_B, CHUNK_T, CHUNK_D, 4
     x, static_w = _randn(gen, B, T, D).float(), _randn(gen, W, D).float()
     headwise = {"x": x, "weight": _randn(gen, B, T, D // 2, W).float(), "static_w": static_w}
-    lowrank = {"x": x, "z": _randn(gen, B, T, 16).float(), "U": _randn(gen, 16, W * D).float(), "static_w": static_w}
+    lowrank = {
+        "x": x,
+        "z": _randn(gen, B, T, 16).float(),
+        "U": _randn(gen, 16, W * D).float(),
+        "static_w": static_w,
+    }
     return [
         (kernels.short_conv, {"x": x, "weight": static_w}),
         (kernels.dynamic_conv_headwise, headwise),
@@ -242,7 +267,9 @@ def test_backward_is_bitwise_deterministic(small_chunks):
     """Weight gradients sum fp32 partials of several chunks in a fixed order: two runs agree bit for bit."""
     cu = _cu(CHUNK_ROWS, CHUNK_T)
     for op, inputs in _chunk_inputs(torch.Generator().manual_seed(16)):
-        upstream = torch.randn(CHUNK_B, CHUNK_T, CHUNK_D, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+        upstream = torch.randn(CHUNK_B, CHUNK_T, CHUNK_D, generator=torch.Generator().manual_seed(0)).to(
+            DEVICE
+        )
         first = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
         second = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
         assert torch.equal(first[0], second[0])
@@ -324,8 +351,8 @@ def test_a_nan_document_changes_no_other_gradient(op_name):
     upstream = _randn(gen, ISO_B, ISO_T, ISO_D).float()
     poisoned = (0, 7)  # row 0's first document
     _, clean = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
-    _, dirty = _fwd_bwd(op, {**inputs, "x": _set_doc(inputs["x"], poisoned, float("nan"))}, upstream, "triton",
-                        cu_seqlens=cu)  # fmt: skip
+    dirty_inputs = {**inputs, "x": _set_doc(inputs["x"], poisoned, float("nan"))}
+    _, dirty = _fwd_bwd(op, dirty_inputs, upstream, "triton", cu_seqlens=cu)
     outside = ~_in_doc(poisoned)
     for name in token_inputs:
         assert torch.equal(dirty[name][outside], clean[name][outside]), f"d{name} changed by the NaN"
@@ -360,8 +387,12 @@ class _ThreeConvs(torch.nn.Module):
 
     def forward(self, x, head_weight, z, cu_seqlens):
         y = kernels.short_conv(x, self.weight, cu_seqlens=cu_seqlens, residual=True, backend="triton")
-        y = kernels.dynamic_conv_headwise(y, head_weight, self.static_w, cu_seqlens=cu_seqlens, backend="triton")
-        return kernels.dynamic_conv_lowrank(y, z, self.U, self.static_w, cu_seqlens=cu_seqlens, backend="triton")
+        y = kernels.dynamic_conv_headwise(
+            y, head_weight, self.static_w, cu_seqlens=cu_seqlens, backend="triton"
+        )
+        return kernels.dynamic_conv_lowrank(
+            y, z, self.U, self.static_w, cu_seqlens=cu_seqlens, backend="triton"
+        )
 
 
 @pytest.mark.parametrize("rows", [pytest.param(None, id="rows"), pytest.param([[5, 12], [17]], id="docs")])
@@ -388,7 +419,11 @@ def _opcheck_cases():
     gen = torch.Generator().manual_seed(21)
     B, T, D, W = 2, 9, 6, 3
     x, dy, static_w = _randn(gen, B, T, D).float(), _randn(gen, B, T, D).float(), _randn(gen, W, D).float()
-    weight, z, U = _randn(gen, B, T, 2, W).float(), _randn(gen, B, T, 4).float(), _randn(gen, 4, W * D).float()
+    weight, z, U = (
+        _randn(gen, B, T, 2, W).float(),
+        _randn(gen, B, T, 4).float(),
+        _randn(gen, 4, W * D).float(),
+    )
     cu = _cu([[4, 5], [9]], T)
     # forward ops get inputs that require grad (their autograd is checked); backward ops have no autograd
     return [
@@ -398,16 +433,21 @@ def _opcheck_cases():
         pytest.param(dynamic_op._headwise_op, (x, weight, None, None, True), True, id="headwise-no-static"),
         pytest.param(dynamic_op._headwise_bwd_op, (dy, x, weight, None, cu, True), False, id="headwise_bwd"),
         pytest.param(dynamic_op._lowrank_op, (x, z, U, static_w, cu, True), True, id="lowrank"),
-        pytest.param(dynamic_op._lowrank_bwd_op, (dy, x, z, U, static_w, None, False), False, id="lowrank_bwd"),
+        pytest.param(
+            dynamic_op._lowrank_bwd_op, (dy, x, z, U, static_w, None, False), False, id="lowrank_bwd"
+        ),
     ]
+
+
+def _is_float(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.is_floating_point()
 
 
 @pytest.mark.parametrize("op, args, differentiable", _opcheck_cases())
 def test_custom_op_registration(op, args, differentiable):
     """Schema, fake (meta) kernel, autograd registration and AOT dispatch of each custom op."""
     if differentiable:
-        args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                     for a in args)  # fmt: skip
+        args = tuple(a.clone().requires_grad_() if _is_float(a) else a for a in args)
     torch.library.opcheck(op, args)
 
 
@@ -451,7 +491,9 @@ MODEL_MIXERS = [
     pytest.param({"mixer": "static_conv"}, id="static_conv"),
     pytest.param({"mixer": "dynamic_conv", "conv_rank": 8}, id="dynamic_conv"),
     pytest.param({"mixer": "dynamic_conv_headwise", "conv_head_size": 4}, id="dynamic_conv_headwise"),
-    pytest.param({"mixer": "attention", "n_heads": 2, "qkv_conv": "dynamic_lowrank"}, id="attention-qkv-lowrank"),
+    pytest.param(
+        {"mixer": "attention", "n_heads": 2, "qkv_conv": "dynamic_lowrank"}, id="attention-qkv-lowrank"
+    ),
 ]
 
 
@@ -465,8 +507,9 @@ def test_models_on_the_triton_backend_match_the_reference(fields, assert_rel_rms
     doc_ids = torch.tensor([[0] * 6 + [1] * 15, [0] * 20 + [1]], device=DEVICE)
     built = {}
     for backend in ("triton", "torch"):
-        config = models.ModelConfig(vocab_size=16, d_model=32, n_layers=1, mlp_hidden=0, kernel_backend=backend,
-                                    **fields)  # fmt: skip
+        config = models.ModelConfig(
+            vocab_size=16, d_model=32, n_layers=1, mlp_hidden=0, kernel_backend=backend, **fields
+        )
         built[backend] = models.build_model(config).to(DEVICE)
     built["torch"].load_state_dict(built["triton"].state_dict())
     results = {}

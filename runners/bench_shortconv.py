@@ -1,0 +1,263 @@
+"""``mixlab bench shortconv``: time the short-convolution kernels against the torch reference.
+
+One markdown table per kernel (static, head-wise head size 1 and 16, low-rank R=16): the Triton kernel without
+and with ``cu_seqlens`` (``n_docs`` documents), the plain-torch reference and ``torch.compile`` of it; forward
+and forward+backward medians of ``triton.testing.do_bench``, achieved forward bandwidth and the ratio to the
+byte floor. The GPU name and versions go on top. Before timing, each Triton kernel is checked at the benchmark
+shape (with documents) against the float64 reference, output and every input gradient; a kernel that fails
+gets no Triton timings (the correctness gate).
+
+Byte floor: the bytes an op must move at least, divided by the device's measured copy bandwidth (a large
+``copy_``, read + write). With N = B*T tokens, s the bytes of an activation element, s_w of a weight element:
+    static      fwd  2 N D s                fwd+bwd  5 N D s                (x, y; then x, dy, dx)
+    head-wise   fwd  2 N D s + N H W s_w    fwd+bwd  5 N D s + 3 N H W s_w  (+ weight; weight, dweight)
+    low-rank    fwd  2 N D s + N R s_w      fwd+bwd  5 N D s + 3 N R s_w    (+ z; z, dz)
+plus the [W, D] and [R, W*D] parameters, read once and (backward) written once; ``cu_seqlens`` is negligible.
+The low-rank floor counts the [B, T, W, D] weights as never written: the kernels form them on chip.
+"""
+
+import dataclasses
+import datetime
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import triton
+
+import kernels
+from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from kernels.short_conv.naive import short_conv_ref
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Relative RMS error the correctness gate allows, per activation dtype (the kernel tests' bounds).
+RMS_BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+@dataclasses.dataclass
+class _Kernel:
+    name: str
+    op: Callable  # the public op, kernels.*
+    ref: Callable  # its plain-torch reference, naive.*
+    inputs: dict  # name -> tensor (None: absent), the op's leading arguments
+    bytes_fwd: int
+    bytes_fwd_bwd: int
+
+
+def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.device) -> list[_Kernel]:
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=gen, device=device)).to(dtype)
+
+    N, s = B * T, torch.tensor([], dtype=dtype).element_size()
+    x, static_w = randn(B, T, D), randn(W, D, scale=W**-0.5)
+    params = 2 * W * D * s  # static_w read once, its gradient written once
+    static = {"x": x, "weight": static_w}
+    out = [
+        _Kernel(
+            "static",
+            kernels.short_conv,
+            short_conv_ref,
+            static,
+            2 * N * D * s + params,
+            5 * N * D * s + params,
+        )
+    ]
+    for hs in (1, 16):
+        if D % hs:
+            continue
+        H = D // hs
+        inputs = {"x": x, "weight": randn(B, T, H, W, scale=W**-0.5), "static_w": static_w}
+        fwd, fwd_bwd = 2 * N * D * s + N * H * W * s + params, 5 * N * D * s + 3 * N * H * W * s + params
+        name = f"head-wise, head size {hs}"
+        out.append(
+            _Kernel(name, kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs, fwd, fwd_bwd)
+        )
+    R = 16
+    inputs = {"x": x, "z": randn(B, T, R), "U": randn(R, W * D, scale=(R * W) ** -0.5), "static_w": static_w}
+    params += 2 * R * W * D * s
+    fwd, fwd_bwd = 2 * N * D * s + N * R * s + params, 5 * N * D * s + 3 * N * R * s + params
+    out.append(
+        _Kernel(
+            f"low-rank, R={R}", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs, fwd, fwd_bwd
+        )
+    )
+    return out
+
+
+def _doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tensor:
+    """cu_seqlens of n_docs documents of random lengths (seeded), every row cut into about n_docs / B."""
+    if n_docs < B or n_docs > B * T:
+        raise ValueError(f"n_docs={n_docs} must lie between B={B} and B*T={B * T}")
+    rng = np.random.default_rng(0)
+    offsets = [0]
+    for row in range(B):
+        n_row = n_docs // B + (row < n_docs % B)
+        cuts = np.sort(rng.choice(np.arange(1, T), size=n_row - 1, replace=False)) if n_row > 1 else []
+        offsets += [row * T + int(c) for c in cuts] + [(row + 1) * T]
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def _time_us(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median time of fn in µs: do_bench on CUDA (``repeats`` is its rep, in ms), wall clock on a CPU."""
+    if device.type == "cuda":
+        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=repeats, return_mode="median")
+    fn()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def _copy_bandwidth(device: torch.device, repeats: int) -> float:
+    """Bytes per second of a 1 GiB (256 MiB on a CPU) device copy, read plus write."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 26)
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / (_time_us(lambda: dst.copy_(src), repeats, device) * 1e-6)
+
+
+def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    scale = expected.pow(2).mean().sqrt().item()
+    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
+
+
+def _fwd_bwd(
+    fn: Callable, inputs: dict, upstream: torch.Tensor, **kwargs
+) -> Callable[[], list[torch.Tensor]]:
+    """A closure running fn forward and backward: -> [y, gradient of every input that is not None]."""
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
+    grads_of = [v for v in leaves.values() if v is not None]
+
+    def run():
+        y = fn(**leaves, **kwargs)
+        return [y, *torch.autograd.grad(y, grads_of, upstream)]
+
+    return run
+
+
+def _fwd(fn: Callable, inputs: dict, **kwargs) -> Callable[[], torch.Tensor]:
+    def run():
+        with torch.no_grad():
+            return fn(**inputs, **kwargs)
+
+    return run
+
+
+def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
+    """Worst relative RMS error of the Triton output and input gradients (with documents) against float64."""
+    got = _fwd_bwd(kernel.op, kernel.inputs, upstream, cu_seqlens=cu, residual=True, backend="triton")()
+    as64 = {k: None if v is None else v.double() for k, v in kernel.inputs.items()}
+    want = _fwd_bwd(kernel.ref, as64, upstream.double(), cu_seqlens=cu, residual=True)()
+    return max(_rel_rms(a, b) for a, b in zip(got, want, strict=True))
+
+
+def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float) -> str:
+    def us(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f}"
+
+    floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytes_fwd_bwd / bw
+    tbs = "—" if fwd_us is None else f"{kernel.bytes_fwd / (fwd_us * 1e-6) / 1e12:.2f}"
+    r_fwd = "—" if fwd_us is None else f"{fwd_us / floor_fwd:.2f}"
+    r_total = "—" if total_us is None else f"{total_us / floor_total:.2f}"
+    return f"| {label} | {us(fwd_us)} | {us(total_us)} | {tbs} | {r_fwd} | {r_total} |"
+
+
+def _measure(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[float | None, float | None, str]:
+    """(fwd µs, fwd+bwd µs, note); a failing implementation gets no timings and a note naming the error."""
+    try:
+        return _time_us(fn_fwd, repeats, device), _time_us(fn_total, repeats, device), ""
+    except Exception as err:  # noqa: BLE001 - one broken baseline must not hide the other rows
+        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+
+
+def bench_shortconv(
+    shape: tuple[int, int, int, int] = (4, 4096, 2048, 4),
+    dtype: str = "bf16",
+    n_docs: int = 64,
+    repeats: int = 100,
+    device: str | None = None,
+) -> str:
+    """Benchmark the short convolutions at ``shape`` = (B, T, D, W); returns a markdown report.
+
+    ``dtype``: fp32, bf16 or fp16 for activations and weights. ``n_docs``: documents of the packed variant.
+    ``repeats``: do_bench's rep, milliseconds of timed runs per measurement. ``device``: default CUDA when
+    available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if len(shape) != 4 or any(not isinstance(v, int) or v < 1 for v in shape):
+        raise ValueError(f"shape must be four positive integers B,T,D,W, got {shape!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    B, T, D, W = shape
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = DTYPES[dtype]
+    cu = _doc_layout(B, T, n_docs, dev)
+    bw = _copy_bandwidth(dev, repeats)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
+    lines = [
+        f"# Short-convolution kernels, {datetime.date.today().isoformat()}",
+        "",
+        f"- device: {name}; torch {torch.__version__}, Triton {triton.__version__}, "
+        f"CUDA {torch.version.cuda}",
+        f"- shape B={B}, T={T}, D={D}, W={W}, {dtype}; packed variant: {n_docs} documents of random length; "
+        f"residual on, static_w on for the dynamic kernels",
+        f"- median of do_bench (rep {repeats} ms); copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "
+        "the byte floor's denominator",
+        "",
+    ]
+    for kernel in _kernels(B, T, D, W, torch_dtype, dev):
+        x = kernel.inputs["x"]
+        upstream = torch.randn(x.shape, generator=torch.Generator(device=dev).manual_seed(2), device=dev)
+        upstream = upstream.to(torch_dtype)
+        worst = _gate(kernel, cu, upstream)
+        ok = worst <= RMS_BOUND[torch_dtype]
+        lines += [
+            f"## {kernel.name}",
+            "",
+            f"byte floor: fwd {kernel.bytes_fwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd / bw:.1f} µs, "
+            f"fwd+bwd {kernel.bytes_fwd_bwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd_bwd / bw:.1f} µs. "
+            f"Correctness gate (Triton with documents vs float64, output and every gradient): "
+            f"{'PASS' if ok else 'FAIL'}, worst relative RMS {worst:.2e} (bound {RMS_BOUND[torch_dtype]:g}).",
+            "",
+            "| implementation | fwd µs | fwd+bwd µs | fwd TB/s | fwd / floor | fwd+bwd / floor |",
+            "|---|---|---|---|---|---|",
+        ]
+        compiled_ref = torch.compile(kernel.ref)
+        variants = [
+            ("Triton", kernel.op, {"backend": "triton"}, None, ok),
+            (f"Triton, {n_docs} documents", kernel.op, {"backend": "triton"}, cu, ok),
+            ("torch reference", kernel.ref, {}, None, True),
+            ("torch.compile(reference)", compiled_ref, {}, None, True),
+        ]
+        notes, timed = [], {}
+        for label, fn, extra, docs, allowed in variants:
+            if not allowed:
+                lines.append(_row(f"{label} (gate failed)", None, None, kernel, bw))
+                continue
+            kwargs = {"cu_seqlens": docs, "residual": True, **extra}
+            fwd_us, total_us, note = _measure(
+                _fwd(fn, kernel.inputs, **kwargs),
+                _fwd_bwd(fn, kernel.inputs, upstream, **kwargs),
+                repeats,
+                dev,
+            )
+            timed[label] = (fwd_us, total_us)
+            lines.append(_row(label, fwd_us, total_us, kernel, bw))
+            if note:
+                notes.append(f"{label}: {note}")
+        plain, packed = timed.get("Triton"), timed.get(f"Triton, {n_docs} documents")
+        if plain and packed and None not in plain + packed:
+            lines += ["", f"documents cost: fwd {100 * (packed[0] / plain[0] - 1):+.1f}%, fwd+bwd "
+                          f"{100 * (packed[1] / plain[1] - 1):+.1f}%"]  # fmt: skip
+        lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+    return "\n".join(lines)
