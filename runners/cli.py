@@ -15,6 +15,7 @@ import typer
 
 import models
 import tasks
+from runners import cli_bench, cli_leakage, cli_sweep
 from runners.train import RunConfig, TrainConfig, train_run
 from tasks.base import parse_value
 from tasks.show import render_example
@@ -169,11 +170,16 @@ def _fmt(value) -> str:
     return str(value)
 
 
+for _module in (cli_bench, cli_leakage, cli_sweep):
+    _module.register(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors and exit status 2 for bad input, 130 for Ctrl-C."""
     debug = os.environ.get("MIXLAB_DEBUG") == "1"
     try:
-        app(args=argv, prog_name="mixlab", standalone_mode=False)
+        # Without standalone mode click returns (not raises) the status of typer.Exit and of Ctrl-C (130).
+        code = app(args=argv, prog_name="mixlab", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except ClickException as exc:
@@ -190,6 +196,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"mixlab: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         sys.exit(2)
+    if isinstance(code, int) and code != 0:
+        if code == 130:
+            print("mixlab: interrupted", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -32,5 +32,38 @@ def bench_shortconv_cmd(
     typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats))
 
 
+@bench_app.command("rubiconv")
+def bench_rubiconv_cmd(
+    n_tokens: int = typer.Option(65536, help="Tokens in the packed row (lognormal document lengths)."),
+    d: int = typer.Option(1024, help="Channels D."),
+    dtype: str = typer.Option("fp32", help="fp32 or bf16 activations and filter."),
+    blocks: str = typer.Option("", help="Extra block sizes k for the gemm and triton rows, e.g. 64,256."),
+    seed: int = typer.Option(0, help="Seed of the document lengths and data."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+) -> None:
+    """RubiConv backends against a leaky single FFT, a per-document loop, pad-to-longest and pow2 buckets."""
+    from runners.bench_rubiconv import bench_rubiconv
+
+    extra = parse_shape(blocks, len(blocks.split(",")), "block sizes, e.g. 64,256") if blocks else ()
+    typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed))
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    n_runs: int = typer.Option(6, help="Runs trained together (e.g. the MAD lr x wd grid)."),
+    steps: int = typer.Option(200, help="Timed optimizer steps per run."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    compile: bool = typer.Option(False, "--compile", help="Add a torch.compile row."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row."),
+) -> None:
+    """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
+    from runners.bench_train import bench_train
+
+    typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
+                           cuda_graph=cuda_graph))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

@@ -1,22 +1,35 @@
-"""RubiConv over packed documents: input checks, then the public op.
+"""RubiConv over packed documents: input checks, then the public op over three backends.
 
-The Triton/GEMM kernels (SPEC 5.2) arrive with issue #5; until then ``backend="torch"``
-(``naive.rubiconv_ref``, exact per-document FFT convolution) is the only implementation.
+- "torch": ``naive.rubiconv_ref``, an exact FFT convolution per document (float64 stays float64).
+- "gemm": ``gemm.rubiconv_gemm``, the block-diagonal DFT of SPEC 5.2 in torch matmuls (autograd backward).
+- "triton": ``triton.rubiconv_triton``, the same GEMM form in three fused Triton kernels with a hand-written
+  backward.
+The GEMM backends share one ``gemm.RubiPlan`` per layout (cached), which also picks the block k.
 """
 
 import torch
 
+from kernels import triton_utils as tu
+from kernels.rubiconv.gemm import MAX_BLOCK, MIN_BLOCK, PRECISIONS, get_plan, rubiconv_gemm
 from kernels.rubiconv.naive import rubiconv_ref
-from kernels.utils import check_cu_seqlens, check_tensor, resolve_backend
+from kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton
+from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+
+TRITON_OPS.add("rubiconv")
+RUBICONV_BACKENDS = ("torch", "gemm", "triton")
 
 
-def _check_inputs(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None) -> None:
+def _check_inputs(
+    x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None, precision: str
+) -> None:
     check_tensor("x", x, 3)
     check_tensor("h", h, 2, x)
     if h.shape[0] != x.shape[2]:
         raise ValueError(f"h must be [D={x.shape[2]}, L_F], got {tuple(h.shape)}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be a positive int or None, got {block!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected {' or '.join(PRECISIONS)}")
     check_cu_seqlens(cu_seqlens, x)
 
 
@@ -27,6 +40,7 @@ def rubiconv(
     cu_seqlens: torch.Tensor | None = None,
     block: int | None = None,
     backend: str | None = None,
+    precision: str = "fp32",
 ) -> torch.Tensor:
     """Long depthwise causal convolution that restarts at every document start.
 
@@ -37,14 +51,26 @@ def rubiconv(
         h: [D, L_F] filter, tap j multiplies x[t - j]; L_F may exceed T.
         cu_seqlens: int32 [n_docs + 1] offsets into the flattened B*T axis (``kernels.utils``), or None for
             one document per row.
-        block: column count k of the GEMM-form DFT (SPEC 5.2), used by the kernels of issue #5; positive int
-            or None. The torch backend ignores it.
-        backend: "torch", "triton" or None (auto, ``kernels.utils.resolve_backend``).
+        block: column count k of the GEMM form (SPEC 5.2), or None: the smallest power of two whose square
+            covers the longest padded document, within [16, 512]. "gemm" takes any positive k, "triton" a
+            power of two in [16, 512]; "torch" ignores it.
+        backend: "torch", "gemm", "triton" or None (auto, ``kernels.utils.resolve_backend``: "triton" on CUDA
+            for float16/bfloat16/float32, else "torch").
+        precision: GEMM precision of "gemm" and "triton": "fp32" (fp32 spectra; Triton dots in tf32, torch
+            matmuls under torch's float32 matmul setting) or "bf16" (bfloat16 operands, fp32 accumulation).
+            float64 inputs to "gemm" compute in float64 whatever the precision.
 
     Returns:
         y: [B, T, D] in x's dtype (half types compute in float32).
     """
-    _check_inputs(x, h, cu_seqlens, block)
-    if resolve_backend(backend, x, op="rubiconv") == "triton":
-        raise NotImplementedError("rubiconv: the Triton backend arrives with issue #5")
+    _check_inputs(x, h, cu_seqlens, block, precision)
+    B, T, _ = x.shape
+    if backend == "gemm":
+        return rubiconv_gemm(x, h, get_plan(cu_seqlens, B, T, h.shape[1], block, x.device), precision)
+    if backend is not None and backend not in RUBICONV_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected {', '.join(RUBICONV_BACKENDS)}")
+    if tu.use_triton(backend, "rubiconv", _rubi_spectrum_kernel, x, h):
+        if block is not None and (block & (block - 1) or not MIN_BLOCK <= block <= MAX_BLOCK):
+            raise ValueError(f"backend='triton' takes a power-of-two block in [16, 512], got {block}")
+        return rubiconv_triton(x, h, get_plan(cu_seqlens, B, T, h.shape[1], block, x.device), precision)
     return rubiconv_ref(x, h, cu_seqlens=cu_seqlens)

@@ -1,0 +1,90 @@
+"""Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width.
+
+Bars and lines show the median over seeds with the interquartile range (seaborn's ``errorbar=("pi", 50)``),
+and the bars carry one dot per seed, so a single seed reads as a bar without a spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on CI or GPU boxes; must precede pyplot
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402 - seaborn's own dependency
+import seaborn as sns  # noqa: E402
+
+from analysis.aggregate import AVERAGE  # noqa: E402
+from analysis.tables import MAD_ROWS  # noqa: E402
+
+IQR = ("pi", 50)
+
+
+def mad_task_bars(seed_rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "MAD",
+                  references: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+    """Per-task bars of the MAD score (rows: model, task, seed, score; ``tables.mad_seed_rows``), with a red
+    dash at each model's reference value where ``references`` (model -> task -> value) has one."""
+    frame = pd.DataFrame(list(seed_rows))
+    if frame.empty:
+        raise ValueError("no MAD scores to plot")
+    order = [t for t in MAD_ROWS if t in set(frame["task"])]
+    hues = list(dict.fromkeys(frame["model"]))
+    fig, ax = plt.subplots(figsize=(1.6 * len(order) + 3, 4.2))
+    sns.barplot(frame, x="task", y="score", hue="model", order=order, hue_order=hues, estimator=np.median,
+                errorbar=IQR, capsize=0.15, err_kws={"linewidth": 1}, ax=ax)
+    sns.stripplot(frame, x="task", y="score", hue="model", order=order, hue_order=hues, dodge=True,
+                  palette="dark:black", size=3, legend=False, ax=ax)
+    width = 0.8 / len(hues)  # seaborn's dodge: the hues share 0.8 of each category's slot
+    label = "SPEC 3.3 reference"
+    for j, model in enumerate(hues):
+        for i, task in enumerate(order):
+            ref = (references or {}).get(model, {}).get(task)
+            if ref is not None:
+                x = i - 0.4 + (j + 0.5) * width
+                ax.hlines(ref, x - width / 2, x + width / 2, colors="red", linestyles="--", linewidth=1.5,
+                          label=label)
+                label = None  # one legend entry for all the dashes
+    if AVERAGE in order:
+        ax.axvline(order.index(AVERAGE) - 0.5, color="grey", linewidth=0.8)
+    ax.set(xlabel="", ylabel="score (median, IQR over seeds)", ylim=(0, 1.05), title=title)
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
+    return _save(fig, path)
+
+
+def accuracy_vs_width(best_rows: Sequence[Mapping[str, Any]], metric: str, path: str | Path,
+                      title: str = "") -> Path:
+    """Accuracy against d_model, one line per model, one panel per (task, setting).
+
+    best_rows: one row per (task, setting, model, d_model, seed), the best training point of each
+    (``aggregate.best_of_grid``); the line is the median over seeds, the band the IQR.
+    """
+    frame = pd.DataFrame(list(best_rows))
+    if frame.empty:
+        raise ValueError("no rows to plot")
+    frame["panel"] = frame["task"] + " " + frame["setting"].where(frame["setting"] != "default", "")
+    grid = sns.relplot(frame, x="d_model", y=metric, hue="model", col="panel", kind="line", marker="o",
+                       estimator=np.median, errorbar=IQR, col_wrap=min(3, frame["panel"].nunique()),
+                       height=3.5, aspect=1.2, facet_kws={"sharey": True})
+    widths = sorted(frame["d_model"].unique())
+    for ax in grid.axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.set(ylim=(0, 1.02), xlabel="d_model", ylabel=f"{metric} (median, IQR over seeds)")
+    grid.set_titles("{col_name}")
+    if title:
+        grid.figure.suptitle(title, y=1.02)
+    return _save(grid.figure, path)
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,192 @@
+"""Markdown and CSV tables of sweep results, and the MAD table beside SPEC 3.3's reference values.
+
+MAD cells read ``median [IQR]`` over seeds of the task score (module ``analysis.aggregate``); ``ref`` is the
+dynamic-conv paper's value (SPEC 3.3) for the models it reports, ``diff`` is median minus ref.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import models
+from analysis.aggregate import AVERAGE, MAD_TASK_NAMES, MadScores, Stats, SweepData, grid_summary, mad_scores
+
+# SPEC 3.3 reference table (dynamic-conv paper), keyed by models.PRESETS name.
+REFERENCE: dict[str, dict[str, float]] = {
+    "transformer": {"Compress": 0.375, "Fuzzy Recall": 0.298, "In-Context Recall": 0.942,
+                    "Memorize": 0.791, "Noisy Recall": 0.917, "Selective Copy": 0.930, AVERAGE: 0.709},
+    "static_conv_qkv": {"Compress": 0.417, "Fuzzy Recall": 0.505, "In-Context Recall": 1.000,
+                        "Memorize": 0.856, "Noisy Recall": 1.000, "Selective Copy": 0.983, AVERAGE: 0.793},
+    "dynamic_conv_qkv": {"Compress": 0.424, "Fuzzy Recall": 0.726, "In-Context Recall": 1.000,
+                         "Memorize": 0.795, "Noisy Recall": 1.000, "Selective Copy": 0.988, AVERAGE: 0.822},
+}
+MAD_ROWS = (*MAD_TASK_NAMES.values(), AVERAGE)
+
+
+@dataclasses.dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[Any]]
+
+    def markdown(self) -> str:
+        cells = [[_cell(v) for v in row] for row in self.rows]
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(self.headers)]
+        lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(self.headers, widths)) + " |",
+                 "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "—" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Rows (dicts) as CSV, columns in first-appearance order."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def fmt_stats(stats: Stats) -> str:
+    """``0.942 [0.010]``: median [IQR]."""
+    return "—" if stats.n == 0 else f"{stats.median:.3f} [{stats.iqr:.3f}]"
+
+
+def _fmt3(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
+def fmt_diff(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:+.3f}"
+
+
+@dataclasses.dataclass
+class MadEntry:
+    """One model's MAD results: column label, scores, reference values (or None), profile, missing runs."""
+
+    label: str
+    scores: MadScores
+    reference: dict[str, float] | None
+    profile: str
+    profile_text: str
+    missing: int
+
+
+def reference_name(data: SweepData) -> str | None:
+    """The REFERENCE key whose preset fields equal the folder's model (before profile overrides), if any."""
+    spec = data.spec
+    fields = spec.get("model_fields")
+    for name in REFERENCE:
+        if fields is not None and fields == models.PRESETS.get(name):
+            return name
+    return data.label if data.label in REFERENCE else None
+
+
+def mad_entry(data: SweepData) -> MadEntry:
+    if data.kind != "mad":
+        raise ValueError(f"{str(data.path)!r} is not a MAD sweep (its manifest says {data.kind!r})")
+    ref = reference_name(data)
+    profile = data.spec.get("profile", {}).get("name", "?")
+    scores = mad_scores(data.rows, data.metric)
+    seeds = scores.summary[AVERAGE].n if AVERAGE in scores.summary else 0
+    return MadEntry(label=f"{data.label} ({profile}, n={seeds})", scores=scores,
+                    reference=REFERENCE.get(ref) if ref else None, profile=profile,
+                    profile_text=data.spec.get("profile_text", ""), missing=data.missing)
+
+
+def mad_table(entries: Sequence[MadEntry]) -> Table:
+    """Rows: the six tasks (reference order) and the average; per model: median [IQR], ref, diff."""
+    headers = ["Task"]
+    for entry in entries:
+        headers += [entry.label, "ref", "diff"]
+    rows = []
+    for task in MAD_ROWS:
+        row: list[Any] = [task]
+        for entry in entries:
+            stats = entry.scores.summary.get(task, Stats.of([]))
+            ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
+            row += [fmt_stats(stats), "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
+        rows.append(row)
+    return Table(headers, rows)
+
+
+def mad_text(entries: Sequence[MadEntry]) -> str:
+    """What ``mixlab mad table`` prints: each folder's profile, missing runs, the table and how to read it."""
+    lines = []
+    for entry in entries:
+        lines.append(f"{entry.label}: {entry.profile_text}".rstrip(": "))
+        if entry.missing:
+            lines.append(f"  warning: {entry.missing} planned runs have no record yet; scored without them")
+    lines += ["", mad_table(entries).markdown(), "",
+              "cells: median [IQR] over seeds of the task score (best macro accuracy of the lr x wd grid per "
+              "setting, at the lowest-perplexity epoch, averaged over the task's settings); ref: SPEC 3.3 "
+              "(dynamic-conv paper, one seed, full protocol); diff = median - ref."]
+    return "\n".join(lines)
+
+
+def mad_task_rows(entries: Sequence[MadEntry]) -> list[dict[str, Any]]:
+    """Long form for CSV: model, task, median, q25, q75, iqr, n, reference, diff."""
+    rows = []
+    for entry in entries:
+        for task in MAD_ROWS:
+            stats = entry.scores.summary.get(task, Stats.of([]))
+            ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
+            rows.append({"model": entry.label, "task": task, **stats.as_dict(), "reference": ref,
+                         "diff": stats.median - ref})
+    return rows
+
+
+def mad_references(entries: Sequence[MadEntry]) -> dict[str, dict[str, float]]:
+    """Reference values by model label, for the models that have them (what the bars mark)."""
+    return {e.label: e.reference for e in entries if e.reference}
+
+
+def mad_seed_rows(entries: Sequence[MadEntry]) -> list[dict[str, Any]]:
+    """Long form of every (model, task, seed) score: what the per-task bars plot."""
+    return [{"model": entry.label, "task": task, "seed": seed, "score": score}
+            for entry in entries for task, scores in entry.scores.per_seed.items()
+            for seed, score in scores.items()]
+
+
+def mad_setting_rows(entries: Sequence[MadEntry], metric: str = "acc_macro") -> list[dict[str, Any]]:
+    """Long form of the best grid point per (model, task, setting, seed)."""
+    return [{"model": entry.label, "task": MAD_TASK_NAMES.get(r["task"], r["task"]), "setting": r["setting"],
+             "seed": r["seed"], "score": r[metric], "lr": r["lr"], "weight_decay": r["weight_decay"],
+             "best_epoch": r["best_epoch"], "hash": r["hash"]}
+            for entry in entries for r in entry.scores.per_setting]
+
+
+def mad_setting_table(entries: Sequence[MadEntry]) -> Table:
+    """Median over seeds of each setting's best score, one column per model."""
+    cells: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for row in mad_setting_rows(entries):
+        cells.setdefault((row["task"], row["setting"]), {}).setdefault(row["model"], []).append(row["score"])
+    order = {name: i for i, name in enumerate(MAD_ROWS)}
+    keys = sorted(cells, key=lambda k: order.get(k[0], len(order)))
+    rows = [[task, setting, *(_fmt3(Stats.of(cells[key].get(e.label, [])).median) for e in entries)]
+            for key in keys for task, setting in [key]]
+    return Table(["Task", "Setting", *(e.label for e in entries)], rows)
+
+
+def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
+    """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows."""
+    summary = grid_summary(data)
+    headers = ["task", "setting", "model", "model point", f"{data.metric} median [IQR]", "n", "best training"]
+    rows = [[r["task"], r["setting"], r["model"], r["model_grid"], fmt_stats(Stats(r["median"], r["q25"],
+             r["q75"], r["n"])), r["n"], r["best_train"]] for r in summary]
+    return Table(headers, rows), summary

@@ -1,0 +1,186 @@
+"""``mixlab bench rubiconv``: RubiConv against the long-convolution baselines on one packed row (SPEC 5.3).
+
+One row of ``n_tokens`` tokens cut into documents of lognormal lengths (seeded), D channels, a filter as long
+as the row. Rows of the table:
+    leaky single FFT       one FFT over the whole row: the fastest exact-looking answer, and it leaks
+    per-doc FFT loop       one FFT convolution per document (the reference's FFT on each document)
+    pad to longest         every document zero-padded to the longest, one batched FFT
+    pow2 buckets           the "torch" backend: documents bucketed by ceil(log2 L), one FFT per bucket
+    gemm / triton          the GEMM form of SPEC 5.2, precision fp32 and bf16, automatic k (and ``blocks``)
+Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
+y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
+gate); the leaky row's error is its leak. The GPU name and versions go on top.
+"""
+
+import datetime
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import triton
+
+import kernels
+from kernels.rubiconv import gemm
+from kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
+from kernels.utils import compute_dtype
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with
+# bfloat16 activations, rounding y, dx and dh to bfloat16 alone costs ~2e-3, so no bound is below IO_BOUND.
+BOUND_EXACT, BOUND, IO_BOUND = 1e-5, {"fp32": 1e-3, "bf16": 2e-2}, {"fp32": 0.0, "bf16": 1e-2}
+# Lognormal document lengths: median e^6.7 ~ 810 tokens, mean ~1340: about 49 documents in 65,536 tokens.
+LOG_MEAN, LOG_STD = 6.7, 1.0
+
+
+def lognormal_layout(n_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
+    """cu_seqlens of one row of n_tokens cut into lognormal document lengths (the last one cut to fit)."""
+    rng = np.random.default_rng(seed)
+    offsets = [0]
+    while offsets[-1] < n_tokens:
+        length = max(1, int(rng.lognormal(LOG_MEAN, LOG_STD)))
+        offsets.append(min(n_tokens, offsets[-1] + length))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def _docs(cu: torch.Tensor) -> list[tuple[int, int]]:
+    offsets = cu.tolist()
+    return list(zip(offsets[:-1], offsets[1:], strict=True))
+
+
+def per_doc_fft_loop(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """x: [1, T, D] -> one FFT convolution per document, concatenated (half types in float32)."""
+    xc, hc = x.to(compute_dtype(x)), h.to(compute_dtype(x))
+    return torch.cat([_causal_fft_conv(xc[:, s:e], hc) for s, e in _docs(cu)], dim=1).to(x.dtype)
+
+
+def pad_to_longest(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """x: [1, T, D] -> every document padded to the longest, one batched FFT convolution (half types in
+    float32)."""
+    dtype, x, h = x.dtype, x.to(compute_dtype(x)), h.to(compute_dtype(x))
+    starts, ends = cu[:-1].long(), cu[1:].long()
+    lengths = ends - starts
+    t = torch.arange(int(lengths.max()), device=x.device)
+    valid = t < lengths[:, None]  # [n_docs, L_max]
+    idx = torch.where(valid, starts[:, None] + t, 0)
+    xs = torch.where(valid[..., None], x[0][idx], 0.0)  # [n_docs, L_max, D]
+    return _causal_fft_conv(xs, h)[valid].unsqueeze(0).to(dtype)  # documents in order: token order
+
+
+def _time_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median time of fn in ms: do_bench on CUDA (``repeats`` is its rep, in ms), wall clock on a CPU."""
+    if torch.cuda.is_available():
+        return triton.testing.do_bench(fn, warmup=25, rep=repeats, return_mode="median")
+    fn()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    scale = expected.pow(2).mean().sqrt().item()
+    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
+
+
+def _grads(fn: Callable, x: torch.Tensor, h: torch.Tensor, upstream: torch.Tensor) -> list[torch.Tensor]:
+    x, h = x.detach().requires_grad_(), h.detach().requires_grad_()
+    y = fn(x, h)
+    return [y, *torch.autograd.grad(y, (x, h), upstream.to(y.dtype))]
+
+
+def bench_rubiconv(
+    n_tokens: int = 65536,
+    d: int = 1024,
+    dtype: str = "fp32",
+    repeats: int = 100,
+    blocks: tuple[int, ...] = (),
+    seed: int = 0,
+    device: str | None = None,
+) -> str:
+    """Benchmark RubiConv on one packed row of ``n_tokens`` tokens and ``d`` channels; returns markdown.
+
+    ``dtype``: fp32 or bf16 activations and filter. ``repeats``: do_bench's rep, milliseconds of timed runs
+    per measurement. ``blocks``: extra block sizes k for the gemm and triton rows. ``device``: default CUDA
+    when available (a CPU run needs TRITON_INTERPRET=1 for the triton rows and tiny sizes).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    for name, value in (("n_tokens", n_tokens), ("d", d), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = DTYPES[dtype]
+    cu = lognormal_layout(n_tokens, seed, dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(1, n_tokens, d, generator=gen, device=dev).to(torch_dtype)
+    h = (torch.randn(d, n_tokens, generator=gen, device=dev) / math.sqrt(n_tokens)).to(torch_dtype)
+    upstream = torch.randn(1, n_tokens, d, generator=gen, device=dev)
+    want = _grads(lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), x.double(), h.double(), upstream.double())
+    plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
+
+    methods: list[tuple[str, Callable, float | None]] = [
+        ("leaky single FFT (leaks)", lambda a, b: rubiconv_ref(a, b), None),
+        ("per-doc FFT loop", lambda a, b: per_doc_fft_loop(a, b, cu), BOUND_EXACT),
+        ("pad to longest", lambda a, b: pad_to_longest(a, b, cu), BOUND_EXACT),
+        ("pow2 buckets (torch backend)", lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), BOUND_EXACT),
+    ]
+    for backend in ("gemm", "triton"):
+        for block in (None, *blocks):
+            for precision in ("fp32", "bf16"):
+                label = f"{backend} {precision}, k={plan.k if block is None else block}"
+
+                def run(a, b, backend=backend, block=block, precision=precision):
+                    kwargs = {"block": block, "backend": backend, "precision": precision}
+                    return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
+
+                methods.append((label, run, BOUND[precision]))
+
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    lengths = (cu[1:] - cu[:-1]).cpu()
+    lines = [
+        f"# RubiConv, {datetime.date.today().isoformat()}",
+        "",
+        f"- device: {gpu}; torch {torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}",
+        f"- one packed row of {n_tokens:,} tokens, {len(lengths)} lognormal documents (seed {seed}, longest "
+        f"{int(lengths.max()):,}), D={d}, L_F={n_tokens:,}, {dtype} activations and filter",
+        f"- automatic block k={plan.k}: {plan.n_groups} column counts m, padded tokens "
+        f"{int((plan.cols * plan.k).sum()):,}, half spectra of {plan.n_cols} (documents) + "
+        f"{plan.n_filter_cols} (filters) columns",
+        f"- median of do_bench (rep {repeats} ms); errors: relative RMS against the float64 torch backend",
+        "",
+        "| method | fwd ms | fwd+bwd ms | err y | err dx | err dh | gate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for label, fn, bound in methods:
+        try:
+            got = _grads(fn, x, h, upstream)
+        except Exception as err:  # noqa: BLE001 - one broken method must not hide the other rows
+            first_line = str(err).splitlines()[0][:120] if str(err) else ""
+            notes.append(f"{label}: {type(err).__name__}: {first_line}")
+            lines.append(f"| {label} | — | — | — | — | — | error |")
+            continue
+        errs = [_rel_rms(a, b) for a, b in zip(got, want, strict=True)]
+        bound = None if bound is None else max(bound, IO_BOUND[dtype])
+        ok = bound is None or max(errs) <= bound
+        gate = "leaks" if bound is None else ("PASS" if ok else f"FAIL (> {bound:g})")
+        fwd = total = "—"
+        if ok:
+
+            def forward(fn=fn):
+                with torch.no_grad():
+                    return fn(x, h)
+
+            fwd = f"{_time_ms(forward, repeats):.3f}"
+            total = f"{_time_ms(lambda fn=fn: _grads(fn, x, h, upstream), repeats):.3f}"
+        err_cells = " | ".join(f"{e:.1e}" for e in errs)
+        lines.append(f"| {label} | {fwd} | {total} | {err_cells} | {gate} |")
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes])

@@ -1,0 +1,171 @@
+"""``mixlab bench train``: tokens per second and runs per hour, one run at a time against batched.
+
+One run at a time is ``runners.train.train_run`` (the baseline is the training loop itself, not a rewrite);
+batched is ``runners.engine.train_runs_batched`` over ``n_runs`` runs of one setting: the MAD grid's learning
+rates and weight decays (SPEC 3.3) in turn, seeds 0, 1, ... once the six grid points are used. Every run
+trains ``steps`` steps with an evaluation every epoch and at the end, no early stop. A short warm-up call of
+each mode first takes one-time costs (CUDA context, cuBLAS, compilation) out of the timings; CUDA graphs are
+captured again in the timed call (every new stack captures its own).
+
+Columns: ``setup s`` data generation and model initialisation; ``loop s`` the training loops with their
+evaluations (the records' ``wall_time_s``: summed one at a time, the longest when batched); ``train tok/s``
+tokens trained per second of pure step time; ``run-steps/s`` optimizer steps of all runs per loop second;
+``runs/hour`` that rate divided by the steps of one full run of the setting (``epochs`` x steps per epoch, no
+early stop). The correctness gate compares the runs trained alone with the same runs of the batched call:
+the largest relative difference of test loss over their histories must stay within ``GATE_BOUND`` of the
+precision (eager fp32 on the CPU: bitwise); a mode that fails it gets no speed-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import time
+from typing import Any
+
+import torch
+
+import models
+from runners.engine import train_runs_batched
+from runners.train import (
+    RunConfig,
+    TrainConfig,
+    device_info,
+    package_versions,
+    pick_device,
+    resolve,
+    train_run,
+)
+
+# The MAD protocol's grid (SPEC 3.3): lr x weight decay.
+MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]
+# Largest relative test-loss difference the correctness gate allows. Eager fp32 on the CPU is bitwise; batched
+# GPU kernels and compiled code round differently, and 200 steps amplify that; bf16 autocast more so.
+GATE_BOUND = {"exact": 0.0, "fp32": 1e-3, "bf16": 5e-2}
+WARMUP_STEPS = 3
+
+
+def _model_fields(model: str) -> dict[str, Any]:
+    if model in models.PRESETS:
+        return dict(models.PRESETS[model])
+    if model in models.MIXERS:
+        return {"mixer": model}
+    raise ValueError(f"unknown model {model!r}; choose a preset ({', '.join(models.PRESETS)}) or a mixer "
+                     f"({', '.join(models.MIXERS)})")
+
+
+def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
+                  task_params: dict[str, Any] | None = None, **train: Any) -> list[RunConfig]:
+    """The benchmark's runs: the MAD grid in turn, then the next seed (init and data)."""
+    if isinstance(n_runs, bool) or not isinstance(n_runs, int) or n_runs < 1:
+        raise ValueError(f"n_runs must be a positive integer, got {n_runs!r}")
+    out = []
+    for i in range(n_runs):
+        lr, wd = MAD_GRID[i % len(MAD_GRID)]
+        seed = i // len(MAD_GRID)
+        tc = TrainConfig(epochs=None, steps=steps, lr=lr, weight_decay=wd, init_seed=seed, data_seed=seed,
+                         device=device, **train)
+        out.append(RunConfig(task=task, task_params=dict(task_params or {}), model=_model_fields(model),
+                             train=tc))
+    resolve(out[0])  # a bad task, parameter or model field fails here, before any timing
+    return out
+
+
+def _rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Largest relative difference of test loss over two histories (inf when their evaluations differ)."""
+    if [h["step"] for h in a["history"]] != [h["step"] for h in b["history"]]:
+        return math.inf
+    return max(abs(x["test_loss"] - y["test_loss"]) / max(abs(y["test_loss"]), 1e-12)
+               for x, y in zip(a["history"], b["history"]))
+
+
+def _timed(fn) -> tuple[list[dict[str, Any]], float]:
+    start = time.perf_counter()
+    records = fn()
+    return records, time.perf_counter() - start
+
+
+def bench_train(task: str = "mad/in_context_recall", model: str = "transformer", n_runs: int = 6,
+                steps: int = 200, device: str = "auto", *, task_params: dict[str, Any] | None = None,
+                solo_runs: int = 1, compile: bool = False, cuda_graph: bool = False, epochs: int = 200,
+                **train: Any) -> str:
+    """Markdown report: device and versions, then one row for one run at a time (``solo_runs`` of the runs,
+    trained by train_run) and one for the ``n_runs`` runs batched (eager; plus compiled and/or CUDA-graphed
+    rows when asked). ``train`` sets other TrainConfig fields (batch_size, num_train, precision, ...);
+    ``epochs`` is the full run's length that runs/hour refers to."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not 1 <= solo_runs <= n_runs:
+        raise ValueError(f"solo_runs must be in [1, n_runs={n_runs}], got {solo_runs}")
+    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)
+    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
+            for c in configs]
+    dev = pick_device(configs[0].train.device)
+    tc = configs[0].train
+    _, model_config = resolve(configs[0])
+    seq_len = model_config.max_seq_len
+    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and dev.type == "cuda")
+    full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
+
+    modes: list[tuple[str, dict[str, Any]]] = [("batched", {})]
+    if compile:
+        modes.append(("batched, compiled", {"compile": True}))
+    if cuda_graph:
+        modes.append(("batched, CUDA graph", {"cuda_graph": True}))
+    if compile and cuda_graph:
+        modes.append(("batched, compiled + CUDA graph", {"compile": True, "cuda_graph": True}))
+
+    train_run(warm[0], progress=False)
+    solo, solo_total = _timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
+    rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
+                 seq_len, full_steps, None, "reference")]
+    base_rate = rows[0][1]
+    for label, options in modes:
+        train_runs_batched(warm, progress=False, **options)
+        batched, total = _timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
+        diff = max(_rel_diff(b, a) for b, a in zip(batched, solo))
+        gate = "bitwise" if diff == 0 else f"{diff:.1e}"
+        exact = dev.type == "cpu" and not bf16 and not options.get("compile")
+        passed = diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
+        loop = max(r["wall_time_s"] for r in batched)
+        rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
+                         base_rate if passed else None, gate if passed else f"FAILED {gate}"))
+
+    info = device_info(dev)
+    versions = package_versions()
+    cuda = torch.version.cuda or "none"
+    lines = [
+        f"# Training throughput: {task} ({seq_len}-token rows), model {model}, "
+        f"{model_config.n_layers} blocks, d={model_config.d_model}",
+        "",
+        f"{datetime.date.today().isoformat()}, device: {info['name']} ({dev.type}), "
+        f"torch {versions['torch']}, CUDA {cuda}, triton {versions['triton']}, python {versions['python']}, "
+        f"precision {'bf16 autocast' if bf16 else 'fp32'}",
+        f"bench_train(task={task!r}, model={model!r}, n_runs={n_runs}, steps={steps}, device={device!r}, "
+        f"solo_runs={solo_runs}, compile={compile}, cuda_graph={cuda_graph}, epochs={epochs}"
+        + "".join(f", {k}={v!r}" for k, v in train.items()) + ")",
+        f"batch {tc.batch_size}, {tc.num_train} training rows, full run = {full_steps} steps",
+        "",
+        "| mode | runs | setup s | loop s | train tok/s | run-steps/s | runs/hour | speed-up | gate |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(row[0] for row in rows),
+    ]
+    best = max(row[1] for row in rows if "FAILED" not in row[0])
+    lines += ["", f"At the best rate ({best:.1f} run-steps/s) the 5.4M optimizer steps of the full MAD "
+              f"protocol would take {5.4e6 / best / 60:.0f} minutes, if every step cost what this setting's "
+              "does."]
+    return "\n".join(lines) + "\n"
+
+
+def _row(label: str, records: list[dict[str, Any]], total: float, loop: float, steps: int, batch: int,
+         seq_len: int, full_steps: int, base_rate: float | None, gate: str) -> tuple[str, float]:
+    """(markdown row, run-steps per loop second)."""
+    n = len(records)
+    train_time = sum(r["train_time_s"] for r in records)
+    tokens = n * steps * batch * seq_len
+    rate = n * steps / loop
+    speedup = f"{rate / base_rate:.1f}x" if base_rate else "-"
+    text = (f"| {label} | {n} | {total - loop:.2f} | {loop:.2f} | {tokens / train_time:,.0f} | {rate:.1f} | "
+            f"{3600 * rate / full_steps:.1f} | {speedup} | {gate} |")
+    return text, rate

@@ -1,0 +1,109 @@
+"""``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles`` and ``mixlab report``: thin commands over
+runners.sweep, runners.mad and analysis. ``register(app)`` adds them to the typer app of runners/cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from analysis.aggregate import load_sweep
+from analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
+from runners import mad
+from runners.sweep import SweepResult, load_spec, preset_names, run_sweep
+
+WORKERS_HELP = "Runs at once, each in its own process (on a GPU they share it)."
+LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
+
+
+def sweep(
+    spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
+    out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
+    workers: int = typer.Option(1, help=WORKERS_HELP),
+    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
+    limit: int = typer.Option(None, help=LIMIT_HELP),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
+    grid = load_spec(spec)
+    plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
+    folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
+    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, progress=progress))
+
+
+def sweep_presets() -> None:
+    """List the packaged sweep presets."""
+    for name in preset_names():
+        typer.echo(f"{name:20s} {load_spec(name).description}")
+
+
+def mad_run(
+    model: str = typer.Option(..., help="A preset of models.PRESETS or a mixer of models.MIXERS."),
+    profile: str = typer.Option(..., help="smoke, quick or paper (see `mixlab mad profiles`)."),
+    seeds: int = typer.Option(None, help="Seeds 0..N-1 (default: the profile's)."),
+    out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),
+    workers: int = typer.Option(1, help=WORKERS_HELP),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    limit: int = typer.Option(None, help=LIMIT_HELP),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Run the MAD protocol for one model (resumable), then print its MAD table."""
+    plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
+    folder = Path(out) if out else mad.default_out(model, profile)
+    typer.echo(plan.spec["profile_text"])
+    result = run_sweep(plan, folder, workers=workers, limit=limit, progress=progress)
+    _echo_result(result)
+    if result.skipped + result.ran > 0:
+        typer.echo(mad_text([mad_entry(load_sweep(folder))]))
+
+
+def mad_table(
+    folders: list[str] = typer.Argument(..., help="MAD output folders, one per model."),
+    md: str = typer.Option(None, help="Also write the table as markdown to this file."),
+    csv: str = typer.Option(None, help="Also write the table (long form) as CSV to this file."),
+) -> None:
+    """Print the MAD table: per task median [IQR] over seeds, SPEC 3.3's reference and the difference."""
+    entries = [mad_entry(load_sweep(f)) for f in folders]
+    text = mad_text(entries)
+    typer.echo(text)
+    if md:
+        Path(md).write_text(text + "\n")
+    if csv:
+        write_csv(csv, mad_task_rows(entries))
+
+
+def mad_profiles() -> None:
+    """What each profile runs (the reductions are described in runners/mad.py)."""
+    for profile in mad.PROFILES.values():
+        typer.echo(profile.describe())
+
+
+def report(
+    folders: list[str] = typer.Argument(..., help="Sweep or MAD output folders."),
+    out: str = typer.Option(None, help="Report folder (default: the one folder given)."),
+) -> None:
+    """Write report.md, CSV tables and PNG figures for sweep folders."""
+    # imported here: seaborn takes a second or two to import and only the report draws
+    from analysis.report import write_report
+
+    written = write_report(folders, out)
+    typer.echo(f"wrote {len(written)} files to {written[0].parent}: " + ", ".join(p.name for p in written))
+
+
+def _echo_result(result: SweepResult) -> None:
+    typer.echo(f"{result.total} runs: {result.skipped} already done, {result.ran} run now "
+               f"-> {result.out_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sweep``, ``sweeps``, ``mad run|table|profiles`` and ``report`` to ``app``."""
+    app.command("sweep")(sweep)
+    app.command("sweeps")(sweep_presets)
+    mad_app = typer.Typer(help="The MAD benchmark (SPEC 3.3): run the protocol, print the table.",
+                          no_args_is_help=True)
+    mad_app.command("run")(mad_run)
+    mad_app.command("table")(mad_table)
+    mad_app.command("profiles")(mad_profiles)
+    app.add_typer(mad_app, name="mad")
+    app.command("report")(report)

@@ -1,0 +1,551 @@
+"""Many runs trained together on one device: runs of equal shapes stacked along a leading run axis.
+
+The lab's models are tiny (about 0.4M parameters), so one run leaves a GPU idle: its steps are bound by
+kernel launches, not arithmetic. ``train_runs_batched`` stacks N runs whose shapes agree and steps them as
+one batched model: every parameter becomes ``[N, *shape]``, the forward is ``torch.func.vmap`` of
+``torch.func.functional_call`` of one template model over (parameters, inputs ``[N, B, T]``), and AdamW
+runs on one flat ``[N, P]`` buffer of all parameters with a per-run learning rate and weight decay. Each
+run keeps what ``runners.train.train_run`` would give it:
+
+- its own data: ``task.generate(num_train, seed=data_seed)`` (runs with equal task, parameters and data
+  seed share one copy), its own shuffling (``torch.Generator().manual_seed(init_seed + 1)``, one
+  permutation an epoch) and its own initialisation (the model built under ``torch.manual_seed(init_seed)``
+  in a forked RNG);
+- its own loss (``cross_entropy`` of its logits, as train_run computes it), learning-rate schedule
+  (``runners.train.lr_at`` with its own TrainConfig) and AdamW moments;
+- its own evaluations (per-run sums of ``runners.metrics`` counts, batch by batch, as ``evaluate``),
+  history, best-perplexity ``final`` and early stop. A run that stops early is written at once and dropped
+  from the stack (its rows of the parameters, moments and data indices are removed), so the others go on
+  unslowed (with ``compile``, see below, a finished run may stay a while, frozen).
+
+Equality (``tests/runners/test_engine.py``): on the CPU every record equals train_run's bitwise (time
+fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch.optim.AdamW``'s arithmetic
+op for op (decay, ``lerp_``, ``addcmul_``, ``sqrt`` / bias correction + eps, step), which on the CPU gives
+the same bits for one stacked buffer as for separate parameters. On a GPU the batched kernels (and
+train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``
+and ``fft_conv_leaky`` batch their FFTs, which changes the last bits even in fp32 on the CPU.
+
+Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
+equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
+``eval_batch_size``, ``eval_every``, ``beta1``, ``beta2``, device and precision. Free to differ: ``task``
+and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
+``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
+Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``train_run``, in the same call:
+
+- packed tasks (``doc_ids``): turning doc_ids into ``cu_seqlens`` has data-dependent shapes, which vmap
+  cannot batch;
+- ``kernel_backend="triton"``: the Triton custom ops have no vmap rule. With ``kernel_backend=None``
+  (auto) the stacked model uses the plain-torch references of the short convs and RubiConv, which batch.
+Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
+fft_conv_leaky, none, and the compression autoencoder.
+
+Time: runs of a stack step together, so the time of the shared steps is split among them. The training
+time between two evaluations is measured once (after a device sync) and divided evenly among the runs
+trained in it, so ``train_time_s`` is a run's share, the stack's total is the sum over its runs, and
+``steps_per_s`` is a run's effective rate. Evaluation time is left out, as in train_run. ``wall_time_s``
+runs from the start of the stack's training loop to the run's record, so runs of one stack overlap.
+
+Speed options (both off by default; the lead benchmarks them on the GPU):
+``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
+fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
+sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
+unreported, until at most half of it still trains, so a stack of N compiles for at most log2(N) sizes.
+``cuda_graph``: capture the whole step (gather, forward, backward, AdamW) in a CUDA graph per batch shape
+and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
+state is restored), so graphs change no result. Recaptured after runs drop out. CUDA only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import models
+import tasks
+from runners.metrics import batch_counts, macro_accuracy
+from runners.train import (
+    RunConfig,
+    config_hash,
+    device_info,
+    lr_at,
+    package_versions,
+    pick_device,
+    resolve,
+    train_run,
+    write_json_atomic,
+)
+
+# torch.optim.AdamW's default epsilon; TrainConfig does not set it.
+ADAM_EPS = 1e-8
+# Warm-up steps (undone) before a CUDA graph capture: lazy initialisations must not happen during capture.
+GRAPH_WARMUP_STEPS = 2
+# With compile, finished runs stay in the stack (trained on, unreported) until at most this fraction of it
+# is still training: each new stack size costs a compilation.
+COMPILED_COMPACTION = 0.5
+# Compiled variants allowed per function (torch's default, 8, is shared by every stack of the process):
+# one per stack size and batch shape (the last batch of an epoch may be smaller).
+RECOMPILE_LIMIT = 256
+
+
+def _autocast(config: RunConfig, device: torch.device) -> bool:
+    precision = config.train.precision
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def group_key(config: RunConfig) -> tuple:
+    """Runs with equal keys can be stacked: resolved model config, data shape and every training setting
+    that fixes shapes or the step/evaluation schedule (module docstring lists what may differ)."""
+    task, model_config = resolve(config)
+    sample = task.generate(1, seed=0)
+    tc = config.train
+    device = pick_device(tc.device)
+    return (model_config, tuple(sample.inputs.shape[1:]), sample.doc_ids is not None, tc.epochs, tc.steps,
+            tc.batch_size, tc.num_train, tc.num_test, tc.eval_batch_size, tc.eval_every, tc.beta1, tc.beta2,
+            device.type, _autocast(config, device))
+
+
+def unbatchable_reason(config: RunConfig) -> str | None:
+    """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
+    task, model_config = resolve(config)
+    if task.generate(1, seed=0).doc_ids is not None:
+        return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
+                f"which vmap cannot batch")
+    if model_config.kernel_backend == "triton":
+        return "kernel_backend='triton': the Triton custom ops have no vmap rule"
+    return None
+
+
+def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | None = None,
+                       run_names: Sequence[str | None] | None = None, progress: bool = True,
+                       compile: bool = False, cuda_graph: bool = False,
+                       max_stack: int | None = None) -> list[dict[str, Any]]:
+    """Train every run, stacking those with equal ``group_key``; return their records in the order given.
+
+    Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
+    module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``max_stack`` caps
+    the runs per stack (a larger group is trained in consecutive stacks); None = no cap.
+    """
+    configs = list(configs)
+    names = [None] * len(configs) if run_names is None else list(run_names)
+    if len(names) != len(configs):
+        raise ValueError(f"run_names has {len(names)} entries for {len(configs)} configs")
+    if max_stack is not None and (isinstance(max_stack, bool) or not isinstance(max_stack, int)
+                                  or max_stack < 1):
+        raise ValueError(f"max_stack must be a positive integer or None, got {max_stack!r}")
+    groups: dict[tuple, list[int]] = {}
+    for i, config in enumerate(configs):
+        groups.setdefault(group_key(config), []).append(i)
+    records: list[dict[str, Any] | None] = [None] * len(configs)
+    for members in groups.values():
+        device = pick_device(configs[members[0]].train.device)
+        if cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
+        if unbatchable_reason(configs[members[0]]) is not None:
+            for i in members:
+                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i])
+            continue
+        size = max_stack or len(members)
+        for lo in range(0, len(members), size):
+            chunk = members[lo : lo + size]
+            done = _train_stack([configs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
+                                progress=progress, compile=compile, cuda_graph=cuda_graph,
+                                compact_at=COMPILED_COMPACTION if compile else 1.0)
+            for i, record in zip(chunk, done):
+                records[i] = record
+    return records
+
+
+@dataclasses.dataclass(eq=False)
+class _Run:
+    """One run of a stack: its settings, and what train_run keeps while it trains."""
+
+    config: RunConfig
+    name: str | None
+    task: tasks.Task
+    model_config: models.ModelConfig
+    shuffle: torch.Generator
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best: dict[str, Any] | None = None
+    stopped_early: bool = False
+    done: bool = False  # record written; the run may still sit in the stack, frozen, until compaction
+    train_time: float = 0.0
+    lr: float = 0.0
+
+
+class _EvalSums:
+    """One run's evaluation, accumulated batch by batch exactly as ``runners.train.evaluate`` does it."""
+
+    def __init__(self, task: tasks.Task) -> None:
+        self.task = task
+        self.loss_sum = self.n = self.correct = 0.0
+        self.macro: list[float] = []
+        self.group_hits: dict[str, list[float]] = {}
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """logits [B, T, V], targets [B, T] of one test batch."""
+        counts = batch_counts(logits, targets)
+        self.loss_sum += float(counts["loss_sum"])
+        self.n += float(counts["n"])
+        self.correct += float(counts["correct"])
+        self.macro.append(float(macro_accuracy(counts["tp"], counts["fp"], counts["fn"])))
+        hit = logits.argmax(dim=-1) == targets  # [B, T]
+        for name, mask in self.task.score_groups(targets).items():
+            acc = self.group_hits.setdefault(name, [0.0, 0.0])
+            acc[0] += float((hit & mask).sum())
+            acc[1] += float(mask.sum())
+
+    def metrics(self) -> dict[str, float]:
+        loss = self.loss_sum / max(self.n, 1.0)
+        out = {"test_loss": loss, "test_ppl": math.exp(min(loss, 700.0)),
+               "acc_micro": self.correct / max(self.n, 1.0), "acc_macro": float(np.mean(self.macro)),
+               "n_scored": int(self.n)}
+        for name, (hits, count) in self.group_hits.items():
+            out[f"acc_{name}"] = hits / count if count else float("nan")
+            out[f"n_{name}"] = int(count)
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _template(model_config: models.ModelConfig, device: torch.device) -> torch.nn.Module:
+    """The module whose forward every stack of this config calls with its own parameters (functional_call).
+
+    One per config, so compiled code, which is specialised to the module, serves every stack of that config.
+    """
+    if model_config.kernel_backend is None:
+        # the Triton custom ops have no vmap rule; the plain-torch references batch (module docstring)
+        model_config = dataclasses.replace(model_config, kernel_backend="torch")
+    with torch.random.fork_rng(devices=[]):  # its own initial values are never used
+        return models.build_model(model_config).to(device)
+
+
+def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
+                    targets: torch.Tensor, autocast: bool, cache: bool) -> torch.Tensor:
+    """Per-run training losses [N] of params {name: [N, *shape]} on inputs, targets [N, B, T]."""
+
+    def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(template, p, (x,))
+
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache):
+        logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
+    # One cross_entropy a run, as train_run: a vmapped mean reduction sums in another order (last bits).
+    # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
+    return torch.stack([F.cross_entropy(lg.flatten(0, 1), tg.flatten(), ignore_index=tasks.IGNORE)
+                        for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
+
+
+@torch.no_grad()
+def _adamw_update(params: torch.Tensor, grads: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  decay: torch.Tensor, step_size: torch.Tensor, bc2_sqrt: torch.Tensor, beta1: float,
+                  beta2: float) -> None:
+    """torch.optim.AdamW's step on flat [N, P] tensors, in its op order; per run decay = 1 - lr * wd and
+    step_size = -lr / (1 - beta1^t) are [N], bc2_sqrt = sqrt(1 - beta2^t) is a 0-dim tensor."""
+    params.mul_(decay[:, None])
+    exp_avg.lerp_(grads, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+    params.add_(step_size[:, None] * exp_avg / denom)  # addcdiv's order: param + (value * m) / denom
+
+
+class _Stack:
+    """The state of the runs of a stack still training: flat parameters and AdamW moments [N, P], the data of
+    every distinct data set on the device, and the batched step (eager, compiled or CUDA-graphed)."""
+
+    def __init__(self, runs: list[_Run], device: torch.device, autocast: bool, compile: bool,
+                 cuda_graph: bool) -> None:
+        tc = runs[0].config.train
+        self.device, self.autocast, self.cuda_graph = device, autocast, cuda_graph
+        self.beta1, self.beta2 = tc.beta1, tc.beta2
+        self.template = _template(runs[0].model_config, device)
+        self.names = [name for name, _ in self.template.named_parameters()]
+        self.shapes = [p.shape for _, p in self.template.named_parameters()]
+        self.n_params = models.count_parameters(self.template)
+
+        flat = []
+        for run in runs:
+            # the init of train_run: build under init_seed in a forked RNG, on the CPU, then move
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(run.config.train.init_seed)
+                model = models.build_model(run.model_config)
+            named = dict(model.named_parameters())
+            flat.append(torch.cat([named[name].detach().reshape(-1) for name in self.names]))
+        self.params = torch.stack(flat).to(device)  # [N, P]
+        self.exp_avg = torch.zeros_like(self.params)
+        self.exp_avg_sq = torch.zeros_like(self.params)
+        self.loss_acc = torch.zeros(len(runs), device=device)  # [N] training-loss sums since the last eval
+
+        data_keys: dict[str, int] = {}
+        train_sets, test_sets, index = [], [], []
+        for run in runs:
+            seed = run.config.train.data_seed
+            key = json.dumps([run.config.task, dataclasses.asdict(run.task.params), seed], sort_keys=True,
+                             default=str)
+            if key not in data_keys:
+                data_keys[key] = len(train_sets)
+                train_sets.append(run.task.generate(tc.num_train, seed=seed, split="train"))
+                test_sets.append(run.task.generate(tc.num_test, seed=seed, split="test"))
+            index.append(data_keys[key])
+        self.train_inputs = torch.stack([d.inputs for d in train_sets]).to(device)  # [U, num_train, T]
+        self.train_targets = torch.stack([d.targets for d in train_sets]).to(device)
+        self.test_inputs = torch.stack([d.inputs for d in test_sets]).to(device)  # [U, num_test, T]
+        self.test_targets = torch.stack([d.targets for d in test_sets]).to(device)
+        self.data_index = torch.tensor(index, device=device)  # [N]: each run's data set
+
+        # static shapes: vmap does not run on symbolic sizes (dynamic=None fails once a second shape shows up)
+        self.compile = compile
+        self.losses_fn = torch.compile(_batched_losses, dynamic=False) if compile else _batched_losses
+        self.update_fn = torch.compile(_adamw_update, dynamic=False) if compile else _adamw_update
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self.graph_pool = None
+
+    def __len__(self) -> int:
+        return self.params.shape[0]
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view [N, *shape] of a flat [N, P] tensor."""
+        views, start = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            views.append(flat[:, start : start + size].view(len(self), *shape))
+            start += size
+        return views
+
+    def _leaves(self) -> list[torch.Tensor]:
+        """The parameters' views of the flat parameters, as leaves that require grad."""
+        return [view.requires_grad_() for view in self._views(self.params)]
+
+    def _step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
+              bc2_sqrt: torch.Tensor) -> None:
+        """One optimizer step of every run; idx [N, B] are the rows of each run's training set."""
+        rows = (self.data_index[:, None], idx)
+        inputs, targets = self.train_inputs[rows], self.train_targets[rows]  # [N, B, T]
+        leaves = self._leaves()
+        limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if self.compile else nullcontext()
+        with limit:
+            losses = self.losses_fn(self.template, dict(zip(self.names, leaves)), inputs, targets,
+                                    self.autocast, not self.cuda_graph)  # [N]
+            grads = torch.autograd.grad(losses.sum(), leaves)  # d(sum)/d(run n's params) = d(loss n)/d(...)
+            flat_grads = torch.empty_like(self.params)  # [N, P]
+            for view, grad in zip(self._views(flat_grads), grads):
+                view.copy_(grad)
+            self.update_fn(self.params, flat_grads, self.exp_avg, self.exp_avg_sq, decay, step_size, bc2_sqrt,
+                           self.beta1, self.beta2)
+        self.loss_acc += losses.detach()
+
+    def step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
+             bc2_sqrt: torch.Tensor) -> None:
+        if not self.cuda_graph:
+            self._step(idx, decay, step_size, bc2_sqrt)
+            return
+        if idx.shape[1] not in self.graphs:
+            self._capture(idx, decay, step_size, bc2_sqrt)
+        graph, static = self.graphs[idx.shape[1]]
+        for name, value in (("idx", idx), ("decay", decay), ("step_size", step_size), ("bc2_sqrt", bc2_sqrt)):
+            static[name].copy_(value)
+        graph.replay()
+
+    def _capture(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
+                 bc2_sqrt: torch.Tensor) -> None:
+        """Capture the step for batches of idx.shape[1] rows; warm-up steps first, their effect undone."""
+        static = {"idx": idx.clone(), "decay": decay.clone(), "step_size": step_size.clone(),
+                  "bc2_sqrt": bc2_sqrt.clone()}
+        state = (self.params, self.exp_avg, self.exp_avg_sq, self.loss_acc)
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_STEPS):
+                self._step(**static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for t, copy in zip(state, saved):
+            t.copy_(copy)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            self._step(**static)
+        self.graph_pool = graph.pool()
+        self.graphs[idx.shape[1]] = (graph, static)
+
+    def take_train_losses(self) -> list[float]:
+        """Each run's sum of training losses since the last call (as floats), then reset the sums."""
+        out = self.loss_acc.tolist()
+        self.loss_acc.zero_()
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, run_tasks: list[tasks.Task], rows: list[int],
+                 batch_size: int) -> list[dict[str, float]]:
+        """Test metrics of the runs in these rows (of these tasks), as ``runners.train.evaluate`` computes
+        them; one forward serves the whole stack."""
+        sums = [_EvalSums(task) for task in run_tasks]
+        params = dict(zip(self.names, self._views(self.params)))
+
+        def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(self.template, p, (x,))
+
+        for start in range(0, self.test_inputs.shape[1], batch_size):
+            inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
+            targets = self.test_targets[self.data_index, start : start + batch_size]
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
+            for n, acc in zip(rows, sums):
+                acc.add(logits[n], targets[n])
+        return [acc.metrics() for acc in sums]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these runs (indices into the current stack), in this order."""
+        index = torch.tensor(rows, device=self.device)
+        self.params = self.params.index_select(0, index)
+        self.exp_avg = self.exp_avg.index_select(0, index)
+        self.exp_avg_sq = self.exp_avg_sq.index_select(0, index)
+        self.loss_acc = self.loss_acc.index_select(0, index)
+        self.data_index = self.data_index.index_select(0, index)
+        self.graphs.clear()  # captured graphs point at the old buffers
+        self.graph_pool = None
+
+
+def _epoch_schedule(runs: list[_Run], first_step: int, n_steps: int, epoch: int, total_steps: int,
+                    total_epochs: int, device: torch.device
+                    ) -> tuple[list[list[float]], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-step AdamW scalars of n_steps steps from first_step: lrs [S][N] (floats), decay [S, N],
+    step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW does, stored as fp32."""
+    tc = runs[0].config.train  # betas are equal within a stack
+    lrs, decay, step_size, bc2_sqrt = [], [], [], []
+    for s in range(first_step, first_step + n_steps):
+        t = float(s + 1)  # AdamW's step count after this step
+        row = [lr_at(run.config.train, s, epoch, total_steps, total_epochs) for run in runs]
+        lrs.append(row)
+        decay.append([1 - lr * run.config.train.weight_decay for lr, run in zip(row, runs)])
+        step_size.append([-(lr / (1 - tc.beta1**t)) for lr in row])
+        bc2_sqrt.append((1 - tc.beta2**t) ** 0.5)
+    tensors = (torch.tensor(x, dtype=torch.float32).to(device) for x in (decay, step_size, bc2_sqrt))
+    return (lrs, *tensors)
+
+
+def _record(run: _Run, n_params: int, device: torch.device, step: int, wall: float,
+            out_dir: str | Path | None) -> dict[str, Any]:
+    """The run's record in train_run's format; written to out_dir (atomically) when given."""
+    tc, best = run.config.train, run.best
+    record = {
+        "name": run.name,
+        "config": run.config.to_dict(),
+        "resolved": {"task_params": dataclasses.asdict(run.task.params), "model": run.model_config.to_dict()},
+        "versions": package_versions(),
+        "device": device_info(device),
+        "seeds": {"data_seed": tc.data_seed, "init_seed": tc.init_seed},
+        "n_params": n_params,
+        "history": run.history,
+        "final": {**best, "best_step": best["step"], "best_epoch": best["epoch"]},
+        "steps": step,
+        "stopped_early": run.stopped_early,
+        "wall_time_s": wall,
+        "train_time_s": run.train_time,
+        "steps_per_s": step / run.train_time if run.train_time > 0 else float("nan"),
+        "argv": sys.argv,
+    }
+    if out_dir is not None:
+        task = run.config.task.replace("/", "-")
+        name = run.name or f"{task}_{run.model_config.mixer}_{config_hash(run.config)}"
+        record["name"] = name
+        write_json_atomic(Path(out_dir) / f"{name}.json", record)
+    return record
+
+
+def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: str | Path | None,
+                 progress: bool, compile: bool, cuda_graph: bool, compact_at: float) -> list[dict[str, Any]]:
+    """Train runs of one group_key together; records in the order given. Finished runs leave the stack
+    once at most ``compact_at`` of its rows still train (1.0: at once)."""
+    tc = configs[0].train
+    device = pick_device(tc.device)
+    autocast = _autocast(configs[0], device)
+    runs = []
+    for config, name in zip(configs, names):
+        task, model_config = resolve(config)
+        runs.append(_Run(config=config, name=name, task=task, model_config=model_config,
+                         shuffle=torch.Generator().manual_seed(config.train.init_seed + 1)))
+    stack = _Stack(runs, device, autocast, compile, cuda_graph)
+    records: dict[int, dict[str, Any]] = {}
+    position = {id(run): i for i, run in enumerate(runs)}
+
+    steps_per_epoch = math.ceil(tc.num_train / tc.batch_size)
+    total_steps = tc.steps if tc.steps is not None else tc.epochs * steps_per_epoch
+    total_epochs = tc.epochs if tc.epochs is not None else math.ceil(total_steps / steps_per_epoch)
+    eval_every = tc.eval_every or steps_per_epoch
+
+    rows = list(runs)  # the stack's runs, row by row; finished runs stay (frozen) until the next compaction
+    live = list(runs)
+    step = 0
+    loss_count = 0
+    bar = tqdm(total=total_steps, disable=not progress, unit="step", dynamic_ncols=True, leave=False,
+               desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(runs)}")
+    start_wall = time.perf_counter()
+    interval_start = start_wall
+    try:
+        while step < total_steps and live:
+            epoch = step // steps_per_epoch
+            orders = torch.stack([torch.randperm(tc.num_train, generator=run.shuffle) for run in rows])
+            orders = orders.to(device)  # [N, num_train]
+            n_steps = min(steps_per_epoch, total_steps - step)
+            lrs, decay, step_size, bc2_sqrt = _epoch_schedule(rows, step, n_steps, epoch, total_steps,
+                                                              total_epochs, device)
+            for i in range(n_steps):
+                stack.step(orders[:, i * tc.batch_size : (i + 1) * tc.batch_size], decay[i], step_size[i],
+                           bc2_sqrt[i])
+                for run, lr in zip(rows, lrs[i]):
+                    run.lr = lr
+                loss_count += 1
+                step += 1
+                bar.update(1)
+                if step % eval_every != 0 and step != total_steps:
+                    continue
+
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                share = (time.perf_counter() - interval_start) / len(live)
+                train_losses = stack.take_train_losses()
+                live_rows = [n for n, run in enumerate(rows) if not run.done]
+                metrics = stack.evaluate([rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
+                for n, row_metrics in zip(live_rows, metrics):
+                    run = rows[n]
+                    run.train_time += share
+                    entry = {"epoch": epoch + 1, "step": step, "lr": run.lr,
+                             "train_loss": train_losses[n] / max(loss_count, 1), **row_metrics}
+                    run.history.append(entry)
+                    if run.best is None or entry["test_ppl"] < run.best["test_ppl"]:
+                        run.best = entry
+                    stop = run.config.train.early_stop_acc
+                    run.stopped_early = stop is not None and entry["acc_macro"] >= stop
+                    run.done = run.stopped_early or step == total_steps
+                    if run.done:
+                        records[position[id(run)]] = _record(run, stack.n_params, device, step,
+                                                             time.perf_counter() - start_wall, out_dir)
+                loss_count = 0
+                live = [run for run in rows if not run.done]
+                if not live:
+                    break
+                if len(live) < len(rows) and len(live) <= len(rows) * compact_at:
+                    keep = [n for n, run in enumerate(rows) if not run.done]
+                    stack.keep(keep)
+                    kept = torch.tensor(keep, device=device)
+                    orders = orders.index_select(0, kept)
+                    decay, step_size = decay.index_select(1, kept), step_size.index_select(1, kept)
+                    lrs = [[row[n] for n in keep] for row in lrs]
+                    rows = live
+                bar.set_postfix(runs=len(live))
+                interval_start = time.perf_counter()
+            if not live:
+                break
+    finally:
+        bar.close()
+    return [records[i] for i in range(len(runs))]

@@ -1,0 +1,182 @@
+"""The MAD protocol (SPEC 3.3) as a sweep: 66 settings x lr x wd grid x seeds for one model.
+
+Every run: the model (a preset of ``models.PRESETS`` or any ``models.MIXERS`` name, on the MAD model: 2
+blocks, width 128, SwiGLU 352), AdamW on every parameter, batch 128, cosine per epoch from lr to 1e-6, no
+warmup, bf16 autocast on a GPU, evaluation on 1,280 test rows after every epoch, early stop at macro accuracy
+0.999. A record's ``final`` metrics come from the epoch with the lowest test perplexity. Scoring
+(``analysis.aggregate``): best macro accuracy of the lr x wd grid per (setting, seed), mean over a task's
+settings, mean of the six tasks; tables give the median and IQR over seeds.
+
+Seeds: mad-lab trains one seed. Seed s here sets both ``data_seed`` and ``init_seed`` to s, so the spread
+over seeds covers the draw of the data as well as initialisation and shuffling (the whole experiment
+repeated). All grid points of one (setting, seed) see the same data and the same initial weights, so
+best-of-grid compares like with like. Seed 0 alone is the one-seed protocol.
+
+Profiles (what each reduces; ``paper`` is the full protocol):
+
+=======  ===========  ================  ==============================  =============  ===========
+profile  settings     lr x wd grid      epochs per run                  train / test   model
+=======  ===========  ================  ==============================  =============  ===========
+paper    all 66       {1e-4,5e-4,1e-3}  200                             as MAD / 1280  MAD
+                      x {0, 0.1}
+quick    all 66       1e-3 x 0          min(200, ceil(1500 / steps per  as MAD / 1280  MAD
+                                        epoch)): 15 at 12,800 rows,
+                                        200 for memorization
+smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 64      d_model 32,
+                                                                                       4 heads
+=======  ===========  ================  ==============================  =============  ===========
+
+Sizes for one architecture and one seed, before early stopping (``MadProfile.max_total_steps``): ``paper``
+396 runs, 5.38M optimizer steps (SPEC 3.3's 5.4M), about 12 GPU-hours one run at a time at SPEC 5.3's 7.9 ms
+per step; ``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
+run at a time, and ``--workers 2-4`` overlap runs (the MAD step is launch-bound; the GPU is mostly idle);
+``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick`` keeps every
+setting because the MAD score averages over them (long sequences and small training sets are the hard ones);
+it drops the grid and caps the steps instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import models
+from runners.sweep import PlannedRun, Resolver, SweepPlan, parse_seeds
+from runners.train import config_hash
+from tasks.mad import MadSetting, mad_sweep_settings
+
+LRS = (1e-4, 5e-4, 1e-3)
+WEIGHT_DECAYS = (0.0, 0.1)
+BATCH_SIZE = 128
+MAX_EPOCHS = 200
+MIN_LR = 1e-6
+EARLY_STOP_ACC = 0.999
+NUM_TEST = 1280
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MadProfile:
+    """How much of the protocol to run.
+
+    baselines_only: keep only each task's baseline setting (else all 66).
+    lrs, weight_decays: the grid.
+    max_steps: per-run cap on optimizer steps; a run gets min(max_epochs, ceil(max_steps / steps per epoch))
+        epochs, and its cosine schedule spans those epochs. None = no cap.
+    max_train: cap on training rows (None = the setting's). num_test: test rows.
+    model: ModelConfig fields over the chosen model's (e.g. a smaller width).
+    seeds: default number of seeds.
+    """
+
+    name: str
+    summary: str
+    baselines_only: bool = False
+    lrs: tuple[float, ...] = LRS
+    weight_decays: tuple[float, ...] = WEIGHT_DECAYS
+    max_epochs: int = MAX_EPOCHS
+    max_steps: int | None = None
+    max_train: int | None = None
+    num_test: int = NUM_TEST
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seeds: int = 1
+
+    def settings(self) -> list[MadSetting]:
+        settings = mad_sweep_settings()
+        return [s for s in settings if s.label == "baseline"] if self.baselines_only else settings
+
+    def num_train(self, setting: MadSetting) -> int:
+        return setting.num_train if self.max_train is None else min(setting.num_train, self.max_train)
+
+    def epochs(self, setting: MadSetting) -> int:
+        if self.max_steps is None:
+            return self.max_epochs
+        steps_per_epoch = math.ceil(self.num_train(setting) / BATCH_SIZE)
+        return min(self.max_epochs, math.ceil(self.max_steps / steps_per_epoch))
+
+    def max_total_steps(self) -> int:
+        """Optimizer steps of one seed if no run stops early."""
+        grid = len(self.lrs) * len(self.weight_decays)
+        return grid * sum(self.epochs(s) * math.ceil(self.num_train(s) / BATCH_SIZE) for s in self.settings())
+
+    def describe(self) -> str:
+        """One paragraph for the top of a table: what this profile runs."""
+        n = len(self.settings())
+        grid = len(self.lrs) * len(self.weight_decays)
+        lrs = ",".join(f"{v:g}" for v in self.lrs)
+        wds = ",".join(f"{v:g}" for v in self.weight_decays)
+        return (f"profile {self.name}: {self.summary}. {n} settings x lr {{{lrs}}} x wd {{{wds}}} = "
+                f"{n * grid} runs per seed, at most {self.max_total_steps():,} optimizer steps per seed.")
+
+
+PROFILES: dict[str, MadProfile] = {
+    "paper": MadProfile(name="paper", summary="the full protocol of SPEC 3.3 (200 epochs, 6-point grid)"),
+    "quick": MadProfile(
+        name="quick",
+        summary="all 66 settings, one grid point (lr 1e-3, wd 0), at most ~1,500 steps (200 epochs) per run",
+        lrs=(1e-3,), weight_decays=(0.0,), max_steps=1500,
+    ),
+    "smoke": MadProfile(
+        name="smoke",
+        summary="CPU check: 6 baselines, <=64 train / 64 test rows, 2 epochs, d_model 32",
+        baselines_only=True, lrs=(1e-3,), max_epochs=2, max_train=64, num_test=64,
+        model={"d_model": 32, "n_heads": 4, "mlp_hidden": 88},
+    ),
+}
+
+
+def model_names() -> list[str]:
+    """Models ``mad run`` accepts: every preset of models.PRESETS, then every models.MIXERS name."""
+    return sorted(models.PRESETS) + [m for m in models.MIXERS if m not in models.PRESETS]
+
+
+def model_fields(name: str) -> dict[str, Any]:
+    """ModelConfig fields of a model name (a preset wins over a mixer of the same name)."""
+    if name in models.PRESETS:
+        return dict(models.PRESETS[name])
+    if name in models.MIXERS:
+        return {"mixer": name}
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(model_names())}")
+
+
+def get_profile(name: str) -> MadProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def default_out(model: str, profile: str) -> Path:
+    return Path("runs") / "mad" / f"{model}-{profile}"
+
+
+def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
+             device: str = "auto") -> SweepPlan:
+    """Every run of the MAD protocol for one model and profile; seeds 0..seeds-1 (default: the profile's).
+
+    Each run's labels: task, setting (the MAD variation, e.g. ``seq_len=512``), model, train_grid (lr,
+    weight_decay), seed. Raises ValueError for an unknown model or profile or a bad seed count.
+    """
+    prof = get_profile(profile)
+    base = model_fields(model)
+    seed_list = parse_seeds(prof.seeds if seeds is None else seeds)
+    fields = {**base, **prof.model}
+    resolver = Resolver()
+    runs = []
+    # Seeds outermost, so a stopped sweep has whole grids for its first seeds.
+    for seed in seed_list:
+        for setting in prof.settings():
+            for lr in prof.lrs:
+                for wd in prof.weight_decays:
+                    train = {"epochs": prof.epochs(setting), "batch_size": BATCH_SIZE,
+                             "num_train": prof.num_train(setting), "num_test": prof.num_test, "lr": lr,
+                             "min_lr": MIN_LR, "weight_decay": wd, "schedule": "cosine_epoch",
+                             "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,
+                             "device": device}
+                    config = resolver.config(setting.task, setting.params, fields, train)
+                    meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
+                            "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
+                    runs.append(PlannedRun(config_hash(config), config, meta))
+    spec = {"protocol": "mad", "model": model, "model_fields": base, "profile": dataclasses.asdict(prof),
+            "profile_text": prof.describe(), "device": device, "seeds": list(seed_list),
+            "metric": "acc_macro"}
+    return SweepPlan(name=f"mad-{model}-{profile}", kind="mad", spec=spec, runs=runs)

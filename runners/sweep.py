@@ -1,0 +1,495 @@
+"""Sweeps: a grid of runs, each named by the hash of its resolved config, that survives crashes.
+
+An output folder holds::
+
+    <out>/sweep.json          manifest: the sweep's spec and every planned run (hash, config, labels),
+                              written atomically when the sweep starts
+    <out>/runs/<hash>.json    one record per finished run, written atomically by the run itself
+
+A record appears whole or not at all (temporary file, fsync, rename), so a crash, ``kill -9`` or Ctrl-C loses
+only the runs in flight; running the same sweep again skips every hash that already has a record. A folder
+holds one sweep: starting a different one there (another spec, seeds aside) is refused; adding seeds is fine.
+
+The hash is ``runners.train.config_hash`` of the *resolved* config: task parameters with every default filled
+in and every ModelConfig field (except vocab_size and max_seq_len, which the task fixes), so writing a default
+out or leaving it implicit names the same run, and a later change of a default does not reuse old records.
+
+Grid files (YAML read with ``yaml.safe_load``; unknown keys at any level are errors)::
+
+    name: mqar_varlen_fig2              # required; names the default output folder
+    description: one line
+    tasks:                              # every entry is crossed with everything below
+      - task: mqar_varlen
+        params: {seq_len: 256}          # task parameters over the task's defaults
+        grid: {num_kv_pairs: [8, 16]}   # task parameters varied: a product of lists, or a list of points
+        train: {num_train: 100000}      # training fields for this task only
+    models:                             # label -> model fields; `preset: NAME` starts from models.PRESETS
+      no_conv: {mixer: attention, n_layers: 1}
+    model_grid: {d_model: [32, 64]}     # model fields varied for every model (product or list of points)
+    train: {epochs: 8, lr: 1.0e-3}      # TrainConfig fields for every run
+    train_grid: {lr: [3.0e-4, 1.0e-3]}  # TrainConfig fields varied; analysis keeps the best point per seed
+    seeds: 5                            # a count (seeds 0..N-1) or a list
+    vary_data_seed: true                # seed s sets init_seed = s and, if true, data_seed = s
+    metric: acc_micro                   # the final metric that tables report and best-of-grid maximises
+
+YAML 1.1 reads ``1e-3`` as text (write ``1.0e-3``); text that parses as a number is accepted where a field
+is a float.
+
+Each run's labels (``meta`` in the manifest) are task, setting (the task-grid point), model (its label),
+model_grid, train_grid and seed; ``analysis.aggregate`` groups by them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import importlib.resources
+import itertools
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+import models
+import tasks
+from runners.train import RunConfig, TrainConfig, config_hash, resolve, train_run, write_json_atomic
+
+MANIFEST = "sweep.json"
+RUNS = "runs"
+MANIFEST_FORMAT = 1
+# ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.
+TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")
+# TrainConfig fields the seeds set.
+SEED_FIELDS = ("init_seed", "data_seed")
+METRICS = ("acc_micro", "acc_macro")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One run of a sweep: its hash (the record's file stem), its resolved config and its labels."""
+
+    hash: str
+    config: RunConfig
+    meta: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """Every run of a sweep; ``spec`` (JSON-ready) identifies it in the manifest; ``kind`` is grid or mad."""
+
+    name: str
+    kind: str
+    spec: dict[str, Any]
+    runs: list[PlannedRun]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    total: int
+    skipped: int
+    ran: int
+    out_dir: Path
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskEntry:
+    task: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    grid: tuple[dict[str, Any], ...] = ({},)
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSpec:
+    """A grid: tasks (x task-parameter points) x models (x model-field points) x training points x seeds.
+
+    Build it with ``SweepSpec.from_dict`` (checks every key) or ``load_spec`` (preset name or YAML path).
+    """
+
+    name: str
+    description: str = ""
+    tasks: tuple[TaskEntry, ...]
+    models: dict[str, dict[str, Any]]
+    model_grid: tuple[dict[str, Any], ...] = ({},)
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_grid: tuple[dict[str, Any], ...] = ({},)
+    seeds: tuple[int, ...] = (0,)
+    vary_data_seed: bool = True
+    metric: str = "acc_micro"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SweepSpec:
+        """Parse and check a grid description (the YAML's top-level mapping); ValueError names what is bad."""
+        _check_keys("sweep", data, {f.name for f in dataclasses.fields(cls)},
+                    required={"name", "tasks", "models"})
+        name = data["name"]
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise ValueError(f"sweep name must be a plain non-empty string, got {name!r}")
+        vary_data = data.get("vary_data_seed", True)
+        if not isinstance(vary_data, bool):
+            raise ValueError(f"vary_data_seed must be true or false, got {vary_data!r}")
+        train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - set(SEED_FIELDS)
+        if not vary_data:
+            train_fields.add("data_seed")
+        model_fields = {f.name for f in dataclasses.fields(models.ModelConfig)} - set(TASK_FIXED_MODEL_FIELDS)
+
+        entries = data["tasks"]
+        if not isinstance(entries, list) or not entries:
+            raise ValueError(f"tasks must be a non-empty list, got {entries!r}")
+        task_entries = []
+        for i, entry in enumerate(entries):
+            where = f"tasks[{i}]"
+            _check_keys(where, entry, {"task", "params", "grid", "train"}, required={"task"})
+            if entry["task"] not in tasks.TASKS:
+                raise ValueError(f"{where}: unknown task {entry['task']!r}; known: {', '.join(tasks.TASKS)}")
+            train = _numbers(f"{where}.train", entry.get("train", {}), TrainConfig)
+            _check_keys(f"{where}.train", train, train_fields)
+            params_cls = tasks.TASKS[entry["task"]].Params
+            params = _numbers(f"{where}.params", entry.get("params", {}), params_cls)
+            grid = _grid(f"{where}.grid", entry.get("grid"), params_cls)
+            task_entries.append(TaskEntry(task=entry["task"], params=params, grid=grid, train=train))
+
+        variants = _mapping("models", data["models"])
+        if not variants:
+            raise ValueError("models must name at least one model")
+        resolved_models = {}
+        for label, fields in variants.items():
+            fields = _numbers(f"models.{label}", fields if fields is not None else {}, models.ModelConfig)
+            preset = fields.pop("preset", None)
+            _check_keys(f"models.{label}", fields, model_fields)
+            if preset is not None:
+                if preset not in models.PRESETS:
+                    raise ValueError(f"models.{label}: unknown preset {preset!r}; "
+                                     f"choose from {sorted(models.PRESETS)}")
+                fields = {**models.PRESETS[preset], **fields}
+            resolved_models[str(label)] = fields
+
+        model_grid = _grid("model_grid", data.get("model_grid"), models.ModelConfig)
+        for point in model_grid:
+            _check_keys("model_grid", point, model_fields)
+        train = _numbers("train", data.get("train", {}), TrainConfig)
+        _check_keys("train", train, train_fields)
+        train_grid = _grid("train_grid", data.get("train_grid"), TrainConfig)
+        for point in train_grid:
+            _check_keys("train_grid", point, train_fields)
+        metric = data.get("metric", "acc_micro")
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+        return cls(name=name, description=str(data.get("description", "")), tasks=tuple(task_entries),
+                   models=resolved_models, model_grid=model_grid, train=train, train_grid=train_grid,
+                   seeds=parse_seeds(data.get("seeds", 1)), vary_data_seed=vary_data, metric=metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, saved in the manifest."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def plan(self, *, device: str | None = None, seeds: Sequence[int] | None = None) -> SweepPlan:
+        """Expand into runs (hash, resolved config, labels); ``device`` and ``seeds`` override the spec's.
+
+        Every config is resolved (and so checked) here, before anything trains.
+        """
+        seed_list = self.seeds if seeds is None else parse_seeds(list(seeds))
+        spec = {**self.to_dict(), "seeds": list(seed_list), "device": device}
+        resolver = Resolver()
+        runs = []
+        # Seeds outermost: a sweep stopped half-way holds whole grids for its first seeds.
+        for seed in seed_list:
+            for entry in self.tasks:
+                points = itertools.product(entry.grid, self.models.items(), self.model_grid, self.train_grid)
+                for task_point, (label, fields), model_point, train_point in points:
+                    train = {**self.train, **entry.train, **train_point, "init_seed": seed}
+                    if self.vary_data_seed:
+                        train["data_seed"] = seed
+                    if device is not None:
+                        train["device"] = device
+                    config = resolver.config(entry.task, {**entry.params, **task_point},
+                                             {**fields, **model_point}, train)
+                    meta = {"task": entry.task, "setting": grid_label(task_point), "model": label,
+                            "model_grid": dict(model_point), "train_grid": dict(train_point), "seed": seed}
+                    runs.append(PlannedRun(config_hash(config), config, meta))
+        return SweepPlan(name=self.name, kind="grid", spec=spec, runs=_unique(runs))
+
+
+def load_spec(name_or_path: str | Path) -> SweepSpec:
+    """A packaged preset (``runners/presets/<name>.yaml``) by name, or a YAML file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ValueError(f"no sweep file {str(path)!r}")
+        text = path.read_text()
+    else:
+        names = preset_names()
+        if str(name_or_path) not in names:
+            raise ValueError(f"unknown sweep preset {str(name_or_path)!r}; presets: {', '.join(names)} "
+                             "(or give a .yaml path)")
+        text = importlib.resources.files("runners").joinpath("presets", f"{name_or_path}.yaml").read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"cannot read {str(name_or_path)!r} as YAML: {str(exc).splitlines()[0]}") from None
+    return SweepSpec.from_dict(data)
+
+
+def preset_names() -> list[str]:
+    """Names of the packaged sweep presets (``runners/presets/*.yaml``)."""
+    folder = importlib.resources.files("runners").joinpath("presets")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def grid_label(point: Mapping[str, Any]) -> str:
+    """``{"d_model": 32, "lr": 0.001}`` -> ``"d_model=32 lr=0.001"``; the empty point -> ``"default"``."""
+    return " ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "default"
+
+
+def resolved_config(task: str, params: Mapping[str, Any], model: Mapping[str, Any],
+                    train: Mapping[str, Any]) -> RunConfig:
+    """The resolved RunConfig (every task parameter, every model field) of one run; its hash names the run."""
+    return Resolver().config(task, params, model, train)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _check_keys(where: str, data: Any, allowed: set[str], required: set[str] = frozenset()) -> None:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {data!r}")
+    unknown = sorted(str(k) for k in set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+
+
+def _mapping(where: str, data: Any) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {data!r}")
+    return dict(data)
+
+
+def _numbers(where: str, data: Any, cls: type) -> dict[str, Any]:
+    """``data`` as a dict; text that reads as a number becomes a float where ``cls`` has a float field."""
+    fields = _mapping(where, data)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in fields.items():
+        hint = hints.get(key)
+        is_float = hint is float or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                                     and float in typing.get_args(hint))
+        if is_float and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"{where}.{key} must be a number, got {value!r}") from None
+        out[key] = value
+    return out
+
+
+def _grid(where: str, data: Any, cls: type) -> tuple[dict[str, Any], ...]:
+    """Grid points: None -> one empty point; {k: [v, ...]} -> the product, keys in order; [{...}] -> as is.
+    Values are read as fields of ``cls`` (``_numbers``)."""
+    if data is None:
+        return ({},)
+    if isinstance(data, Mapping):
+        for key, values in data.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{where}.{key} must be a non-empty list, got {values!r}")
+        keys = list(data)
+        points = [dict(zip(keys, combo)) for combo in itertools.product(*(data[k] for k in keys))]
+        return tuple(_numbers(where, p, cls) for p in points)
+    if isinstance(data, list) and data and all(isinstance(p, Mapping) for p in data):
+        return tuple(_numbers(where, p, cls) for p in data)
+    raise ValueError(f"{where} must be a mapping of lists or a non-empty list of mappings, got {data!r}")
+
+
+def parse_seeds(data: Any) -> tuple[int, ...]:
+    if isinstance(data, int) and not isinstance(data, bool):
+        if data < 1:
+            raise ValueError(f"seeds must be at least 1, got {data}")
+        return tuple(range(data))
+    if (isinstance(data, (list, tuple)) and data and len(set(data)) == len(data)
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in data)):
+        return tuple(data)
+    raise ValueError(f"seeds must be a count or a list of distinct non-negative integers, got {data!r}")
+
+
+def _unique(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """Drop repeated hashes (two grid points that resolve to one config), keeping the first."""
+    seen: set[str] = set()
+    out = []
+    for run in runs:
+        if run.hash not in seen:
+            seen.add(run.hash)
+            out.append(run)
+    return out
+
+
+class Resolver:
+    """Builds resolved RunConfigs, resolving each (task, params, model) once for all its training points."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def config(self, task: str, params: Mapping[str, Any], model: Mapping[str, Any],
+               train: Mapping[str, Any]) -> RunConfig:
+        key = json.dumps([task, params, model], sort_keys=True, default=str)
+        if key not in self._cache:
+            run = RunConfig(task=task, task_params=dict(params), model=dict(model))
+            task_obj, model_config = resolve(run)
+            full = {k: v for k, v in model_config.to_dict().items() if k not in TASK_FIXED_MODEL_FIELDS}
+            self._cache[key] = (dataclasses.asdict(task_obj.params), full)
+        task_params, full_model = self._cache[key]
+        try:
+            train_config = TrainConfig(**train)
+        except TypeError as exc:
+            raise ValueError(f"bad training fields {sorted(train)}: {exc}") from None
+        return RunConfig(task=task, task_params=dict(task_params), model=dict(full_model), train=train_config)
+
+
+def finished_hashes(out_dir: str | Path) -> set[str]:
+    """Hashes with a complete record under ``<out_dir>/runs`` (a file that parses as a JSON record)."""
+    done = set()
+    for path in (Path(out_dir) / RUNS).glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and "final" in record:
+            done.add(path.stem)
+    return done
+
+
+def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
+    """Write ``<out_dir>/sweep.json`` atomically; refuse a folder that holds a different sweep.
+
+    Runs that an earlier manifest of the same sweep listed (other seeds) stay listed.
+    """
+    path = Path(out_dir) / MANIFEST
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    spec = json.loads(json.dumps(plan.spec))
+    runs = [{"hash": r.hash, "config": r.config.to_dict(), "meta": r.meta} for r in plan.runs]
+    created = now
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            raise ValueError(f"{str(path)!r} is not a readable manifest") from None
+        if old.get("kind") != plan.kind or _identity(old.get("spec", {})) != _identity(spec):
+            raise ValueError(f"{str(out_dir)!r} holds a different sweep ({old.get('name')!r}, "
+                             f"{old.get('kind')}); choose another output folder")
+        new = {r["hash"] for r in runs}
+        runs = [r for r in old.get("runs", []) if r["hash"] not in new] + runs
+        created = old.get("created", now)
+    manifest = {"format": MANIFEST_FORMAT, "name": plan.name, "kind": plan.kind, "spec": spec, "runs": runs,
+                "created": created, "updated": now, "argv": sys.argv}
+    write_json_atomic(path, manifest)
+    return path
+
+
+def _identity(spec: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in spec.items() if k != "seeds"}, sort_keys=True)
+
+
+def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: int | None = None,
+              progress: bool = True) -> SweepResult:
+    """Run every run of ``plan`` without a record in ``out_dir`` yet; a tqdm bar counts runs, with an ETA.
+
+    workers: 1 runs in this process; N > 1 keeps N runs going in spawned processes (on a GPU they share it; on
+        the CPU each gets cpu_count // N threads).
+    limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
+    A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+    out = Path(out_dir)
+    runs_dir = out / RUNS
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(out, plan)
+    done = finished_hashes(out)
+    todo = [r for r in plan.runs if r.hash not in done]
+    skipped = len(plan.runs) - len(todo)
+    if limit is not None:
+        todo = todo[:limit]
+    # smoothing=0: the ETA uses the mean time per run so far; runs differ too much for a moving average.
+    bar = tqdm(total=len(plan.runs), initial=skipped, disable=not progress, desc=plan.name, unit="run",
+               dynamic_ncols=True, smoothing=0)
+    try:
+        if workers == 1:
+            for run in todo:
+                # one bar for the sweep: a nested bar per run would interleave with it in logs
+                train_run(run.config, out_dir=runs_dir, run_name=run.hash, progress=False)
+                bar.update(1)
+        else:
+            _run_pool(todo, runs_dir, workers, bar)
+    finally:
+        bar.close()
+    return SweepResult(total=len(plan.runs), skipped=skipped, ran=len(todo), out_dir=out)
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the sweep process is gone (kill -9): it would otherwise wait for work forever,
+    holding its memory and GPU context."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _run_in_worker(config: dict[str, Any], runs_dir: str, name: str) -> str:
+    train_run(RunConfig.from_dict(config), out_dir=runs_dir, run_name=name, progress=False)
+    return name
+
+
+def _run_pool(todo: list[PlannedRun], runs_dir: Path, workers: int, bar: tqdm) -> None:
+    """Keep ``workers`` runs in flight and nothing queued behind them, so a stop abandons only those."""
+    before = set(multiprocessing.active_children())
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    executor = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+        initargs=(threads, os.getpid()))
+    pending = iter(todo)
+
+    def submit(n: int) -> set[concurrent.futures.Future]:
+        return {executor.submit(_run_in_worker, run.config.to_dict(), str(runs_dir), run.hash)
+                for run in itertools.islice(pending, n)}
+
+    try:
+        in_flight = submit(workers)
+        while in_flight:
+            finished, in_flight = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
+            for future in finished:
+                future.result()
+                bar.update(1)
+                in_flight |= submit(1)
+    except BaseException:
+        # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
+        executor.shutdown(wait=False, cancel_futures=True)
+        for child in set(multiprocessing.active_children()) - before:
+            child.terminate()
+        executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
+        raise
+    executor.shutdown(wait=True)

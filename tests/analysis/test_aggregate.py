@@ -1,0 +1,227 @@
+import csv
+import json
+import math
+
+import pytest
+
+import models
+from analysis.aggregate import (
+    AVERAGE,
+    best_of_grid,
+    derived_meta,
+    grid_summary,
+    load_records,
+    load_sweep,
+    mad_scores,
+    run_rows,
+    selected_metrics,
+)
+from analysis.report import write_report
+from analysis.tables import REFERENCE, mad_entry, mad_table, mad_text
+from tasks.mad import mad_sweep_settings
+
+SETTINGS = {(s.task, s.label): s for s in mad_sweep_settings()}
+MAD_TASKS = ["mad/compression", "mad/fuzzy_recall", "mad/in_context_recall", "mad/memorization",
+             "mad/noisy_recall", "mad/selective_copy"]
+
+
+def record(name, task, params, num_train, history, *, lr=1e-3, wd=0.0, seed=0, model=None):
+    """A hand-made run record: ``history`` is a list of (test perplexity, accuracy) per epoch."""
+    entries = [{"epoch": i + 1, "step": 10 * (i + 1), "test_ppl": ppl, "test_loss": math.log(ppl),
+                "acc_macro": acc, "acc_micro": acc} for i, (ppl, acc) in enumerate(history)]
+    best = min(entries, key=lambda h: h["test_ppl"])
+    model = model or {"mixer": "attention", "qkv_conv": "none", "d_model": 128}
+    train = {"lr": lr, "weight_decay": wd, "init_seed": seed, "data_seed": seed, "num_train": num_train}
+    return {"name": name, "config": {"task": task, "task_params": params, "model": model, "train": train},
+            "history": entries, "final": {**best, "best_epoch": best["epoch"], "best_step": best["step"]},
+            "steps": entries[-1]["step"], "n_params": 1000}
+
+
+def mad_record(task, label, history, **kwargs):
+    setting = SETTINGS[(task, label)]
+    name = f"{task.split('/')[1]}-{label}-{kwargs.get('lr', 1e-3)}-{kwargs.get('seed', 0)}"
+    return record(name, task, setting.params, setting.num_train, history, **kwargs)
+
+
+def write_sweep(folder, records, manifest=None):
+    (folder / "runs").mkdir(parents=True)
+    for rec in records:
+        (folder / "runs" / f"{rec['name']}.json").write_text(json.dumps(rec))
+    if manifest is not None:
+        (folder / "sweep.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def cells(markdown, first):
+    """The stripped cells of the markdown table row whose first cell is ``first``."""
+    for line in markdown.splitlines():
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and parts[0] == first:
+            return parts
+    raise AssertionError(f"no row {first!r}")
+
+
+def manifest_for(records, metas, kind, spec):
+    runs = [{"hash": r["name"], "config": r["config"], "meta": m} for r, m in zip(records, metas)]
+    return {"format": 1, "name": spec.get("name", "fixture"), "kind": kind, "spec": spec, "runs": runs}
+
+
+@pytest.fixture
+def mad_dir(tmp_path):
+    """A transformer MAD folder: six baselines x lr {1e-4, 1e-3} x seeds 0-2; the score of task i, seed s at
+    the better lr (1e-3) is 0.1 * (i + 1) + 0.01 * s, the worse lr scores 0.05 less."""
+    records, metas = [], []
+    for i, task in enumerate(MAD_TASKS):
+        for seed in range(3):
+            for lr, penalty in [(1e-4, 0.05), (1e-3, 0.0)]:
+                acc = 0.1 * (i + 1) + 0.01 * seed - penalty
+                records.append(mad_record(task, "baseline", [(2.0, acc / 2), (1.5, acc)], lr=lr, seed=seed))
+                metas.append({"task": task, "setting": "baseline", "model": "transformer", "model_grid": {},
+                              "train_grid": {"lr": lr, "weight_decay": 0.0}, "seed": seed})
+    spec = {"protocol": "mad", "model": "transformer", "model_fields": models.PRESETS["transformer"],
+            "profile": {"name": "paper"}, "profile_text": "profile paper: the full protocol",
+            "seeds": [0, 1, 2], "metric": "acc_macro"}
+    return write_sweep(tmp_path / "mad", records, manifest_for(records, metas, "mad", spec))
+
+
+@pytest.fixture
+def grid_dir(tmp_path):
+    """A width sweep: two models x d_model {32, 64} x lr {1e-3, 1e-2} x seeds 0-2 on varlen MQAR."""
+    records, metas = [], []
+    for model, conv in [("no_conv", "none"), ("dynamic_conv", "dynamic_lowrank")]:
+        for d in (32, 64):
+            for lr in (1e-3, 1e-2):
+                for seed in range(3):
+                    acc = (0.3 if conv == "none" else 0.6) + d / 1000 + (lr == 1e-2) * 0.1 + 0.01 * seed
+                    fields = {"mixer": "attention", "qkv_conv": conv, "d_model": d}
+                    records.append(record(f"{model}-{d}-{lr}-{seed}", "mqar_varlen", {"vocab_size": 64}, 1000,
+                                          [(3.0, acc)], lr=lr, seed=seed, model=fields))
+                    metas.append({"task": "mqar_varlen", "setting": "default", "model": model,
+                                  "model_grid": {"d_model": d}, "train_grid": {"lr": lr}, "seed": seed})
+    spec = {"name": "widths", "description": "fixture width sweep", "metric": "acc_micro", "seeds": [0, 1, 2]}
+    return write_sweep(tmp_path / "widths", records, manifest_for(records, metas, "grid", spec))
+
+
+def test_selected_metrics_are_the_lowest_perplexity_epoch():
+    rec = record("r", "mqar", {}, 10, [(3.0, 0.9), (2.0, 0.6), (2.0, 0.7), (2.5, 0.95)])
+    chosen = selected_metrics(rec)
+    assert (chosen["epoch"], chosen["acc_macro"]) == (2, 0.6), "lowest perplexity, first on ties"
+    assert selected_metrics({**rec, "history": []})["acc_macro"] == 0.6, "no history: the record's final"
+
+
+def test_mad_scoring_by_hand():
+    icr, mem = "mad/in_context_recall", "mad/memorization"
+    records = [
+        # ICR baseline: seed 0 best 0.7 (lr 1e-2); seed 1 best 0.6 (lr 1e-3).
+        mad_record(icr, "baseline", [(1.0, 0.5), (1.5, 0.99)], lr=1e-3, seed=0),  # 0.99 is not the lowest ppl
+        mad_record(icr, "baseline", [(1.2, 0.7)], lr=1e-2, seed=0),
+        mad_record(icr, "baseline", [(1.0, 0.6)], lr=1e-3, seed=1),
+        mad_record(icr, "baseline", [(1.0, 0.4)], lr=1e-2, seed=1),
+        # ICR vocab_size=32: seed 0 best 0.9; seed 1 best 0.3.
+        mad_record(icr, "vocab_size=32", [(1.0, 0.9)], lr=1e-3, seed=0),
+        mad_record(icr, "vocab_size=32", [(1.0, 0.1)], lr=1e-2, seed=0),
+        mad_record(icr, "vocab_size=32", [(1.0, 0.2)], lr=1e-3, seed=1),
+        mad_record(icr, "vocab_size=32", [(1.0, 0.3)], lr=1e-2, seed=1),
+        # Memorization baseline: seed 0 best 0.8; seed 1 best 0.5.
+        mad_record(mem, "baseline", [(1.0, 0.8)], lr=1e-3, seed=0),
+        mad_record(mem, "baseline", [(1.0, 0.2)], lr=1e-2, seed=0),
+        mad_record(mem, "baseline", [(1.0, 0.4)], lr=1e-3, seed=1),
+        mad_record(mem, "baseline", [(1.0, 0.5)], lr=1e-2, seed=1),
+    ]
+    scores = mad_scores(run_rows(records))
+    best = {(r["task"], r["setting"], r["seed"]): (r["acc_macro"], r["lr"]) for r in scores.per_setting}
+    assert best[(icr, "baseline", 0)] == (0.7, 1e-2) and best[(icr, "baseline", 1)] == (0.6, 1e-3)
+    assert best[(icr, "vocab_size=32", 1)] == (0.3, 1e-2) and len(best) == 6
+    assert scores.per_seed["In-Context Recall"] == pytest.approx({0: 0.8, 1: 0.45})  # mean over settings
+    assert scores.per_seed["Memorize"] == pytest.approx({0: 0.8, 1: 0.5})
+    assert scores.per_seed[AVERAGE] == pytest.approx({0: 0.8, 1: 0.475})  # mean over tasks, not runs
+    icr_stats = scores.summary["In-Context Recall"]
+    stats = (icr_stats.median, icr_stats.q25, icr_stats.q75, icr_stats.n)
+    assert stats == pytest.approx((0.625, 0.5375, 0.7125, 2))
+
+
+def test_best_of_grid_ignores_nan_and_keeps_the_first_tie():
+    rows = [{"g": 1, "lr": 1, "m": math.nan}, {"g": 1, "lr": 2, "m": 0.5}, {"g": 1, "lr": 3, "m": 0.5}]
+    assert best_of_grid(rows, ("g",), "m") == [{"g": 1, "lr": 2, "m": 0.5}]
+
+
+def test_mad_table_beside_the_reference(mad_dir):
+    entry = mad_entry(load_sweep(mad_dir))
+    assert entry.reference == REFERENCE["transformer"] and entry.label == "transformer (paper, n=3)"
+    assert entry.scores.summary["Compress"].median == pytest.approx(0.11)  # task 0, seeds 0.10 / 0.11 / 0.12
+    assert entry.scores.summary[AVERAGE].median == pytest.approx(0.36)  # mean of 0.1..0.6, plus seed 1's 0.01
+    assert entry.scores.summary[AVERAGE].iqr == pytest.approx(0.01)
+    table = mad_table([entry]).markdown()
+    assert cells(table, "Task") == ["Task", "transformer (paper, n=3)", "ref", "diff"]
+    assert cells(table, "Compress") == ["Compress", "0.110 [0.010]", "0.375", "-0.265"]
+    assert cells(table, "Average") == ["Average", "0.360 [0.010]", "0.709", "-0.349"]
+    assert "warning" not in mad_text([entry])
+
+
+def test_missing_runs_are_reported(mad_dir):
+    next((mad_dir / "runs").glob("*.json")).unlink()
+    text = mad_text([mad_entry(load_sweep(mad_dir))])
+    assert "warning: 1 planned runs have no record yet" in text
+
+
+def test_model_without_reference_has_empty_reference_columns(mad_dir):
+    manifest = json.loads((mad_dir / "sweep.json").read_text())
+    manifest["spec"].update(model="rubiconv", model_fields={"mixer": "rubiconv"})
+    (mad_dir / "sweep.json").write_text(json.dumps(manifest))
+    table = mad_table([mad_entry(load_sweep(mad_dir))]).markdown()
+    assert cells(table, "Compress") == ["Compress", "0.110 [0.010]", "—", "—"]
+
+
+def test_labels_derived_without_a_manifest(tmp_path):
+    rec = mad_record("mad/in_context_recall", "seq_len=256", [(1.0, 0.5)], seed=4,
+                     model={"mixer": "attention", "qkv_conv": "static", "d_model": 64})
+    other = record("m", "mqar", {"vocab_size": 32, "seq_len": 64, "num_kv_pairs": 8, "power_a": 0.01}, 100,
+                   [(1.0, 0.5)])
+    meta = derived_meta(rec["config"])
+    assert (meta["setting"], meta["model"], meta["seed"]) == ("seq_len=256", "attention+qkv_static", 4)
+    assert meta["model_grid"] == {"d_model": 64} and meta["train_grid"] == {"lr": 1e-3, "weight_decay": 0.0}
+    assert derived_meta(other["config"])["setting"] == "vocab_size=32"
+    data = load_sweep(write_sweep(tmp_path / "bare", [rec]))
+    assert data.kind == "mad" and data.label == "bare" and data.missing == 0
+
+
+def test_partial_files_are_not_records(tmp_path):
+    folder = write_sweep(tmp_path / "s", [record("good", "mqar", {}, 10, [(1.0, 0.5)])])
+    (folder / "runs" / ".good2.json.abc123.tmp").write_text('{"name": "good2"')
+    (folder / "runs" / "cut.json").write_text('{"config": {"task": "mqar"}, "fin')
+    assert [r["name"] for r in load_records(folder)] == ["good"]
+    with pytest.raises(ValueError, match="no run records"):
+        load_sweep(write_sweep(tmp_path / "empty", []))
+
+
+def test_grid_summary_takes_the_best_lr_per_seed(grid_dir):
+    summary = {(r["model"], r["model_grid"]): r for r in grid_summary(load_sweep(grid_dir))}
+    row = summary[("dynamic_conv", "d_model=64")]
+    assert row["median"] == pytest.approx(0.6 + 0.064 + 0.1 + 0.01) and row["n"] == 3
+    assert row["iqr"] == pytest.approx(0.01) and row["best_train"] == "lr=0.01"
+
+
+def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
+    out = tmp_path / "report"
+    written = write_report([mad_dir, grid_dir], out)
+    names = {p.name for p in written}
+    assert names == {"report.md", "mad_tasks.csv", "mad_settings.csv", "mad_tasks.png", "widths_summary.csv",
+                     "widths_acc_vs_width.png"}
+    for png in ("mad_tasks.png", "widths_acc_vs_width.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    report = (out / "report.md").read_text()
+    assert "## MAD" in report and "## widths" in report and "(mad_tasks.png)" in report
+    assert cells(report, "Memorize")[:3] == ["Memorize", "0.410 [0.010]", "0.791"]  # task 3: 0.4 + seed 1
+    with (out / "mad_tasks.csv").open() as f:
+        tasks_csv = list(csv.DictReader(f))
+    assert len(tasks_csv) == 7 and float(tasks_csv[0]["reference"]) == 0.375
+    with (out / "widths_summary.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 4
+
+
+def test_report_of_one_folder_goes_into_it_and_several_need_out(grid_dir, mad_dir):
+    written = write_report([grid_dir])
+    assert all(p.parent == grid_dir for p in written)
+    with pytest.raises(ValueError, match="--out"):
+        write_report([grid_dir, mad_dir])

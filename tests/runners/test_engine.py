@@ -1,0 +1,250 @@
+import json
+import math
+
+import pytest
+import torch
+
+import models
+import runners.engine as engine
+from runners.bench_train import bench_train
+from runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
+from runners.train import RunConfig, TrainConfig, config_hash, train_run
+
+# vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
+
+TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_hidden": 32}
+ICR = ("mad/in_context_recall", {"seq_len": 32})
+# Fields that only say how long a run took, or where it ran from.
+TIME_FIELDS = ("wall_time_s", "train_time_s", "steps_per_s", "argv")
+
+
+def tiny(task=ICR, model=None, **train):
+    """36 training rows in batches of 8: five steps an epoch, the last of 4 rows; 20 test rows in 8s."""
+    fields = {"epochs": 3, "batch_size": 8, "num_train": 36, "num_test": 20, "eval_batch_size": 8,
+              "device": "cpu", **train}
+    return RunConfig(task=task[0], task_params=dict(task[1]), model={**TINY_MODEL, **(model or {})},
+                     train=TrainConfig(**fields))
+
+
+def solo(configs):
+    return [train_run(config, progress=False) for config in configs]
+
+
+def assert_same_records(batched, alone, exact=True):
+    """Every field but time: bitwise when exact, else losses within 1e-5 relative and accuracies equal."""
+    assert len(batched) == len(alone)
+    for b, a in zip(batched, alone):
+        assert sorted(b) == sorted(a)
+        if exact:
+            assert {k: v for k, v in b.items() if k not in TIME_FIELDS} == \
+                   {k: v for k, v in a.items() if k not in TIME_FIELDS}
+            continue
+        assert [h["step"] for h in b["history"]] == [h["step"] for h in a["history"]]
+        for hb, ha in zip(b["history"], a["history"]):
+            for key in ("train_loss", "test_loss"):
+                assert hb[key] == pytest.approx(ha[key], rel=1e-5)
+            assert hb["acc_macro"] == ha["acc_macro"] and hb["acc_micro"] == ha["acc_micro"]
+
+
+def test_batched_records_equal_one_at_a_time():
+    configs = [
+        tiny(lr=1e-2),
+        tiny(lr=5e-3, weight_decay=0.1, init_seed=1, data_seed=1),
+        tiny(lr=2e-3, weight_decay=0.1, init_seed=2, schedule="cosine_step", warmup_steps=2, min_lr=1e-4),
+    ]
+    batched = train_runs_batched(configs, progress=False)
+    assert_same_records(batched, solo(configs))
+    histories = [r["history"] for r in batched]
+    assert histories[0] != histories[1] != histories[2] != histories[0]
+    assert all(r["steps"] == 15 and not r["stopped_early"] and r["train_time_s"] > 0 for r in batched)
+
+
+def test_bf16_autocast_batches_bitwise_on_cpu():
+    configs = [tiny(epochs=1, precision="bf16"), tiny(epochs=1, precision="bf16", init_seed=1, lr=1e-2)]
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs))
+
+
+def test_tasks_of_equal_shapes_stack_and_keep_their_own_data():
+    configs = [tiny(task=("mad/noisy_recall", {"seq_len": 32, "frac_noise": p})) for p in (0.2, 0.6)]
+    assert group_key(configs[0]) == group_key(configs[1])
+    batched = train_runs_batched(configs, progress=False)
+    assert_same_records(batched, solo(configs))
+
+
+@pytest.mark.parametrize(("field", "value", "stacks"), [
+    ("lr", 1e-3, True), ("weight_decay", 0.1, True), ("init_seed", 3, True), ("data_seed", 3, True),
+    ("early_stop_acc", 0.5, True), ("schedule", "constant", True), ("warmup_steps", 3, True),
+    ("batch_size", 4, False), ("num_train", 40, False), ("num_test", 16, False), ("epochs", 4, False),
+    ("eval_every", 2, False), ("beta2", 0.99, False), ("precision", "bf16", False),
+], ids=lambda x: str(x))
+def test_group_key_train_fields(field, value, stacks):
+    assert (group_key(tiny()) == group_key(tiny(**{field: value}))) == stacks
+
+
+@pytest.mark.parametrize(("task_params", "model"), [
+    ({"seq_len": 64}, {}),
+    ({"seq_len": 32, "vocab_size": 32}, {}),
+    ({"seq_len": 32}, {"d_model": 32}),
+    ({"seq_len": 32}, {"qkv_conv": "static"}),
+], ids=["seq_len", "vocab_size", "d_model", "qkv_conv"])
+def test_group_key_shapes_and_model(task_params, model):
+    assert group_key(tiny()) != group_key(tiny(task=(ICR[0], task_params), model=model))
+
+
+def test_early_stopped_run_drops_out_and_is_written_first(tmp_path, monkeypatch):
+    # eval_every=2 stops run 1 mid-epoch (after step 2 of 5): the epoch's order and schedule are compacted too
+    configs = [tiny(lr=1e-2, eval_every=2), tiny(lr=1e-2, init_seed=1, eval_every=2, early_stop_acc=1e-6),
+               tiny(lr=5e-3, init_seed=2, eval_every=2)]
+    stack_sizes, writes = [], []
+    step, write = engine._Stack._step, engine.write_json_atomic
+
+    def spy_step(self, *args, **kwargs):
+        stack_sizes.append(len(self))
+        step(self, *args, **kwargs)
+
+    def spy_write(path, record):
+        writes.append((path.name, len(list(tmp_path.glob("*.json")))))
+        write(path, record)
+
+    monkeypatch.setattr(engine._Stack, "_step", spy_step)
+    monkeypatch.setattr(engine, "write_json_atomic", spy_write)
+    names = ["a", "early", "c"]
+    batched = train_runs_batched(configs, out_dir=tmp_path, run_names=names, progress=False)
+    alone = [train_run(c, progress=False, run_name=n) for c, n in zip(configs, names)]
+    assert_same_records(batched, alone)
+    assert [r["stopped_early"] for r in batched] == [False, True, False]
+    assert [r["steps"] for r in batched] == [15, 2, 15]
+    assert stack_sizes == [3, 3] + [2] * 13
+    assert writes[0] == ("early.json", 0) and sorted(w[0] for w in writes[1:]) == ["a.json", "c.json"]
+    for name, record in zip(names, batched):
+        assert json.loads((tmp_path / f"{name}.json").read_text()) == json.loads(json.dumps(record))
+
+
+def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
+    # the compaction policy of compiled stacks, run eagerly: run 1 stops at step 2, when 2 of 3 rows still
+    # train (more than half), so it stays in the stack, trained on but no longer evaluated or reported
+    configs = [tiny(lr=1e-2, eval_every=2), tiny(init_seed=1, eval_every=2, early_stop_acc=1e-6),
+               tiny(init_seed=2, eval_every=2)]
+    stack_sizes = []
+    step = engine._Stack._step
+
+    def spy_step(self, *args, **kwargs):
+        stack_sizes.append(len(self))
+        step(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine._Stack, "_step", spy_step)
+    batched = engine._train_stack(configs, [None] * 3, out_dir=None, progress=False, compile=False,
+                                  cuda_graph=False, compact_at=0.5)
+    assert_same_records(batched, solo(configs))
+    assert [r["steps"] for r in batched] == [15, 2, 15]
+    assert stack_sizes == [3] * 15
+
+
+def test_records_get_train_runs_default_names(tmp_path):
+    configs = [tiny(epochs=1), tiny(epochs=1, init_seed=1)]
+    batched = train_runs_batched(configs, out_dir=tmp_path, progress=False)
+    expected = [f"mad-in_context_recall_attention_{config_hash(c)}" for c in configs]
+    assert [r["name"] for r in batched] == expected
+    assert sorted(p.stem for p in tmp_path.glob("*.json")) == sorted(expected)
+
+
+BATCHED_CASES = [(mixer, ICR, {"mixer": mixer}) for mixer in sorted(models.MIXERS)] + [
+    ("attention+dynamic_lowrank", ICR, {"qkv_conv": "dynamic_lowrank"}),
+    ("compression", ("mad/compression", {"seq_len": 16}), {}),
+]
+
+
+@pytest.mark.parametrize(("label", "task", "model"), BATCHED_CASES, ids=[c[0] for c in BATCHED_CASES])
+def test_every_mixer_batches(label, task, model):
+    configs = [tiny(task=task, model=model, epochs=1),
+               tiny(task=task, model=model, epochs=1, init_seed=1, lr=1e-3)]
+    assert unbatchable_reason(configs[0]) is None
+    # batched FFTs (rubiconv, fft_conv_leaky) round differently from one-row FFTs
+    exact = model.get("mixer") not in ("rubiconv", "fft_conv_leaky")
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
+
+
+def test_packed_tasks_are_trained_one_at_a_time(monkeypatch):
+    packed = ("packed/associative_retrieval", {"seq_len": 128})
+    configs = [tiny(task=packed, steps=2, epochs=None, num_train=16, num_test=8, init_seed=s) for s in (0, 1)]
+    assert "doc_ids" in unbatchable_reason(configs[0])
+    calls = []
+    def spy(config, **kwargs):
+        calls.append(config)
+        return train_run(config, **kwargs)
+
+    monkeypatch.setattr(engine, "train_run", spy)
+    batched = train_runs_batched(configs, progress=False)
+    assert calls == configs
+    assert_same_records(batched, solo(configs))
+
+
+def test_max_stack_splits_groups_and_keeps_the_order(monkeypatch):
+    configs = [tiny(epochs=1, init_seed=0), tiny(epochs=1, batch_size=4), tiny(epochs=1, init_seed=1),
+               tiny(epochs=1, init_seed=2)]
+    sizes = []
+    stack = engine._train_stack
+    def spy(configs, *args, **kwargs):
+        sizes.append(len(configs))
+        return stack(configs, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_train_stack", spy)
+    batched = train_runs_batched(configs, progress=False, max_stack=2)
+    assert sizes == [2, 1, 1]
+    assert_same_records(batched, solo(configs))
+
+
+def test_adamw_update_matches_torch_adamw():
+    shapes = [(17, 33), (5,), (128, 352)]
+    lrs, wds = [1e-3, 5e-4, 1e-4], [0.0, 0.1, 0.3]
+    gen = torch.Generator().manual_seed(0)
+    start = [[torch.randn(s, generator=gen) for s in shapes] for _ in lrs]
+    params = [[p.clone().requires_grad_() for p in run] for run in start]
+    optimizers = [torch.optim.AdamW(p, lr=lr, weight_decay=wd, foreach=False)
+                  for p, lr, wd in zip(params, lrs, wds)]
+    flat = torch.stack([torch.cat([p.flatten() for p in run]) for run in start])  # [N, P]
+    exp_avg, exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
+    for t in range(1, 5):
+        grads = torch.randn(flat.shape, generator=gen)
+        for n, (run, opt) in enumerate(zip(params, optimizers)):
+            for p, g in zip(run, grads[n].split([p.numel() for p in run])):
+                p.grad = g.view(p.shape).clone()
+            opt.step()
+        decay = torch.tensor([1 - lr * wd for lr, wd in zip(lrs, wds)])
+        step_size = torch.tensor([-(lr / (1 - 0.9**t)) for lr in lrs])
+        _adamw_update(flat, grads, exp_avg, exp_avg_sq, decay, step_size, torch.tensor((1 - 0.999**t) ** 0.5),
+                      0.9, 0.999)
+        for n, run in enumerate(params):
+            assert torch.equal(flat[n], torch.cat([p.detach().flatten() for p in run]))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"run_names": ["a"]}, "run_names"),
+    ({"max_stack": 0}, "max_stack"),
+    ({"cuda_graph": True}, "cuda_graph"),
+], ids=["run_names_length", "max_stack_zero", "cuda_graph_on_cpu"])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train_runs_batched([tiny(epochs=1), tiny(epochs=1, init_seed=1)], progress=False, **kwargs)
+
+
+def test_global_rng_untouched():
+    state = torch.get_rng_state()
+    train_runs_batched([tiny(epochs=1), tiny(epochs=1, init_seed=1)], progress=False)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_bench_train_reports_a_gated_table():
+    report = bench_train(n_runs=2, steps=2, device="cpu", task_params={"seq_len": 16}, num_train=16,
+                         num_test=8, batch_size=8)
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| mode |") and rows[1].startswith("| one at a time | 1 |")
+    assert rows[2].startswith("| batched | 2 |") and rows[2].endswith("| bitwise |")
+    rate = float(rows[2].split("|")[6])
+    assert math.isfinite(rate) and rate > 0
+
+
+def test_bench_train_rejects_unknown_model():
+    with pytest.raises(ValueError, match="unknown model 'transformr'"):
+        bench_train(model="transformr", n_runs=1, steps=1, device="cpu")

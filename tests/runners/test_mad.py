@@ -1,0 +1,128 @@
+import collections
+import re
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+import models
+from runners import mad
+from runners.cli_sweep import register
+from tasks.mad import mad_sweep_settings
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small CPU runs; on a loaded 2-core box two threads per run are many times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_paper_profile_is_the_protocol():
+    plan = mad.mad_plan("transformer", "paper")
+    assert plan.kind == "mad" and len(plan.runs) == 396 and len({r.hash for r in plan.runs}) == 396
+    settings = {(s.task, s.label): s for s in mad_sweep_settings()}
+    grids = collections.defaultdict(set)
+    for run in plan.runs:
+        config, train = run.config, run.config.train
+        setting = settings[(run.meta["task"], run.meta["setting"])]
+        assert config.task == setting.task and config.task_params == setting.params
+        assert train.num_train == setting.num_train and train.num_test == 1280
+        assert (train.epochs, train.steps, train.batch_size, train.min_lr) == (200, None, 128, 1e-6)
+        assert (train.schedule, train.warmup_steps, train.early_stop_acc) == ("cosine_epoch", 0, 0.999)
+        assert (train.beta1, train.beta2, train.data_seed, train.init_seed) == (0.9, 0.999, 0, 0)
+        assert (config.model["d_model"], config.model["n_layers"], config.model["n_heads"]) == (128, 2, 16)
+        assert config.model["mlp_hidden"] == 352 and config.model["mixer"] == "attention"
+        grids[(setting.task, setting.label)].add((train.lr, train.weight_decay))
+    assert len(grids) == 66
+    assert all(g == {(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)} for g in grids.values())
+
+
+def test_seeds_vary_data_and_initialisation():
+    one, three = mad.mad_plan("transformer", "quick"), mad.mad_plan("transformer", "quick", seeds=3)
+    assert len(three.runs) == 3 * len(one.runs) == 3 * 66
+    assert [r.hash for r in three.runs[:66]] == [r.hash for r in one.runs], "seed 0 is the one-seed protocol"
+    assert {(r.meta["seed"], r.config.train.data_seed, r.config.train.init_seed) for r in three.runs} == {
+        (s, s, s) for s in range(3)}
+
+
+def test_quick_profile_fits_one_gpu_session():
+    profile = mad.PROFILES["quick"]
+    plan = mad.mad_plan("transformer", "quick")
+    assert len({(r.meta["task"], r.meta["setting"]) for r in plan.runs}) == 66
+    steps = [r.config.train.epochs * -(-r.config.train.num_train // 128) for r in plan.runs]
+    assert max(steps) <= 1500 + 100 and sum(steps) == profile.max_total_steps()
+    assert profile.max_total_steps() * 7.9e-3 / 60 < 15, "GPU-minutes at SPEC 5.3's 7.9 ms per step"
+    assert all(r.config.train.epochs <= 200 for r in plan.runs)
+
+
+@pytest.mark.parametrize("name", mad.model_names(), ids=mad.model_names())
+def test_every_model_name_plans(name):
+    plan = mad.mad_plan(name, "smoke")
+    fields = models.PRESETS.get(name, {"mixer": name})
+    assert len(plan.runs) == 12
+    assert all(all(r.config.model[k] == v for k, v in fields.items()) for r in plan.runs)
+    assert all(r.config.model["d_model"] == 32 for r in plan.runs)
+
+
+def test_reference_models_are_registered():
+    assert {"transformer", "static_conv_qkv", "dynamic_conv_qkv"} <= set(mad.model_names())
+    assert set(models.MIXERS) <= set(mad.model_names())
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [({"model": "transfomer"}, "transfomer"), ({"model": "transformer", "profile": "fast"}, "fast"),
+     ({"model": "transformer", "seeds": 0}, "seeds"), ({"model": "transformer", "device": "tpu"}, "tpu")],
+    ids=["unknown-model", "unknown-profile", "zero-seeds", "bad-device"],
+)
+def test_bad_input_names_it(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        mad.mad_plan(**kwargs)
+
+
+def cli():
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def test_smoke_profile_end_to_end(tmp_path):
+    invoke = cli()
+    out = tmp_path / "transformer-smoke"
+    result = invoke("mad", "run", "--model", "transformer", "--profile", "smoke", "--device", "cpu",
+                    "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "12 runs: 0 already done, 12 run now" in result.output
+    assert "profile smoke" in result.output
+    table_row = re.compile(r"^\| ([A-Za-z -]+?) +\| (.*)\|$", re.M)
+    rows = {m.group(1): m.group(2) for m in table_row.finditer(result.output)}
+    for task, ref in [("Compress", "0.375"), ("Memorize", "0.791"), ("Average", "0.709")]:
+        assert re.fullmatch(rf"\d\.\d{{3}} \[0\.000\] +\| {ref} +\| [+-]\d\.\d{{3}} +", rows[task])
+    assert len(list((out / "runs").glob("*.json"))) == 12
+
+    again = invoke("mad", "run", "--model", "transformer", "--profile", "smoke", "--device", "cpu",
+                   "--out", str(out), "--no-progress")
+    assert "12 runs: 12 already done, 0 run now" in again.output
+
+    table = invoke("mad", "table", str(out), "--md", str(tmp_path / "t.md"), "--csv", str(tmp_path / "t.csv"))
+    assert table.exit_code == 0 and "In-Context Recall" in table.output
+    assert (tmp_path / "t.md").read_text().strip() in table.output
+    assert len((tmp_path / "t.csv").read_text().splitlines()) == 1 + 7
+
+    report = invoke("report", str(out))
+    assert report.exit_code == 0, report.output
+    written = {p.name for p in out.iterdir()}
+    assert {"report.md", "mad_tasks.csv", "mad_settings.csv", "mad_tasks.png"} <= written
+
+
+def test_cli_bad_input_is_a_value_error(tmp_path):
+    invoke = cli()
+    result = invoke("mad", "run", "--model", "nope", "--profile", "smoke", "--out", str(tmp_path))
+    assert isinstance(result.exception, ValueError) and "nope" in str(result.exception)
+    result = invoke("mad", "table", str(tmp_path / "missing"))
+    assert isinstance(result.exception, ValueError) and "missing" in str(result.exception)

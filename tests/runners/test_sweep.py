@@ -1,0 +1,274 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from analysis.aggregate import grid_summary, load_sweep
+from runners.sweep import SweepSpec, finished_hashes, load_spec, preset_names, run_sweep, write_manifest
+
+# A grid of tiny CPU runs (a fraction of a second each).
+TINY = {
+    "name": "tiny",
+    "tasks": [{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2}}],
+    "models": {
+        "attn": {"mixer": "attention", "n_layers": 1, "n_heads": 2, "mlp_hidden": 0},
+        "conv": {"mixer": "attention", "n_layers": 1, "n_heads": 2, "mlp_hidden": 0, "qkv_conv": "static"},
+    },
+    "model_grid": {"d_model": [8, 16]},
+    "train": {"steps": 3, "epochs": None, "batch_size": 8, "num_train": 16, "num_test": 8, "eval_every": 1,
+              "device": "cpu"},
+    "train_grid": {"lr": [1e-3, 1e-2]},
+    "seeds": 2,
+}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny runs gain nothing from threads, and on a loaded 2-core box two threads per run are ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(**changes):
+    return SweepSpec.from_dict({**TINY, **changes})
+
+
+def records_by_hash(folder):
+    return {p.stem: json.loads(p.read_text()) for p in (folder / "runs").glob("*.json")}
+
+
+def metrics(folder):
+    """hash -> (history, final) of every record: what must not change between a resumed and a clean sweep."""
+    return {h: (r["history"], r["final"]) for h, r in records_by_hash(folder).items()}
+
+
+@pytest.mark.parametrize(
+    "changes,named",
+    [
+        ({"modles": {}}, "modles"),
+        ({"tasks": [{"task": "mqar", "parms": {}}]}, "parms"),
+        ({"tasks": [{"task": "mqr"}]}, "mqr"),
+        ({"models": {"a": {"mixer": "attention", "dmodel": 8}}}, "dmodel"),
+        ({"models": {"a": {"preset": "transfomer"}}}, "transfomer"),
+        ({"train": {"lrr": 1e-3}}, "lrr"),
+        ({"train": {"init_seed": 3}}, "init_seed"),
+        ({"train_grid": {"lr": 1e-3}}, "lr"),
+        ({"model_grid": {"vocab_size": [8]}}, "vocab_size"),
+        ({"seeds": 0}, "seeds"),
+        ({"seeds": [1, 1]}, "seeds"),
+        ({"metric": "loss"}, "loss"),
+        ({"train_grid": {"lr": ["fast"]}}, "fast"),
+    ],
+    ids=["top-level-typo", "task-entry-typo", "unknown-task", "model-field-typo", "unknown-preset",
+         "train-field-typo", "seed-field-in-train", "grid-not-a-list", "task-fixed-model-field", "zero-seeds",
+         "repeated-seed", "unknown-metric", "text-for-a-number"],
+)
+def test_spec_rejects_bad_input_naming_it(changes, named):
+    with pytest.raises(ValueError, match=named):
+        tiny(**changes)
+
+
+def test_numbers_written_as_yaml_reads_them():
+    grid = yaml.safe_load("lr: [1e-3, 1.0e-2]")
+    assert grid["lr"][0] == "1e-3", "PyYAML reads 1e-3 as text"
+    assert {r.config.train.lr for r in tiny(train_grid=grid).plan().runs} == {1e-3, 1e-2}
+
+
+def test_bad_values_fail_at_planning_before_training():
+    spec = tiny(models={"a": {"mixer": "attention", "n_heads": 3}})
+    with pytest.raises(ValueError, match="n_heads"):
+        spec.plan()
+    with pytest.raises(ValueError, match="num_kv_pairs|seq_len"):
+        tiny(tasks=[{"task": "mqar", "params": {"seq_len": 4, "num_kv_pairs": 8}}]).plan()
+
+
+def test_expansion_counts_labels_and_seeds():
+    spec = tiny(tasks=[{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16},
+                        "grid": {"num_kv_pairs": [2, 3]}}], seeds=[0, 5])
+    runs = spec.plan().runs
+    assert len(runs) == 2 * 2 * 2 * 2 * 2 and len({r.hash for r in runs}) == len(runs)
+    assert [r.meta["seed"] for r in runs] == [0] * 16 + [5] * 16, "seeds outermost"
+    first = runs[0]
+    assert first.meta == {"task": "mqar", "setting": "num_kv_pairs=2", "model": "attn",
+                          "model_grid": {"d_model": 8}, "train_grid": {"lr": 1e-3}, "seed": 0}
+    assert {(r.config.train.init_seed, r.config.train.data_seed) for r in runs} == {(0, 0), (5, 5)}
+    fixed = tiny(vary_data_seed=False, train={**TINY["train"], "data_seed": 7}).plan().runs
+    assert {(r.config.train.init_seed, r.config.train.data_seed) for r in fixed} == {(0, 7), (1, 7)}
+
+
+def test_hash_is_of_the_resolved_config():
+    implicit = tiny().plan().runs
+    spelled_out = {k: {**v, "conv_width": 4, "rope_base": 10000.0} for k, v in TINY["models"].items()}
+    explicit = tiny(tasks=[{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
+                                                       "power_a": 0.01}}], models=spelled_out)
+    assert [r.hash for r in implicit] == [r.hash for r in explicit.plan().runs]
+    other = tiny(tasks=[{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 3}}])
+    assert not {r.hash for r in implicit} & {r.hash for r in other.plan().runs}
+    config = implicit[0].config
+    assert config.task_params["power_a"] == 0.01 and config.model["conv_width"] == 4
+    assert "vocab_size" not in config.model, "the task fixes vocab_size"
+
+
+def test_packaged_presets_load():
+    assert {"smoke", "mqar_varlen_fig2"} <= set(preset_names())
+    fig2 = load_spec("mqar_varlen_fig2")
+    runs = fig2.plan().runs
+    assert len(runs) == 3 * 4 * 3 * 5
+    assert sorted({r.config.model["d_model"] for r in runs}) == [32, 64, 128, 256]
+    assert {r.config.model["qkv_conv"] for r in runs} == {"none", "static", "dynamic_lowrank"}
+    for run in runs:
+        model, train = run.config.model, run.config.train
+        assert (model["n_layers"], model["n_heads"], model["conv_width"], model["conv_rank"]) == (1, 1, 4, 16)
+        assert train.num_train == 100_000 and run.config.task == "mqar_varlen"
+    assert sorted({r.meta["seed"] for r in runs}) == [0, 1, 2, 3, 4]
+
+
+def test_yaml_file_and_unknown_preset(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    assert load_spec(path) == tiny()
+    with pytest.raises(ValueError, match="no-such-preset"):
+        load_spec("no-such-preset")
+    path.write_text("name: [unclosed")
+    with pytest.raises(ValueError, match="YAML"):
+        load_spec(path)
+
+
+def test_resume_skips_finished_runs(tmp_path):
+    plan = tiny(seeds=1).plan()
+    first = run_sweep(plan, tmp_path, limit=3, progress=False)
+    assert (first.total, first.skipped, first.ran) == (8, 0, 3)
+    before = records_by_hash(tmp_path)
+    assert set(before) == {r.hash for r in plan.runs[:3]}
+    second = run_sweep(plan, tmp_path, progress=False)
+    assert (second.skipped, second.ran) == (3, 5)
+    after = records_by_hash(tmp_path)
+    assert set(after) == {r.hash for r in plan.runs}
+    assert all(after[h] == before[h] for h in before), "finished records are not rerun"
+    assert run_sweep(plan, tmp_path, progress=False).ran == 0
+
+
+def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
+    write_manifest(tmp_path, tiny().plan(seeds=[0]))
+    write_manifest(tmp_path, tiny().plan(seeds=[1]))
+    manifest = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(manifest["runs"]) == 16 and {r["meta"]["seed"] for r in manifest["runs"]} == {0, 1}
+    with pytest.raises(ValueError, match="different sweep"):
+        write_manifest(tmp_path, tiny(train_grid={"lr": [3e-3]}).plan())
+
+
+SCRIPT = """
+import sys
+from runners.sweep import SweepSpec, run_sweep
+spec = SweepSpec.from_dict({spec!r})
+run_sweep(spec.plan(), sys.argv[1], workers={workers}, progress=False)
+"""
+
+
+def start_sweep(folder, spec, workers=1):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT.format(spec=spec, workers=workers), str(folder)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def wait_for_records(proc, folder, n=1, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while len(list((folder / "runs").glob("*.json"))) < n:
+        assert proc.poll() is None, f"sweep ended before {n} records: {proc.stderr.read().decode()[-2000:]}"
+        assert time.monotonic() < deadline, "no record in time"
+        time.sleep(0.01)
+
+
+def test_kill_9_mid_sweep_loses_nothing(tmp_path):
+    spec = {**TINY, "seeds": 1, "train": {**TINY["train"], "steps": 6}}
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    proc = start_sweep(killed, spec)
+    wait_for_records(proc, killed)
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait()
+    plan = SweepSpec.from_dict(spec).plan()
+    partial = records_by_hash(killed)  # every *.json parses: no half-written record
+    assert 1 <= len(partial) < len(plan.runs)
+    assert set(partial) <= {r.hash for r in plan.runs}
+
+    resumed = run_sweep(plan, killed, progress=False)
+    assert resumed.skipped == len(partial) and resumed.ran == len(plan.runs) - len(partial)
+    assert sorted(p.stem for p in (killed / "runs").glob("*.json")) == sorted(r.hash for r in plan.runs)
+    assert {h: r for h, r in records_by_hash(killed).items() if h in partial} == partial
+
+    run_sweep(plan, clean, progress=False)
+    assert metrics(killed) == metrics(clean)
+    assert grid_summary(load_sweep(killed)) == grid_summary(load_sweep(clean))
+
+
+def process_state(pid):
+    """(parent pid, state letter) of a process from /proc, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0]
+
+
+def children(pid):
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and (process_state(p.name) or
+                                                                                   (0, ""))[0] == pid]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc")
+def test_pool_stops_on_ctrl_c_and_on_kill_9_and_resumes(tmp_path):
+    spec = {**TINY, "seeds": 2, "train": {**TINY["train"], "steps": 8}}
+    plan = SweepSpec.from_dict(spec).plan()
+    folder, clean = tmp_path / "interrupted", tmp_path / "clean"
+
+    proc = start_sweep(folder, spec, workers=2)
+    wait_for_records(proc, folder)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+    done = finished_hashes(folder)
+    assert 1 <= len(done) < len(plan.runs) and set(records_by_hash(folder)) == done, "every record is whole"
+    time.sleep(1.5)
+    assert finished_hashes(folder) == done, "Ctrl-C stopped the workers too"
+
+    proc = start_sweep(folder, spec, workers=2)
+    wait_for_records(proc, folder, n=len(done) + 1)
+    workers = children(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while any((process_state(w) or (0, "Z"))[1] != "Z" for w in workers):
+        assert time.monotonic() < deadline, "workers outlived their killed sweep"
+        time.sleep(0.2)
+    done = finished_hashes(folder)
+    assert set(records_by_hash(folder)) == done
+
+    result = run_sweep(plan, folder, workers=2, progress=False)
+    assert (result.skipped, result.ran) == (len(done), len(plan.runs) - len(done))
+    run_sweep(plan, clean, progress=False)
+    assert metrics(folder) == metrics(clean), "runs in worker processes give the in-process results"
+
+
+def test_bad_runner_arguments(tmp_path):
+    with pytest.raises(ValueError, match="workers"):
+        run_sweep(tiny().plan(), tmp_path, workers=0)
+    with pytest.raises(ValueError, match="limit"):
+        run_sweep(tiny().plan(), tmp_path, limit=-1)
+
+
+def test_smoke_preset_runs(tmp_path):
+    plan = load_spec("smoke").plan(seeds=[0])
+    result = run_sweep(plan, tmp_path, progress=False)
+    assert result.ran == len(plan.runs) == 12
+    summary = grid_summary(load_sweep(tmp_path))
+    assert {(r["model"], r["model_grid"]) for r in summary} == {
+        (m, f"d_model={d}") for m in ("no_conv", "static_conv", "dynamic_conv") for d in (16, 32)}
+    assert all(r["n"] == 1 and 0 <= r["median"] <= 1 for r in summary)
