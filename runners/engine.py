@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 import models
@@ -231,6 +232,14 @@ def _template(model_config: models.ModelConfig, device: torch.device) -> torch.n
         return models.build_model(model_config).to(device)
 
 
+def _vmap_attention(device: torch.device):
+    """On CUDA, the math SDPA backend inside vmap: the fused kernels' batch rules fail there (backward of the
+    efficient kernel: "LSE is not correctly aligned", seen on an H200 with torch 2.11)."""
+    if device.type != "cuda":
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
                     targets: torch.Tensor, autocast: bool, cache: bool) -> torch.Tensor:
     """Per-run training losses [N] of params {name: [N, *shape]} on inputs, targets [N, B, T]."""
@@ -238,7 +247,8 @@ def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(template, p, (x,))
 
-    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache):
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache), \
+            _vmap_attention(inputs.device):
         logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
     # One cross_entropy a run, as train_run: a vmapped mean reduction sums in another order (last bits).
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
@@ -397,7 +407,8 @@ class _Stack:
         for start in range(0, self.test_inputs.shape[1], batch_size):
             inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
             targets = self.test_targets[self.data_index, start : start + batch_size]
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), \
+                    _vmap_attention(self.device):
                 logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])

@@ -12,12 +12,14 @@ is a sum along that axis. Backward programs own (a head block, a chunk of token 
 and dstatic_w[k] = sum_t dy[t] * x[t - k] goes through fp32 partials per chunk (``kernels.triton_utils``).
 
 Low-rank, w[t, k, d] = sum_r z[t, r] U[r, k * D + d] (+ static_w[k, d]): the forward forms each tap's
-[BT, BD] weights with one tl.dot (R padded to RP >= 16 with masked loads) and never writes them. Backward
-programs own (a channel block, a chunk of token tiles) and work on the tap-channel columns j = (k, d) of the
-block, g[t, j] = dy[t, d] * x[t - k, d] ([BT, WP * BD], on chip):
-    dz[t]  = g[t] @ U[:, j]^T       one fp32 partial per channel block, [D-blocks, B*T, R], summed on the host
-    dU[:, j] = sum_t z[t]^T g[t]    and dstatic_w[j] = sum_t g[t]: fp32 partials per chunk
+[BT, BD] weights with one tl.dot (R padded to RP >= 16 with masked loads; in the inputs' own half type when z
+and U share it, as the products are exact in the fp32 sum) and never writes them. The backward, with
+g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
     dx[t]  = sum_k (z[t + k] @ U[:, k*D + d] + static_w[k]) * dy[t + k]     the weights again formed on chip
+    dz[t]  = sum_(k, d) g[t, (k, d)] U[:, (k, d)]       one program per token tile and split of the channel
+             blocks, walking its blocks; LR_DZ_SPLITS fp32 partials summed in a fixed order
+and, one program per channel block (all taps) and chunk of token tiles,
+    dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
 so the [B, T, W, D] weights and their gradient never reach device memory either.
 """
 
@@ -30,21 +32,30 @@ from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_l
 from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
 TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})
-# Low-rank backward programs: fewer than the static ones, as each chunk's dU partial is R * W * D floats.
-LOWRANK_BWD_PROGRAMS = 256
-# Tile sizes and warps, fixed by shape (no autotuning). Compiled for sm_90a (Triton 3.9, ptxas -v), B=4,
-# T=4096, D=2048, W=4, bf16, registers: head-wise hs=1 forward 128, backward 173; hs=16 80 and 106;
-# low-rank R=16 forward 75, backward 254 (fp32: 108, 183); no spills.
-TILE, FWD_WARPS, BWD_WARPS = 2048, 4, 8
-LOWRANK_FWD_WARPS, LOWRANK_BWD_TILE = 8, 4096
+# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
+# candidates on the GPU. Head-wise: about HW_*_TILE elements a [BT, NH, HSP] tile, up to 128 channels.
+HW_FWD_TILE, HW_FWD_WARPS = 1024, 4
+# Head-wise backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
+HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS = 1024, 4, 1, 4096
+# Low-rank forward: [BT, BD] tiles (both >= 16 for tl.dot).
+LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
+# Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
+# BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
+# sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
+LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 128, 8, 1, 4
+# Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
+# about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
+LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1
+LOWRANK_BWD_PROGRAMS = 2048
 
 
 # fmt: off
 @triton.jit
 def _dynamic_conv_headwise_fwd_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, H, N_CU, N_SEARCH,  # sizes
-    W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr,  # tile shape
+    T, D, H, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
+    BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -53,17 +64,24 @@ def _dynamic_conv_headwise_fwd_kernel(
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
     o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
     o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     m_h = o_h < H
     o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
     m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    # the token's weights of every tap at once, [BT, NH, WP]: NH * W contiguous elements a token
+    p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+    m_w = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+    b_w3 = tl.load(p_w, mask=m_w, other=0.0)
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, NH, HSP], dtype=tl.float32)
     for k in tl.static_range(W):
-        m_k = m_t & (o_g - k >= start)  # taps before the document start read zero
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
         p_x = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         b_x = tl.load(p_x, mask=m_k[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
-        p_w = w_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
-        b_w = tl.load(p_w, mask=m_t[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None, None], b_x, 0.0)
+        b_w = tl.sum(tl.where(o_k[None, None, :] == k, b_w3, 0.0), axis=2).to(tl.float32)  # [BT, NH]
         b_wk = b_w[:, :, None]  # [BT, NH, 1], shared by the head's channels
         if HAS_STATIC:
             b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
@@ -80,7 +98,7 @@ def _dynamic_conv_headwise_fwd_kernel(
 @triton.jit
 def _dynamic_conv_headwise_bwd_kernel(
     x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
-    T, D, H, N_TB, N_TOK, TPC, N_CU, N_SEARCH,  # sizes
+    T, D, H, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
@@ -95,14 +113,16 @@ def _dynamic_conv_headwise_bwd_kernel(
     b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
         i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        o_t = o_g - i_b * T  # [BT] positions in the row
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_tc = m_t[:, None, None] & m_hc[None, :, :]
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         b_dy = tl.load(p_dy, mask=m_tc, other=0.0).to(tl.float32)  # [BT, NH, HSP]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, NH, HSP], dtype=tl.float32)
+        b_dw3 = tl.zeros([BT, NH, WP], dtype=tl.float32)  # dweight of the tile's tokens, stored once
         for k in tl.static_range(W):
-            # tap k of output t + k, which must lie in t's document
-            m_b = m_t & (o_g + k < end)
+            # tap k of output t + k, which must lie in t's document (loads masked by the row only)
+            m_b = m_t & (o_t + k < T)
             p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
             b_dyk = tl.load(p_dyk, mask=m_b[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
             p_wk = w_ptr + ((o_g + k).to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
@@ -111,18 +131,25 @@ def _dynamic_conv_headwise_bwd_kernel(
             if HAS_STATIC:
                 b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
                 b_wk3 = b_wk3 + b_s[None, :, :]
-            b_dx += b_wk3 * b_dyk
+            b_dxk = b_wk3 * b_dyk
+            if HAS_CU:
+                b_dxk = tl.where((o_g + k < end)[:, None, None], b_dxk, 0.0)
+            b_dx += b_dxk
             # tap k of output t reads x[t - k], zero before t's document start
-            m_f = m_t & (o_g - k >= start)
+            m_f = m_t & (o_t >= k)
             p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
             b_xk = tl.load(p_xk, mask=m_f[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+            if HAS_CU:
+                b_xk = tl.where((o_g - k >= start)[:, None, None], b_xk, 0.0)
             b_g = b_dy * b_xk  # [BT, NH, HSP]
-            p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
             b_dw = tl.sum(b_g, axis=2)  # [BT, NH], the head's channels summed
-            tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
+            b_dw3 = tl.where(o_k[None, None, :] == k, b_dw[:, :, None], b_dw3)
             if HAS_STATIC:
                 b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
                 b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
+        p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+        m_dw = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+        tl.store(p_dw, b_dw3.to(dw_ptr.dtype.element_ty), mask=m_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
     if HAS_STATIC:
@@ -131,13 +158,31 @@ def _dynamic_conv_headwise_bwd_kernel(
 # fmt: on
 
 
+@triton.jit
+def _lowrank_taps(z_ptr, u_ptr, o_zt, m_zt, o_r, m_r, k, o_d, m_d, R, D, W: tl.constexpr,
+                  NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """Tap k's weights of the tokens o_zt, [BT, BD] = z[o_zt] @ U[:, k * D + o_d], in fp32, and U's block
+    [RP, BD] (fp32 unless NATIVE_DOT: z and U of one half type, whose products are exact in fp32)."""
+    b_z = tl.load(z_ptr + o_zt.to(tl.int64)[:, None] * R + o_r[None, :], mask=m_zt[:, None] & m_r[None, :],
+                  other=0.0)  # [BT, RP]
+    p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+    b_u = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)  # [RP, BD]
+    if NATIVE_DOT:
+        b_wk = tl.dot(b_z, b_u)
+    else:
+        b_u = b_u.to(tl.float32)
+        b_wk = tl.dot(b_z.to(tl.float32), b_u, input_precision=PRECISION)
+    return b_wk, b_u
+
+
 # fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_fwd_kernel(
     x_ptr, z_ptr, u_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, R, N_CU, N_SEARCH,  # sizes
+    T, D, R, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
@@ -146,19 +191,19 @@ def _dynamic_conv_lowrank_fwd_kernel(
     m_t, m_d, m_r = o_t < T, o_d < D, o_r < R
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-    p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
-    b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(W):
-        p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
-        b_u = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [RP, BD]
-        b_w = tl.dot(b_z, b_u, input_precision=PRECISION)  # [BT, BD] weights of tap k, on chip only
+        # [BT, BD] weights of tap k, on chip only
+        b_w, _ = _lowrank_taps(z_ptr, u_ptr, o_g, m_t, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
         if HAS_STATIC:
             b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
             b_w += b_s[None, :]
-        m_k = m_t & (o_g - k >= start)  # taps before the document start read zero
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
         p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
         b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
         b_y += b_w * b_x
         if RESIDUAL and k == 0:
             b_y += b_x
@@ -169,66 +214,91 @@ def _dynamic_conv_lowrank_fwd_kernel(
 
 # fmt: off
 @triton.jit
-def _dynamic_conv_lowrank_bwd_kernel(
-    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
-    T, D, R, N_TB, N_TOK, TPC, N_CU, N_SEARCH,  # sizes
-    W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,  # flags
+def _dynamic_conv_lowrank_bwd_dx_kernel(
+    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, cu_ptr,  # pointers
+    T, D, R, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
-    i_d, i_c = tl.program_id(0), tl.program_id(1)
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
-    m_d, m_r = o_d < D, o_r < R
-    # tap-channel columns j = k * BD + (d - d0) of this channel block
-    o_j = tl.arange(0, WP * BD)  # [WP * BD]
-    k_j = o_j // BD
-    d_j = i_d * BD + o_j % BD
-    m_j = (k_j < W) & (d_j < D)
-    p_u2 = u_ptr + o_r[:, None] * (W * D) + (k_j * D + d_j)[None, :]
-    b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
-    b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
-    for j in range(TPC):
-        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
-        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-        # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
-        m_tj = m_t[:, None] & m_j[None, :]
-        m_g = m_tj & (o_g[:, None] - k_j[None, :] >= start[:, None])
-        p_x2 = x_ptr + (o_g[:, None] - k_j[None, :]).to(tl.int64) * D + d_j[None, :]
-        b_x2 = tl.load(p_x2, mask=m_g, other=0.0).to(tl.float32)  # [BT, WP * BD]
-        p_dy2 = dy_ptr + o_g.to(tl.int64)[:, None] * D + d_j[None, :]
-        b_dy2 = tl.load(p_dy2, mask=m_tj, other=0.0).to(tl.float32)  # [BT, WP * BD]
-        b_g = b_dy2 * b_x2
-        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
-        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
-        # U's columns of this block, [RP, WP * BD]: reloaded per tile (cached) rather than held in registers
-        b_u2 = tl.load(p_u2, mask=m_r[:, None] & m_j[None, :], other=0.0).to(tl.float32)
-        b_dz = tl.dot(b_g, tl.trans(b_u2), input_precision=PRECISION)  # [BT, RP]
-        p_dz = dzp_ptr + (i_d.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
-        tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
-        b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
-        if HAS_STATIC:
-            b_ds += tl.sum(b_g, axis=0)
-        # dx[t] = sum_k w[t + k, k] * dy[t + k] for t + k in t's document, w formed on chip again
+    m_t, m_r = o_t < T, o_r < R
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    b_dz = tl.zeros([BT, RP], dtype=tl.float32)  # sum over this split's channels of g[t] @ U^T
+    for j in range(NDB):
+        o_d = (i_s * NDB + j) * BD + tl.arange(0, BD)  # [BD]
+        m_d = o_d < D
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-        if RESIDUAL:
-            b_dx = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-        else:
-            b_dx = tl.zeros([BT, BD], dtype=tl.float32)
-        for k in tl.static_range(W):
-            m_b = m_t & (o_g + k < end)
-            p_zk = z_ptr + (o_g + k).to(tl.int64)[:, None] * R + o_r[None, :]
-            b_zk = tl.load(p_zk, mask=m_b[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
-            p_uk = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
-            b_uk = tl.load(p_uk, mask=m_r[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [RP, BD]
-            b_wk = tl.dot(b_zk, b_uk, input_precision=PRECISION)  # [BT, BD]
+        b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
+        for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
+            # dx: tap k of output t + k, which must lie in t's document (loads masked by the row only)
+            m_b = m_t & (o_t + k < T)
+            b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
+                                       PRECISION)
             if HAS_STATIC:
                 b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
                 b_wk += b_s[None, :]
             p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
             b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            b_dx += b_wk * b_dyk
+            b_dxk = b_wk * b_dyk
+            if HAS_CU:
+                b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
+            b_dx += b_dxk
+            # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
+            m_f = m_t & (o_t >= k)
+            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            if HAS_CU:
+                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+            b_g = b_dy * b_xk  # [BT, BD]
+            b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    p_dz = dzp_ptr + (i_s.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
+    tl.store(p_dz, b_dz.to(dzp_ptr.dtype.element_ty), mask=m_t[:, None] & m_r[None, :])
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_lowrank_bwd_du_kernel(
+    x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_r = o_r < R
+    # tap-channel columns j = k * BD + (d - d0) of this channel block
+    o_j = tl.arange(0, WP * BD)  # [WP * BD]
+    k_j = o_j // BD
+    d_j = i_d * BD + o_j % BD
+    m_j = (k_j < W) & (d_j < D)
+    b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
+    b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
+    for j in range(TPC):
+        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        o_t = o_g - i_b * T  # [BT] positions in the row
+        start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
+        m_tj = m_t[:, None] & m_j[None, :]
+        p_x2 = x_ptr + (o_g[:, None] - k_j[None, :]).to(tl.int64) * D + d_j[None, :]
+        b_x2 = tl.load(p_x2, mask=m_tj & (o_t[:, None] >= k_j[None, :]), other=0.0).to(tl.float32)
+        if HAS_CU:
+            b_x2 = tl.where(o_g[:, None] - k_j[None, :] >= start[:, None], b_x2, 0.0)  # [BT, WP * BD]
+        p_dy2 = dy_ptr + o_g.to(tl.int64)[:, None] * D + d_j[None, :]
+        b_dy2 = tl.load(p_dy2, mask=m_tj, other=0.0).to(tl.float32)  # [BT, WP * BD]
+        b_g = b_dy2 * b_x2
+        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
+        if HAS_STATIC:
+            b_ds += tl.sum(b_g, axis=0)
     p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
     tl.store(p_du, b_du, mask=m_r[:, None] & m_j[None, :])
     if HAS_STATIC:
@@ -237,25 +307,29 @@ def _dynamic_conv_lowrank_bwd_kernel(
 # fmt: on
 
 
-def _head_tiles(T: int, H: int, hs: int) -> tuple[int, int, int]:
-    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about TILE elements."""
+def _head_tiles(T: int, H: int, hs: int, tile: int | None = None) -> tuple[int, int, int]:
+    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about ``tile`` (default
+    HW_FWD_TILE) elements."""
+    tile = HW_FWD_TILE if tile is None else tile
     HSP = triton.next_power_of_2(hs)
     NH = min(triton.next_power_of_2(H), max(1, 128 // HSP))
-    BT = max(1, min(triton.next_power_of_2(T), TILE // (NH * HSP)))
+    BT = max(1, min(triton.next_power_of_2(T), tile // (NH * HSP)))
     return BT, NH, HSP
 
 
-def _lowrank_fwd_tiles(T: int, D: int) -> tuple[int, int]:
-    """(BT, BD), both >= 16 for tl.dot: up to 128 channels, about TILE elements a tile."""
-    BD = max(16, min(128, triton.next_power_of_2(D)))
-    BT = max(16, min(triton.next_power_of_2(T), TILE // BD))
-    return BT, BD
+def _dot_tiles(T: int, D: int, BT: int, BD: int) -> tuple[int, int]:
+    """(BT, BD) clamped to the shape, both powers of two >= 16 for tl.dot."""
+    return max(16, min(triton.next_power_of_2(T), BT)), max(16, min(triton.next_power_of_2(D), BD))
 
 
-def _lowrank_bwd_tiles(D: int, WP: int, RP: int) -> tuple[int, int]:
-    """(BT, BD): BT = 16, the least tl.dot takes; BD up to 64 channels with the [RP, WP * BD] blocks of U and
-    of the dU sum at most LOWRANK_BWD_TILE floats each."""
-    return 16, max(16, min(triton.next_power_of_2(D), 64, LOWRANK_BWD_TILE // (WP * RP)))
+def _native_dot(z: torch.Tensor, U: torch.Tensor) -> bool:
+    """z @ U on the tensor cores in their own half type: their products are exact in the fp32 sum. Not bf16
+    under the interpreter, whose bf16 tl.dot returns garbage (Triton 3.9); the fp16 tests cover the path."""
+    if z.dtype != U.dtype:
+        return False
+    return z.dtype == torch.float16 or (
+        z.dtype == torch.bfloat16 and not tu.is_interpreted(_dynamic_conv_lowrank_fwd_kernel)
+    )
 
 
 def _dims_of_static(static_w: torch.Tensor | None, W: int, D: int) -> None:
@@ -286,9 +360,9 @@ def _headwise_fwd(
     grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
     # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](
-        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search, W=W, HS=D // H, HSP=HSP, NH=NH, BT=BT,
-        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-        num_warps=FWD_WARPS,
+        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search, W=W, WP=triton.next_power_of_2(W),
+        HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
+        RESIDUAL=residual, num_warps=HW_FWD_WARPS,
     )
     # fmt: on
     return y
@@ -310,9 +384,9 @@ def _headwise_bwd(
         raise ValueError(f"dy must be [B={B}, T={T}, D={D}], got {tuple(dy.shape)}")
     dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
     static_w = None if static_w is None else static_w.contiguous()
-    BT, NH, HSP = _head_tiles(T, H, D // H)
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
     n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb, HW_BWD_PROGRAMS)
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
     ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
@@ -322,12 +396,12 @@ def _headwise_bwd(
         x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, n_tb, B * T, per_chunk, n_cu,
         n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
         HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-        num_warps=BWD_WARPS,
+        num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
     )
     # fmt: on
     if static_w is None:
         return dx, dweight, x.new_empty(0)
-    return dx, dweight, ds_partial.sum(0).to(static_w.dtype)
+    return dx, dweight, tu.sum_partials(ds_partial, static_w.dtype)
 
 
 def _lowrank_fwd(
@@ -350,14 +424,14 @@ def _lowrank_fwd(
     x, z, U = x.contiguous(), z.contiguous(), U.contiguous()
     static_w = None if static_w is None else static_w.contiguous()
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, BD = _lowrank_fwd_tiles(T, D)
+    BT, BD = _dot_tiles(T, D, LR_FWD_BT, LR_FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
     # fmt: off
     _dynamic_conv_lowrank_fwd_kernel[grid](
         x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search, W=W, RP=max(16, triton.next_power_of_2(R)),
         BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-        PRECISION=tu.dot_precision(x), num_warps=LOWRANK_FWD_WARPS,
+        NATIVE_DOT=_native_dot(z, U), PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
     )
     # fmt: on
     return y
@@ -381,26 +455,72 @@ def _lowrank_bwd(
     dy, x, z, U = dy.contiguous(), x.contiguous(), z.contiguous(), U.contiguous()
     static_w = None if static_w is None else static_w.contiguous()
     WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
-    BT, BD = _lowrank_bwd_tiles(D, WP, RP)
-    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
-    dx = tu.empty((B, T, D), x.dtype, x.device)
-    dz_partial = tu.empty((n_db, B, T, R), torch.float32, x.device)
-    du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
-    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
+    flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))
+    # dx and dz: the split count is a function of the shape only, so dz sums its partials in a fixed order
+    BT, BD = _dot_tiles(T, D, LR_DX_BT, LR_DX_BD)
+    n_db = triton.cdiv(D, BD)
+    n_split = max(1, min(LR_DZ_SPLITS, n_db))
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    dz = tu.empty((B, T, R), z.dtype, x.device)
+    dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
     # fmt: off
-    _dynamic_conv_lowrank_bwd_kernel[(n_db, n_chunks)](
-        x, z, U, static_w, dy, dx, dz_partial, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T,
-        per_chunk, n_cu, n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
-        HAS_STATIC=static_w is not None, RESIDUAL=residual, PRECISION=tu.dot_precision(x),
-        num_warps=BWD_WARPS,
+    _dynamic_conv_lowrank_bwd_dx_kernel[(triton.cdiv(T, BT), n_split, B)](
+        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, B * T, triton.cdiv(n_db, n_split), n_cu,
+        n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
+        num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES,
     )
     # fmt: on
-    dz, dU = dz_partial.sum(0).to(z.dtype), du_partial.sum(0).to(U.dtype)
+    if n_split > 1:
+        dz = tu.sum_partials(dz_partial, z.dtype)
+    # dU and dstatic_w: fp32 partials per chunk of token tiles
+    BT, BD = _dot_tiles(T, D, LR_DU_BT, LR_DU_BD)
+    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
+    du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
+    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    # fmt: off
+    _dynamic_conv_lowrank_bwd_du_kernel[(n_db, n_chunks)](
+        x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
+        WP=WP, RP=RP, BT=BT, BD=BD, **flags, num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+    )
+    # fmt: on
+    dU = tu.sum_partials(du_partial, U.dtype)
     if static_w is None:
         return dx, dz, dU, x.new_empty(0)
-    return dx, dz, dU, ds_partial.sum(0).to(static_w.dtype)
+    return dx, dz, dU, tu.sum_partials(ds_partial, static_w.dtype)
+
+
+class _Headwise(torch.autograd.Function):
+    """The eager path: the launchers without the custom op's dispatch (the op serves torch.compile)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, static_w, cu_seqlens, residual):
+        ctx.save_for_backward(x, weight, static_w, cu_seqlens)
+        ctx.residual = residual
+        return _headwise_fwd(x, weight, static_w, cu_seqlens, residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, static_w, cu_seqlens = ctx.saved_tensors
+        dx, dweight, ds = _headwise_bwd(dy, x, weight, static_w, cu_seqlens, ctx.residual)
+        return dx, dweight, None if static_w is None else ds, None, None
+
+
+class _Lowrank(torch.autograd.Function):
+    """The eager path: the launchers without the custom op's dispatch (the op serves torch.compile)."""
+
+    @staticmethod
+    def forward(ctx, x, z, U, static_w, cu_seqlens, residual):
+        ctx.save_for_backward(x, z, U, static_w, cu_seqlens)
+        ctx.residual = residual
+        return _lowrank_fwd(x, z, U, static_w, cu_seqlens, residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, z, U, static_w, cu_seqlens = ctx.saved_tensors
+        dx, dz, dU, ds = _lowrank_bwd(dy, x, z, U, static_w, cu_seqlens, ctx.residual)
+        return dx, dz, dU, None if static_w is None else ds, None, None
 
 
 @torch.library.custom_op("mixlab::dynamic_conv_headwise", mutates_args=())
@@ -581,7 +701,9 @@ def dynamic_conv_headwise(
     if tu.use_triton(
         backend, "dynamic_conv_headwise", _dynamic_conv_headwise_fwd_kernel, x, weight, static_w
     ):
-        return _headwise_op(x, weight, static_w, cu_seqlens, residual)
+        if torch.compiler.is_compiling():
+            return _headwise_op(x, weight, static_w, cu_seqlens, residual)
+        return _Headwise.apply(x, weight, static_w, cu_seqlens, residual)
     return dynamic_conv_headwise_ref(x, weight, static_w, cu_seqlens=cu_seqlens, residual=residual)
 
 
@@ -616,5 +738,7 @@ def dynamic_conv_lowrank(
     """
     _check_lowrank(x, z, U, static_w, cu_seqlens)
     if tu.use_triton(backend, "dynamic_conv_lowrank", _dynamic_conv_lowrank_fwd_kernel, x, z, U, static_w):
-        return _lowrank_op(x, z, U, static_w, cu_seqlens, residual)
+        if torch.compiler.is_compiling():
+            return _lowrank_op(x, z, U, static_w, cu_seqlens, residual)
+        return _Lowrank.apply(x, z, U, static_w, cu_seqlens, residual)
     return dynamic_conv_lowrank_ref(x, z, U, static_w, cu_seqlens=cu_seqlens, residual=residual)

@@ -6,7 +6,9 @@ off (read as zero) when ``t - k`` is before the start of t's document. Backward,
 block, chunk of token tiles):
     dx[t] = sum_k w[k] * dy[t + k]            tap k of output t + k, valid when t + k is in t's document
     dw[k] = sum_t dy[t] * x[t - k]            summed over the chunk into an fp32 partial [chunks, W, D]
-and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics).
+and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
+avoid waiting for the document search). Eager calls go through ``_ShortConv``; torch.compile graphs through
+the custom ops.
 """
 
 import torch
@@ -24,7 +26,7 @@ TRITON_OPS.add("short_conv")
 @triton.jit
 def _short_conv_fwd_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, N_CU, N_SEARCH,  # sizes
+    T, D, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
@@ -36,9 +38,12 @@ def _short_conv_fwd_kernel(
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(W):
-        m_k = m_t & (o_g - k >= start)  # taps before the document start read zero
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
         p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
         b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
         b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
         b_y += b_x * b_w[None, :]
         if RESIDUAL and k == 0:
@@ -52,7 +57,7 @@ def _short_conv_fwd_kernel(
 @triton.jit
 def _short_conv_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
-    T, D, N_TB, N_TOK, TPC, N_CU, N_SEARCH,  # sizes
+    T, D, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
@@ -63,6 +68,7 @@ def _short_conv_bwd_kernel(
     b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
         i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        o_t = o_g - i_b * T  # [BT] positions in the row
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_td = m_t[:, None] & m_d[None, :]
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
@@ -70,15 +76,18 @@ def _short_conv_bwd_kernel(
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         for k in tl.static_range(W):
             b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-            # tap k of output t + k, which must lie in t's document
-            m_b = m_t & (o_g + k < end)
+            # tap k of output t + k, which must lie in t's document (loads masked by the row only)
+            m_b = m_t & (o_t + k < T)
             p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
             b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            b_dx += b_dyk * b_w[None, :]
             # tap k of output t reads x[t - k], zero before t's document start
-            m_f = m_t & (o_g - k >= start)
+            m_f = m_t & (o_t >= k)
             p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
             b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            if HAS_CU:
+                b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
+                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+            b_dx += b_dyk * b_w[None, :]
             b_dwk = tl.sum(b_dy * b_xk, axis=0)  # [BD]
             b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
@@ -88,16 +97,17 @@ def _short_conv_bwd_kernel(
 # fmt: on
 
 
-# Tile size and warps, fixed by shape (no autotuning). Compiled for sm_90a (Triton 3.9, ptxas -v) at B=4,
-# T=4096, D=2048, W=4, bf16: forward 70 registers, backward 105, no spills.
-TILE, FWD_WARPS, BWD_WARPS = 2048, 4, 8
+# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
+# candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
+# chunk of BT-token tiles, about BWD_PROGRAMS programs.
+FWD_BT, FWD_BD, FWD_WARPS = 16, 128, 4
+BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 
 
-def _tiles(T: int, D: int) -> tuple[int, int]:
-    """(BT, BD): up to 128 channels (16-byte vector loads of bf16 need 8), about TILE elements a tile."""
-    BD = max(16, min(128, triton.next_power_of_2(D)))
-    BT = max(16, min(triton.next_power_of_2(T), TILE // BD))
-    return BT, BD
+def _tiles(T: int, D: int, BT: int | None = None, BD: int | None = None) -> tuple[int, int]:
+    """(BT, BD) of the forward (or those given) clamped to the shape: powers of two, at least 16."""
+    BT, BD = FWD_BT if BT is None else BT, FWD_BD if BD is None else BD
+    return max(16, min(triton.next_power_of_2(T), BT)), max(16, min(triton.next_power_of_2(D), BD))
 
 
 def _short_conv_fwd(
@@ -131,9 +141,9 @@ def _short_conv_bwd(
     if tuple(dy.shape) != (B, T, D):
         raise ValueError(f"dy must be [B={B}, T={T}, D={D}], got {tuple(dy.shape)}")
     dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
-    BT, BD = _tiles(T, D)
+    BT, BD = _tiles(T, D, BWD_BT, BWD_BD)
     n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, BWD_PROGRAMS)
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dw_partial = tu.empty((n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -141,10 +151,26 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
         WP=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        num_warps=BWD_WARPS,
+        num_warps=BWD_WARPS, num_stages=BWD_STAGES,
     )
     # fmt: on
-    return dx, dw_partial.sum(0).to(weight.dtype)
+    return dx, tu.sum_partials(dw_partial, weight.dtype)
+
+
+class _ShortConv(torch.autograd.Function):
+    """The eager path: the launchers without the custom op's dispatch (the op serves torch.compile)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, cu_seqlens, residual):
+        ctx.save_for_backward(x, weight, cu_seqlens)
+        ctx.residual = residual
+        return _short_conv_fwd(x, weight, cu_seqlens, residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, cu_seqlens = ctx.saved_tensors
+        dx, dw = _short_conv_bwd(dy, x, weight, cu_seqlens, ctx.residual)
+        return dx, dw, None, None
 
 
 @torch.library.custom_op("mixlab::short_conv", mutates_args=())
@@ -220,5 +246,7 @@ def short_conv(
     """
     _check_inputs(x, weight, cu_seqlens)
     if tu.use_triton(backend, "short_conv", _short_conv_fwd_kernel, x, weight):
-        return _short_conv_op(x, weight, cu_seqlens, residual)
+        if torch.compiler.is_compiling():
+            return _short_conv_op(x, weight, cu_seqlens, residual)
+        return _ShortConv.apply(x, weight, cu_seqlens, residual)
     return short_conv_ref(x, weight, cu_seqlens=cu_seqlens, residual=residual)

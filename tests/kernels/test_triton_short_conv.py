@@ -226,9 +226,13 @@ def test_non_contiguous_inputs_and_upstream(assert_rel_rms):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
-    chunk part empty (the test shapes would otherwise give one tile per chunk)."""
-    monkeypatch.setattr(tu, "BWD_PROGRAMS", 4)
+    chunk part empty (the test shapes would otherwise give one tile per chunk). The low-rank dz walks 3
+    channel blocks of 16 in 2 splits, the second one past D for its last block."""
+    monkeypatch.setattr(short_op, "BWD_PROGRAMS", 4)
+    monkeypatch.setattr(dynamic_op, "HW_BWD_PROGRAMS", 4)
     monkeypatch.setattr(dynamic_op, "LOWRANK_BWD_PROGRAMS", 4)
+    monkeypatch.setattr(dynamic_op, "LR_DX_BD", 16)
+    monkeypatch.setattr(dynamic_op, "LR_DZ_SPLITS", 2)
 
 
 CHUNK_B, CHUNK_T, CHUNK_D = 5, 65, 40
@@ -253,9 +257,9 @@ def _chunk_inputs(gen) -> list[tuple]:
 
 
 def test_chunks_of_several_tiles(small_chunks, assert_rel_rms):
-    BT, BD = short_op._tiles(CHUNK_T, CHUNK_D)
+    BT, BD = short_op._tiles(CHUNK_T, CHUNK_D, short_op.BWD_BT, short_op.BWD_BD)
     n_tiles = CHUNK_B * triton.cdiv(CHUNK_T, BT)
-    per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD))
+    per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD), short_op.BWD_PROGRAMS)
     assert per_chunk > 1 and per_chunk * n_chunks > n_tiles, "the case needs long chunks with a ragged tail"
     gen = torch.Generator().manual_seed(16)
     for op, inputs in _chunk_inputs(gen):
@@ -275,6 +279,25 @@ def test_backward_is_bitwise_deterministic(small_chunks):
         assert torch.equal(first[0], second[0])
         for name, grad in first[1].items():
             assert torch.equal(grad, second[1][name]), f"d{name} differs between runs"
+
+
+def test_sum_partials_adds_rows_in_a_fixed_order(monkeypatch):
+    """Ragged row and column blocks (P=37 rows of BP=8, M=300 columns of BM=128); cast to the given dtype."""
+    monkeypatch.setattr(tu, "SUM_BLOCK_M", 128)
+    monkeypatch.setattr(tu, "SUM_BLOCK_P", 8)
+    partial = torch.randn(37, 3, 100, generator=torch.Generator().manual_seed(23)).to(DEVICE)
+    got = tu.sum_partials(partial, torch.float32)
+    assert got.shape == (3, 100)
+    torch.testing.assert_close(got, partial.sum(0), rtol=1e-6, atol=1e-6)
+    assert torch.equal(got, tu.sum_partials(partial, torch.float32))
+    assert tu.sum_partials(partial, BF16).dtype == BF16
+
+
+def test_search_steps_cover_every_document_count():
+    """Rounded up to a multiple of 4, never fewer than ceil(log2(n_docs)) (the kernels' binary search)."""
+    for n_docs in (1, 2, 3, 16, 17, 64, 1000):
+        n_cu, steps = tu.search_steps(torch.zeros(n_docs + 1, dtype=torch.int32))
+        assert n_cu == n_docs + 1 and steps % 4 == 0 and 2**steps >= n_docs
 
 
 # ---- document isolation on the Triton backend ----
@@ -469,7 +492,7 @@ def _count_calls(monkeypatch, module, name: str) -> list:
 
 def test_backend_choice(monkeypatch):
     """Auto follows the device, MIXLAB_BACKEND overrides it, float64 stays on the reference under auto."""
-    calls = _count_calls(monkeypatch, short_op, "_short_conv_op")
+    calls = _count_calls(monkeypatch, short_op, "_short_conv_fwd")
     x, weight = torch.ones(1, 5, 3, device=DEVICE), torch.ones(2, 3, device=DEVICE)
     monkeypatch.delenv("MIXLAB_BACKEND", raising=False)
     kernels.short_conv(x, weight)

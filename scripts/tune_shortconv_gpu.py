@@ -1,0 +1,209 @@
+"""Time candidate tile/warp/chunk constants of the short-convolution Triton kernels on a GPU (issue #4).
+
+Usage, on the GPU box from the checkout: ``PYTHONPATH=. python scripts/tune_shortconv_gpu.py`` (about 5 minutes
+on an H200; ``--rep 50`` halves it). Shape B=4, T=4096, D=2048, W=4, bf16, residual on, static_w on for the
+dynamic kernels; with and without 64 documents of random length (``runners.bench_shortconv``'s layout).
+
+The candidates are groups of module-level constants (``GROUPS``); the groups are tuned one after the other,
+each at the best values of the groups before it (coordinate descent). A candidate is timed by calling its
+launcher directly (``_short_conv_fwd``, ``_short_conv_bwd``, ...: no autograd, no custom op, no input checks),
+as the mean of the medians without and with documents, and checked against the fp32 torch reference (relative
+RMS of the output and every gradient, with documents). One line per candidate, the best marked ``*``; then
+the constants to set, and a table at the best constants of every path: raw launchers, the public op (eager
+``autograd.Function``), and the custom op (what torch.compile graphs call), so host overhead is visible.
+"""
+
+import argparse
+import math
+
+import numpy as np
+import torch
+import triton
+
+import kernels
+from kernels import triton_utils as tu
+from kernels.dynamic_conv import op as dyn
+from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from kernels.short_conv import op as short
+from kernels.short_conv.naive import short_conv_ref
+
+B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64
+DTYPE = torch.bfloat16
+RMS_BOUND = 1e-2  # the bf16 bound of the kernel tests
+
+# (group name, kernels it serves, module, constant names, candidate values); the first candidate of each group
+# is the value the repository ships.
+GROUPS = [
+    ("static fwd", ["static"], short, ("FWD_BT", "FWD_BD", "FWD_WARPS"),
+     [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (32, 256, 8), (16, 256, 4)]),
+    ("static bwd", ["static"], short, ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS"),
+     [(32, 128, 8, 1, 4096), (32, 128, 8, 1, 2048), (64, 128, 8, 1, 4096), (64, 128, 8, 1, 2048),
+      (16, 128, 4, 1, 8192), (32, 128, 8, 3, 1024), (64, 64, 4, 1, 4096), (16, 128, 4, 1, 4096)]),
+    ("head-wise fwd", ["hs1", "hs16"], dyn, ("HW_FWD_TILE", "HW_FWD_WARPS"),
+     [(2048, 4), (1024, 4), (2048, 8), (4096, 8), (4096, 4)]),
+    ("head-wise bwd", ["hs1", "hs16"], dyn, ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS"),
+     [(2048, 8, 1, 4096), (2048, 8, 1, 2048), (1024, 4, 1, 8192), (1024, 4, 1, 4096), (1024, 8, 1, 8192),
+      (2048, 8, 3, 1024)]),
+    ("low-rank fwd", ["lowrank"], dyn, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
+     [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
+    ("low-rank bwd dx+dz", ["lowrank"], dyn, ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS"),
+     [(32, 64, 4, 4), (32, 64, 4, 2), (32, 64, 4, 8), (16, 64, 4, 4), (16, 64, 4, 8), (64, 128, 8, 4),
+      (64, 128, 8, 2), (32, 64, 4, 1)]),
+    ("low-rank bwd dU", ["lowrank"], dyn,
+     ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS"),
+     [(32, 32, 4, 1, 1024), (32, 32, 4, 1, 512), (64, 32, 8, 1, 1024), (32, 64, 8, 1, 1024),
+      (64, 16, 4, 1, 2048), (32, 32, 4, 3, 1024), (16, 32, 4, 1, 2048)]),
+]
+
+
+def _doc_layout(device: torch.device) -> torch.Tensor:
+    """N_DOCS documents of random length (seed 0), N_DOCS / B cuts in every row."""
+    rng = np.random.default_rng(0)
+    offsets = [0]
+    for row in range(B):
+        cuts = np.sort(rng.choice(np.arange(1, T), size=N_DOCS // B - 1, replace=False))
+        offsets += [row * T + int(c) for c in cuts] + [(row + 1) * T]
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+class _Case:
+    """One kernel at the target shape: raw launchers, public op, custom op and its fp32 reference."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+            return (scale * torch.randn(*shape, generator=gen, device=device)).to(DTYPE)
+
+        self.name = name
+        x, s = randn(B, T, D), randn(W, D, scale=W**-0.5)
+        self.dy = randn(B, T, D)
+        if name == "static":
+            self.args, self.op, self.ref = [x, s], kernels.short_conv, short_conv_ref
+            self.fwd, self.bwd, self.custom = short._short_conv_fwd, short._short_conv_bwd, short._short_conv_op
+        elif name.startswith("hs"):
+            hs = int(name[2:])
+            self.args = [x, randn(B, T, D // hs, W, scale=W**-0.5), s]
+            self.op, self.ref = kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref
+            self.fwd, self.bwd, self.custom = dyn._headwise_fwd, dyn._headwise_bwd, dyn._headwise_op
+        else:
+            self.args = [x, randn(B, T, R), randn(R, W * D, scale=(R * W) ** -0.5), s]
+            self.op, self.ref = kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref
+            self.fwd, self.bwd, self.custom = dyn._lowrank_fwd, dyn._lowrank_bwd, dyn._lowrank_op
+        self.cu = _doc_layout(device)
+        leaves = [a.float().requires_grad_() for a in self.args]
+        y = self.ref(*leaves, cu_seqlens=self.cu, residual=True)
+        self.want = [y.detach(), *torch.autograd.grad(y, leaves, self.dy.float())]
+
+    def raw_fwd(self, cu):
+        return lambda: self.fwd(*self.args, cu, True)
+
+    def raw_bwd(self, cu):
+        return lambda: self.bwd(self.dy, *self.args, cu, True)
+
+    def error(self) -> float:
+        got = [self.fwd(*self.args, self.cu, True), *self.bwd(self.dy, *self.args, self.cu, True)]
+        return max(_rel_rms(a, b) for a, b in zip(got, self.want, strict=True))
+
+    def public(self, cu, backward: bool, custom: bool = False):
+        fn = self.custom if custom else self.op
+        leaves = [a.detach().clone().requires_grad_(backward) for a in self.args]
+        if custom:
+            def call():
+                return fn(*leaves, cu, True)
+        else:
+            def call():
+                return fn(*leaves, cu_seqlens=cu, residual=True, backend="triton")
+        if not backward:
+            def run():
+                with torch.no_grad():
+                    call()
+            return run
+        return lambda: torch.autograd.grad(call(), leaves, self.dy)
+
+
+def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
+
+
+def _us(fn, rep: int) -> float:
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def _tune(cases: dict[str, _Case], rep: int) -> list[str]:
+    settings = []
+    for group, names, module, consts, candidates in GROUPS:
+        backward = "bwd" in group
+        print(f"\n## {group}: {', '.join(consts)}  (raw {'backward' if backward else 'forward'} launcher, µs)")
+        results = []
+        for values in candidates:
+            for name, value in zip(consts, values, strict=True):
+                setattr(module, name, value)
+            cells, score, worst = [], 0.0, 0.0
+            for case_name in names:
+                case = cases[case_name]
+                make = case.raw_bwd if backward else case.raw_fwd
+                try:
+                    plain, docs = _us(make(None), rep), _us(make(case.cu), rep)
+                    err = case.error()
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
+                    print(f"  {values}: {case_name} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                    plain = docs = err = math.inf
+                cells.append(f"{case_name} {plain:7.1f} / {docs:7.1f} docs (err {err:.1e})")
+                score += (plain + docs) / 2
+                worst = max(worst, err)
+            ok = worst <= RMS_BOUND
+            results.append((score if ok else math.inf, values, "; ".join(cells) + ("" if ok else "  WRONG")))
+        best = min(results, key=lambda r: r[0])
+        for _score, values, line in results:
+            print(f"{'*' if values == best[1] else ' '} {values}: {line}")
+        for name, value in zip(consts, best[1], strict=True):
+            setattr(module, name, value)
+        settings.append(f"{module.__name__}: " + ", ".join(f"{n} = {v}" for n, v in zip(consts, best[1], strict=True)))
+    return settings
+
+
+def _table(cases: dict[str, _Case], rep: int) -> None:
+    print("\n## at the best constants (µs; docs = 64 documents)")
+    print("| kernel | raw fwd | raw fwd docs | raw bwd | raw bwd docs | op fwd | op fwd docs | op fwd+bwd "
+          "| op fwd+bwd docs | custom op fwd | custom op fwd+bwd |")
+    print("|---|" + "---|" * 10)
+    for name, case in cases.items():
+        cells = [
+            _us(case.raw_fwd(None), rep), _us(case.raw_fwd(case.cu), rep),
+            _us(case.raw_bwd(None), rep), _us(case.raw_bwd(case.cu), rep),
+            _us(case.public(None, False), rep), _us(case.public(case.cu, False), rep),
+            _us(case.public(None, True), rep), _us(case.public(case.cu, True), rep),
+            _us(case.public(None, False, custom=True), rep), _us(case.public(None, True, custom=True), rep),
+        ]
+        print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rep", type=int, default=100, help="do_bench's rep, ms of timed runs per measurement")
+    parser.add_argument("--only", default="", help="comma-separated group names to tune (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    if tu.POISON_OUTPUTS:
+        raise SystemExit("kernels.triton_utils.POISON_OUTPUTS must be False when timing")
+    device = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(device)}; torch {torch.__version__}, Triton {triton.__version__}")
+    print(f"shape B={B}, T={T}, D={D}, W={W}, R={R}, bf16, residual, static_w; docs: {N_DOCS} documents")
+    if args.only:
+        wanted = set(args.only.split(","))
+        GROUPS[:] = [g for g in GROUPS if g[0] in wanted]
+    cases = {name: _Case(name, device) for name in ("static", "hs1", "hs16", "lowrank")}
+    settings = _tune(cases, args.rep)
+    print("\n## constants to set")
+    for line in settings:
+        print(line)
+    _table(cases, args.rep)
+
+
+if __name__ == "__main__":
+    main()
