@@ -10,21 +10,14 @@ import types
 import numpy as np
 import pytest
 import torch
+from kernel_checks import cu_from_rows
 
 import kernels
 from kernels import utils as kutils
 
 
 def _cu(rows: list[list[int]] | None, T: int) -> torch.Tensor | None:
-    """Document lengths per row (0 = empty document) -> cu_seqlens; None stays None."""
-    if rows is None:
-        return None
-    offsets = [0]
-    for row in rows:
-        assert sum(row) == T, f"row {row} does not sum to T={T}"
-        for length in row:
-            offsets.append(offsets[-1] + length)
-    return torch.tensor(offsets, dtype=torch.int32)
+    return cu_from_rows(rows, T)
 
 
 def _docs(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ CUDA the Triton kernels run in the interpreter (tests/kernels/conftest.py), so t
 import numpy as np
 import pytest
 import torch
+from kernel_checks import assert_close, cu_from_rows, rel_rms_error
 
 import kernels
 from kernels import triton_utils as tu
@@ -29,30 +30,8 @@ BOUNDS = {
 }
 
 
-def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """sqrt(mean((actual - expected)^2)) / sqrt(mean(expected^2)) in float64; inf on a non-finite actual."""
-    actual, expected = actual.double().cpu(), expected.double().cpu()
-    if not torch.isfinite(actual).all():
-        return float("inf")
-    return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
-
-
-def _check(actual: torch.Tensor, expected: torch.Tensor, bound: float, name: str) -> None:
-    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    err = rel_rms(actual, expected)
-    assert err <= bound, f"{name}: relative RMS error {err:.3g} > {bound:g}"
-
-
 def _cu(rows: list[list[int]] | None, T: int) -> torch.Tensor | None:
-    """Document lengths per row (0 = empty document) -> cu_seqlens on DEVICE; None stays None."""
-    if rows is None:
-        return None
-    offsets = [0]
-    for row in rows:
-        assert sum(row) == T, f"row {row} does not sum to T={T}"
-        for length in row:
-            offsets.append(offsets[-1] + length)
-    return torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    return cu_from_rows(rows, T, DEVICE)
 
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
@@ -88,9 +67,9 @@ def _check_backend(backend, precision, dtype, B, T, D, L_F, rows, block, seed=0)
     assert y.dtype == dtype and dx.dtype == dtype and dh.dtype == dtype
     _, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, upstream)
     bound = BOUNDS[(backend, "fp64" if dtype == torch.float64 else precision)]
-    _check(y, _numpy_rubiconv(x.double(), h.double(), cu), bound, "y")
-    _check(dx, dx_ref, bound, "dx")
-    _check(dh, dh_ref, bound, "dh")
+    assert_close(y, _numpy_rubiconv(x.double(), h.double(), cu), bound, "y")
+    assert_close(dx, dx_ref, bound, "dx")
+    assert_close(dh, dh_ref, bound, "dh")
 
 
 # ---- the plan ----
@@ -130,10 +109,10 @@ def test_one_zero_fewer_breaks_the_padding(monkeypatch):
     gen = torch.Generator().manual_seed(1)
     x, h = _randn(gen, 1, 30, 2), _randn(gen, 2, 30)
     expected = _numpy_rubiconv(x, h, None)
-    _check(kernels.rubiconv(x, h, block=1, backend="gemm"), expected, 1e-10, "y")
+    assert_close(kernels.rubiconv(x, h, block=1, backend="gemm"), expected, 1e-10, "y")
     monkeypatch.setattr(gemm, "padded_lengths", lambda L, L_F, k: L + np.minimum(L, L_F) - 2)
     monkeypatch.setattr(gemm, "_PLANS", type(gemm._PLANS)())
-    assert rel_rms(kernels.rubiconv(x, h, block=1, backend="gemm"), expected) > 1e-3
+    assert rel_rms_error(kernels.rubiconv(x, h, block=1, backend="gemm"), expected) > 1e-3
 
 
 # ---- the GEMM form in torch matmuls, float64: the edge cases of SPEC 5.2 ----
@@ -184,9 +163,9 @@ def test_gemm_low_precision(precision, dtype):
     y, dx, dh = _run("gemm", x, h, cu, upstream, precision=precision)
     assert y.dtype == dtype and dx.dtype == dtype and dh.dtype == dtype
     y_ref, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, upstream)
-    _check(y, y_ref, bound, "y")
-    _check(dx, dx_ref, bound, "dx")
-    _check(dh, dh_ref, bound, "dh")
+    assert_close(y, y_ref, bound, "y")
+    assert_close(dx, dx_ref, bound, "dx")
+    assert_close(dh, dh_ref, bound, "dh")
 
 
 # ---- the Triton kernels (interpreter without CUDA: tiny shapes) ----
@@ -227,7 +206,7 @@ def test_triton_half_inputs_and_an_fp32_filter(dtype, poisoned_outputs):
     assert (y.dtype, dx.dtype, dh.dtype) == (dtype, dtype, torch.float32)
     y_ref, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, upstream.to(dtype))
     for name, actual, expected in [("y", y, y_ref), ("dx", dx, dx_ref), ("dh", dh, dh_ref)]:
-        _check(actual, expected, 1e-2, name)
+        assert_close(actual, expected, 1e-2, name)
 
 
 def test_triton_tf32_rounding_stays_within_the_fp32_bound(monkeypatch, poisoned_outputs):
@@ -239,7 +218,7 @@ def test_triton_tf32_rounding_stays_within_the_fp32_bound(monkeypatch, poisoned_
     got = _run("triton", x, h, cu, upstream, block=16)
     want = _run("torch", x.double(), h.double(), cu, upstream)
     for name, actual, expected in zip(("y", "dx", "dh"), got, want, strict=True):
-        assert 1e-5 < rel_rms(actual, expected) <= 1e-3, f"{name}: {rel_rms(actual, expected):.3g}"
+        assert 1e-5 < rel_rms_error(actual, expected) <= 1e-3, f"{name}: {rel_rms_error(actual, expected):.3g}"
 
 
 def test_triton_dh_is_exactly_zero_past_every_document(poisoned_outputs):
@@ -259,7 +238,7 @@ def test_triton_and_gemm_agree_on_their_plan(poisoned_outputs):
     x, h = _randn(gen, 1, 64, 3).float(), _randn(gen, 3, 64).float()
     y_gemm = kernels.rubiconv(x, h, cu_seqlens=cu, block=16, backend="gemm")
     y_triton = kernels.rubiconv(x, h, cu_seqlens=cu, block=16, backend="triton")
-    _check(y_triton, y_gemm, BOUNDS[("triton", "fp32")], "y")
+    assert_close(y_triton, y_gemm, BOUNDS[("triton", "fp32")], "y")
 
 
 # ---- document isolation: bitwise perturbation, NaN injection, and the leaky control ----

@@ -8,6 +8,7 @@ input, driven by a random upstream gradient, and every buffer the launchers allo
 import pytest
 import torch
 import triton
+from kernel_checks import cu_from_rows
 
 import kernels
 from kernels import triton_utils as tu
@@ -25,15 +26,7 @@ def poisoned_outputs(monkeypatch):
 
 
 def _cu(rows: list[list[int]] | None, T: int) -> torch.Tensor | None:
-    """Document lengths per row (0 = empty document) -> cu_seqlens on DEVICE; None stays None."""
-    if rows is None:
-        return None
-    offsets = [0]
-    for row in rows:
-        assert sum(row) == T, f"row {row} does not sum to T={T}"
-        for length in row:
-            offsets.append(offsets[-1] + length)
-    return torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    return cu_from_rows(rows, T, DEVICE)
 
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
