@@ -14,8 +14,6 @@ gate); the leaky row's error is its leak. The GPU name and versions go on top.
 
 import datetime
 import math
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +24,7 @@ import kernels
 from kernels.rubiconv import gemm
 from kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from kernels.utils import compute_dtype
+from runners.bench_utils import median_time_ms, rel_rms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with
@@ -67,27 +66,6 @@ def pad_to_longest(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.
     idx = torch.where(valid, starts[:, None] + t, 0)
     xs = torch.where(valid[..., None], x[0][idx], 0.0)  # [n_docs, L_max, D]
     return _causal_fft_conv(xs, h)[valid].unsqueeze(0).to(dtype)  # documents in order: token order
-
-
-def _time_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median time of fn in ms: do_bench on CUDA (``repeats`` is its rep, in ms), wall clock on a CPU."""
-    if torch.cuda.is_available():
-        return triton.testing.do_bench(fn, warmup=25, rep=repeats, return_mode="median")
-    fn()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    scale = expected.pow(2).mean().sqrt().item()
-    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
 
 
 def _grads(fn: Callable, x: torch.Tensor, h: torch.Tensor, upstream: torch.Tensor) -> list[torch.Tensor]:
@@ -168,7 +146,7 @@ def bench_rubiconv(
             notes.append(f"{label}: {type(err).__name__}: {first_line}")
             lines.append(f"| {label} | — | — | — | — | — | error |")
             continue
-        errs = [_rel_rms(a, b) for a, b in zip(got, want, strict=True)]
+        errs = [rel_rms(a, b) for a, b in zip(got, want, strict=True)]
         bound = None if bound is None else max(bound, IO_BOUND[dtype])
         ok = bound is None or max(errs) <= bound
         gate = "leaks" if bound is None else ("PASS" if ok else f"FAIL (> {bound:g})")
@@ -179,8 +157,8 @@ def bench_rubiconv(
                 with torch.no_grad():
                     return fn(x, h)
 
-            fwd = f"{_time_ms(forward, repeats):.3f}"
-            total = f"{_time_ms(lambda fn=fn: _grads(fn, x, h, upstream), repeats):.3f}"
+            fwd = f"{median_time_ms(forward, repeats, x.device):.3f}"
+            total = f"{median_time_ms(lambda fn=fn: _grads(fn, x, h, upstream), repeats, x.device):.3f}"
         err_cells = " | ".join(f"{e:.1e}" for e in errs)
         lines.append(f"| {label} | {fwd} | {total} | {err_cells} | {gate} |")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])

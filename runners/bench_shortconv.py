@@ -18,9 +18,6 @@ The low-rank floor counts the [B, T, W, D] weights as never written: the kernels
 
 import dataclasses
 import datetime
-import math
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +27,7 @@ import triton
 import kernels
 from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from kernels.short_conv.naive import short_conv_ref
+from runners.bench_utils import median_time_ms, rel_rms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative RMS error the correctness gate allows, per activation dtype (the kernel tests' bounds).
@@ -102,16 +100,7 @@ def _doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tens
 
 
 def _time_us(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Median time of fn in µs: do_bench on CUDA (``repeats`` is its rep, in ms), wall clock on a CPU."""
-    if device.type == "cuda":
-        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=repeats, return_mode="median")
-    fn()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
+    return 1e3 * median_time_ms(fn, repeats, device)
 
 
 def _copy_bandwidth(device: torch.device, repeats: int) -> float:
@@ -120,14 +109,6 @@ def _copy_bandwidth(device: torch.device, repeats: int) -> float:
     src = torch.empty(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     return 2 * src.nbytes / (_time_us(lambda: dst.copy_(src), repeats, device) * 1e-6)
-
-
-def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    scale = expected.pow(2).mean().sqrt().item()
-    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
 
 
 def _fwd_bwd(
@@ -157,7 +138,7 @@ def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
     got = _fwd_bwd(kernel.op, kernel.inputs, upstream, cu_seqlens=cu, residual=True, backend="triton")()
     as64 = {k: None if v is None else v.double() for k, v in kernel.inputs.items()}
     want = _fwd_bwd(kernel.ref, as64, upstream.double(), cu_seqlens=cu, residual=True)()
-    return max(_rel_rms(a, b) for a, b in zip(got, want, strict=True))
+    return max(rel_rms(a, b) for a, b in zip(got, want, strict=True))
 
 
 def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float) -> str:

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 # Triton decides between compiling and interpreting when a kernel is decorated, that is when `kernels` is first
@@ -9,3 +10,13 @@ import torch
 # Triton backend then runs in the interpreter (kernel tests at small shapes).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Torch on one thread for the test, restored after: tiny CPU runs gain nothing from threads, and on a loaded
+    2-core machine two threads per run are many times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -21,13 +21,7 @@ BLIND = [name for name in NAMES if not leakage.build_probe_module(name, d_model=
 LAYOUT_SEEDS = [0, 1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The probes' tensors are tiny: one thread is fastest (far faster on a busy machine); restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fresh_generator(seed=0) -> torch.Generator:

@@ -4,7 +4,6 @@ reports accuracy on present- and absent-key queries."""
 import math
 
 import pytest
-import torch
 
 import models
 from runners.cli import main
@@ -18,17 +17,10 @@ NOISY_PARAMS = {"seq_len": 64, "min_doc_len": 8, "doc_len_median": 16, "max_doc_
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_hidden": 32}
 
 
-@pytest.fixture
-def one_thread():
-    """Small tensors train fastest on one thread (and far faster on a busy machine); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("mixer", list(models.MIXERS))
-def test_packed_noisy_recall_trains_every_mixer(mixer, one_thread):
+def test_packed_noisy_recall_trains_every_mixer(mixer, one_torch_thread):
     config = RunConfig(task="packed/noisy_recall", task_params=NOISY_PARAMS,
                        model={**TINY_MODEL, "mixer": mixer},
                        train=TrainConfig(steps=2, epochs=None, batch_size=4, num_train=8, num_test=4,
@@ -42,7 +34,7 @@ def test_packed_noisy_recall_trains_every_mixer(mixer, one_thread):
     ("packed/associative_retrieval", AR_PARAMS, ["acc_present", "acc_absent"]),
     ("packed/noisy_recall", NOISY_PARAMS, []),
 ], ids=["associative_retrieval", "noisy_recall"])
-def test_mixlab_run_trains_a_packed_task(capsys, tmp_path, task, params, groups, one_thread):
+def test_mixlab_run_trains_a_packed_task(capsys, tmp_path, task, params, groups, one_torch_thread):
     sets = [arg for key, value in params.items() for arg in ("--set", f"{key}={value}")]
     tiny = [arg for key, value in {**TINY_MODEL, "batch_size": 4, "num_train": 8, "num_test": 8}.items()
             for arg in ("--set", f"{key}={value}")]

@@ -2,7 +2,6 @@ import collections
 import re
 
 import pytest
-import torch
 import typer
 from typer.testing import CliRunner
 
@@ -11,14 +10,7 @@ from runners import mad
 from runners.cli_sweep import register
 from tasks.mad import mad_sweep_settings
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small CPU runs; on a loaded 2-core box two threads per run are many times slower than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_paper_profile_is_the_protocol():

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from analysis.aggregate import grid_summary, load_sweep
@@ -29,13 +28,7 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny runs gain nothing from threads, and on a loaded 2-core box two threads per run are ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(**changes):
