@@ -30,4 +30,7 @@ def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if not torch.isfinite(actual).all():
         return math.inf
     scale = expected.pow(2).mean().sqrt().item()
-    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
+    err = (actual - expected).pow(2).mean().sqrt().item()
+    if scale == 0.0:
+        return 0.0 if err == 0.0 else math.inf
+    return err / scale

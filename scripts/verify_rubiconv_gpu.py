@@ -23,6 +23,7 @@ import triton
 import kernels
 from kernels import triton_utils as tu
 from kernels.rubiconv import gemm
+from runners.bench_utils import rel_rms
 
 DEVICE = "cuda"
 # (backend, precision) -> relative RMS bound: exact FFT, then the GEMM form (issue #5: fp32-level <= 1e-3)
@@ -30,14 +31,6 @@ RUNS = [("torch", "fp32", 1e-5), ("gemm", "fp32", 1e-3), ("gemm", "bf16", 2e-2),
         ("triton", "bf16", 2e-2)]  # fmt: skip
 # bfloat16 inputs and outputs: rounding y, dx and dh to bfloat16 alone costs ~2e-3
 IO_BOUND = {torch.bfloat16: 1e-2}
-
-
-def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    scale = expected.pow(2).mean().sqrt().item()
-    return (actual - expected).pow(2).mean().sqrt().item() / max(scale, 1e-300)
 
 
 def layout(B: int, T: int, kind: str, seed: int) -> torch.Tensor | None:

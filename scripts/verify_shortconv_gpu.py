@@ -13,7 +13,6 @@ Exit status 1 on any failure, 2 without CUDA.
 """
 
 import argparse
-import math
 import sys
 import time
 
@@ -25,6 +24,7 @@ import kernels
 from kernels import triton_utils as tu
 from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from kernels.short_conv.naive import short_conv_ref
+from runners.bench_utils import rel_rms
 
 DEVICE = "cuda"
 LARGE = (4, 4096, 2048, 4)  # B, T, D, W of the issue's targets
@@ -35,17 +35,6 @@ OPS = {
     "headwise": (kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref),
     "lowrank": (kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref),
 }
-
-
-def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    scale = expected.pow(2).mean().sqrt().item()
-    err = (actual - expected).pow(2).mean().sqrt().item()
-    if scale == 0.0:
-        return 0.0 if err == 0.0 else math.inf
-    return err / scale
 
 
 def layout(B: int, T: int, kind: str, seed: int) -> torch.Tensor | None:
