@@ -20,9 +20,8 @@ the custom op being kept for ``torch.compile`` graphs.
 """
 
 import torch
-import triton
-import triton.language as tl
 
+from kernels._triton import HAS_TRITON, tl, triton
 from kernels.utils import resolve_backend
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -56,6 +55,8 @@ def use_triton(backend: str | None, op: str, kernel, *tensors: torch.Tensor | No
     x = tensors[0]
     if resolve_backend(backend, x, op=op) != "triton":
         return False
+    if not HAS_TRITON:
+        raise ValueError(f"{op}: backend='triton' needs the triton package, which is not installed")
     for t in tensors:
         if t is not None and t.dtype not in TRITON_DTYPES:
             if backend is None:

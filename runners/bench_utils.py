@@ -8,12 +8,13 @@ import time
 from collections.abc import Callable
 
 import torch
-import triton
 
 
 def median_time_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     """Median time of fn in ms: do_bench on CUDA (``repeats`` is its rep, in ms), wall clock of 3 calls on a CPU."""
     if device.type == "cuda":
+        import triton  # only a CUDA machine times with do_bench; Triton is optional elsewhere
+
         return triton.testing.do_bench(fn, warmup=25, rep=repeats, return_mode="median")
     fn()
     times = []

@@ -24,14 +24,14 @@ so the [B, T, W, D] weights and their gradient never reach device memory either.
 """
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels import triton_utils as tu
+from kernels._triton import HAS_TRITON, tl, triton
 from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
-TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})
+if HAS_TRITON:
+    TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
 # candidates on the GPU. Head-wise: about HW_*_TILE elements a [BT, NH, HSP] tile, up to 128 channels.
 HW_FWD_TILE, HW_FWD_WARPS = 1024, 4

@@ -26,10 +26,9 @@ spectra and DFT tables, fp32 accumulation. Twiddles, scales and the spectrum pro
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from kernels import triton_utils as tu
+from kernels._triton import tl, triton
 from kernels.rubiconv.gemm import RubiPlan
 
 # F_k-stage modes (module docstring); constexpr globals so the kernel can compare against them

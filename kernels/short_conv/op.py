@@ -12,14 +12,14 @@ the custom ops.
 """
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels import triton_utils as tu
+from kernels._triton import HAS_TRITON, tl, triton
 from kernels.short_conv.naive import short_conv_ref
 from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
-TRITON_OPS.add("short_conv")
+if HAS_TRITON:
+    TRITON_OPS.add("short_conv")
 
 
 # fmt: off
