@@ -1,5 +1,7 @@
-"""Analysis of results: aggregation over seeds, MAD scoring, tables, figures, reports and leakage probes.
+"""Analysis of results: aggregation over seeds, MAD scoring, tables, figures, reports, leakage probes and
+token representations.
 
 Modules: ``aggregate`` (load run records, median/IQR/n over seeds, MAD scoring), ``tables`` (markdown and CSV),
-``plots`` (seaborn figures), ``report`` (``mixlab report``), ``leakage`` (the five cross-document probes).
+``plots`` (seaborn figures), ``report`` (``mixlab report``), ``leakage`` (the five cross-document probes),
+``representations`` (hidden states per layer, cosine similarity, PCA, linear probes for the previous token).
 """

@@ -411,11 +411,16 @@ def mixer_names() -> list[str]:
 
 
 def parse_mixer_name(name: str) -> tuple[str, str]:
-    """``"attention+qkv_static"`` -> ("attention", "static"); ``"rubiconv"`` -> ("rubiconv", "none")."""
-    if name not in mixer_names():
-        raise ValueError(f"unknown mixer {name!r}; choose from {', '.join(mixer_names())} or all")
-    mixer, _, qkv = name.partition(QKV_PREFIX)
-    return mixer, qkv or "none"
+    """``"attention+qkv_static"`` -> ("attention", "static"); ``"rubiconv"`` -> ("rubiconv", "none"); an
+    installed plugin's name or an import path ``package.module:Factory`` -> (name, "none")."""
+    if name in mixer_names():
+        mixer, _, qkv = name.partition(QKV_PREFIX)
+        return mixer, qkv or "none"
+    if isinstance(name, str) and (":" in name or name in models.mixer_origins()):
+        models.resolve_mixer(name)  # imports the plugin: a broken one fails here, naming itself
+        return name, "none"
+    raise ValueError(f"unknown mixer {name!r}; choose from {', '.join(mixer_names())}, an installed plugin, "
+                     "an import path package.module:Factory, or all")
 
 
 def resolve_names(mixer: str | Sequence[str]) -> list[str]:
@@ -466,7 +471,7 @@ def build_probe_module(name: str, *, level: str = "mixer", backend: str = "auto"
                                 mlp_hidden=2 * d_model, max_seq_len=seq_len, qkv_conv=qkv)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = models.build_model(config) if level == "model" else models.MIXERS[mixer](config, 0)
+        module = models.build_model(config) if level == "model" else models.resolve_mixer(mixer)(config, 0)
     use_backend(module, backend)
     return module.eval()
 

@@ -3,12 +3,14 @@
     config = ModelConfig(vocab_size=16, mixer="attention", qkv_conv="dynamic_lowrank")
     model = build_model(config)
     logits = model(input_ids, doc_ids=None)   # [B, T, V]
+    save(model, "model.pt"); model = load("model.pt")   # weights + config in one file
 """
 
+from models.checkpoint import load, save
 from models.config import PRESETS, ModelConfig, preset_config
 from models.layers import Block, Mixer, RMSNorm, SwiGLU
 from models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
-from models.mixers import MIXERS
+from models.mixers import MIXERS, claims_document_blindness, mixer_origins, resolve_mixer
 
 __all__ = [
     "MIXERS",
@@ -21,6 +23,11 @@ __all__ = [
     "RMSNorm",
     "SwiGLU",
     "build_model",
+    "claims_document_blindness",
     "count_parameters",
+    "load",
+    "mixer_origins",
     "preset_config",
+    "resolve_mixer",
+    "save",
 ]

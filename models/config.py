@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from models.mixers import MIXERS
+from models.mixers import resolve_mixer
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
@@ -27,7 +27,8 @@ class ModelConfig:
         n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
             these as two "layers", so the MAD model's 4 layers are 2 blocks).
         mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
-            rubiconv, fft_conv_leaky, none).
+            rubiconv, fft_conv_leaky, none), the name of an installed `mixlab.mixers` entry point, or an
+            import path `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin).
         n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
         mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
         max_seq_len: longest accepted sequence; the long-conv filter length L_F.
@@ -71,7 +72,10 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
             object.__setattr__(self, name, float(value))
-        _check_choice("mixer", self.mixer, sorted(MIXERS))
+        try:
+            resolve_mixer(self.mixer)
+        except ValueError as exc:
+            raise ValueError(f"ModelConfig.mixer: {exc}") from exc
         _check_choice("qkv_conv", self.qkv_conv, QKV_CONVS)
         _check_choice("objective", self.objective, OBJECTIVES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)

@@ -14,7 +14,7 @@ from torch import nn
 import kernels.utils
 from models.config import ModelConfig
 from models.layers import Block, RMSNorm, sincos_embedding
-from models.mixers import MIXERS
+from models.mixers import resolve_mixer
 
 
 def init_weights(model: nn.Module, std: float) -> None:
@@ -38,7 +38,7 @@ class _BlockStack(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        factory = MIXERS[config.mixer]
+        factory = resolve_mixer(config.mixer)
         self.blocks = nn.ModuleList(Block(config, i, factory) for i in range(config.n_layers))
 
     def encode(self, input_ids: torch.Tensor,

@@ -15,7 +15,7 @@ import typer
 
 import models
 import tasks
-from runners import cli_bench, cli_leakage, cli_sweep
+from runners import cli_bench, cli_check, cli_leakage, cli_sweep
 from runners.train import RunConfig, TrainConfig, train_run
 from tasks.base import parse_value
 from tasks.show import render_example
@@ -81,10 +81,16 @@ def tasks_show(
 
 @mixers_app.command("list")
 def mixers_list() -> None:
-    """Every registered mixer with the first line of its docstring."""
-    for name, factory in models.MIXERS.items():
-        doc = (factory.__doc__ or "").strip().splitlines()
-        typer.echo(f"{name:24s} {doc[0] if doc else ''}")
+    """Every mixer reachable by name (the built-ins, then installed plugins of the entry point group
+    mixlab.mixers) with its origin and the first line of its docstring. An import path package.module:Factory
+    is accepted wherever a name is."""
+    for name, origin in models.mixer_origins().items():
+        try:
+            doc = (models.resolve_mixer(name).__doc__ or "").strip().splitlines()
+            summary = doc[0] if doc else ""
+        except ValueError as exc:  # a broken plugin is listed, not fatal
+            summary = f"cannot load: {exc}"
+        typer.echo(f"{name:24s} {summary}  [{origin}]")
 
 
 RUN_SET_HELP = (
@@ -129,7 +135,8 @@ def _annotations(cls) -> dict:
 @app.command("run")
 def run(
     task: str = typer.Argument(..., help="Task name, see `mixlab tasks list`."),
-    mixer: str = typer.Option("attention", help="Mixer name, see `mixlab mixers list`."),
+    mixer: str = typer.Option("attention", help="Mixer name (see `mixlab mixers list`) or import path "
+                              "package.module:Factory."),
     set_: list[str] = typer.Option(None, "--set", help=RUN_SET_HELP),
     seed: int = typer.Option(0, help="Initialisation seed (model init and shuffling)."),
     data_seed: int = typer.Option(0, help="Data seed (train and test sets)."),
@@ -138,11 +145,12 @@ def run(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     out: str = typer.Option("runs", help="Folder for the run's JSON record."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    save: bool = typer.Option(False, "--save", help="Also write the model to <out>/<name>.pt (weights of the "
+                              "reported, lowest-perplexity evaluation; load with models.load)."),
 ) -> None:
     """Train one model on one task and write its record (config, versions, per-epoch and final metrics)."""
     task_params, model_fields, train_fields = split_run_assignments(task, set_)
-    if mixer not in models.MIXERS:
-        raise ValueError(f"unknown mixer {mixer!r}; known mixers: {', '.join(models.MIXERS)}")
+    models.resolve_mixer(mixer)  # an unknown name or a broken import path fails before any data is made
     train_fields.update(init_seed=seed, data_seed=data_seed, device=device)
     if steps is not None:
         train_fields.update(steps=steps, epochs=None)
@@ -150,7 +158,7 @@ def run(
         train_fields["epochs"] = epochs
     config = RunConfig(task=task, task_params=task_params, model={"mixer": mixer, **model_fields},
                        train=TrainConfig(**train_fields))
-    record = train_run(config, out_dir=out, progress=progress)
+    record = train_run(config, out_dir=out, progress=progress, save=save)
     final = record["final"]
     qkv = record["resolved"]["model"]["qkv_conv"]
     label = mixer if qkv == "none" else f"{mixer}+qkv_{qkv}"
@@ -159,6 +167,7 @@ def run(
         f"{final['test_ppl']:.4g} at epoch {final['best_epoch']}, {record['n_params']:,} params, "
         f"{record['steps']} steps in {record['wall_time_s']:.1f} s ({record['steps_per_s']:.1f} steps/s) "
         f"-> {out}/{record['name']}.json"
+        + (f" and {out}/{record['checkpoint']}" if save else "")
         + "".join(f"; {k} {v:.4f}" for k, v in final.items()
                   if k.startswith("acc_") and k not in ("acc_micro", "acc_macro"))
     )
@@ -170,7 +179,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-for _module in (cli_bench, cli_leakage, cli_sweep):
+for _module in (cli_bench, cli_check, cli_leakage, cli_sweep):
     _module.register(app)
 
 

@@ -10,10 +10,21 @@ import typer
 from analysis.aggregate import load_sweep
 from analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
 from runners import mad
-from runners.sweep import SweepResult, load_spec, preset_names, run_sweep
+from runners.ray_backend import RayOptions
+from runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, preset_names, run_sweep
 
-WORKERS_HELP = "Runs at once, each in its own process (on a GPU they share it)."
+WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
+MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
+BATCH_HELP = "Train the runs of a job stacked (the batched engine); --no-batch: one at a time (train_run)."
+COMPILE_HELP = "torch.compile the batched step (results match to rounding, not bitwise)."
+CUDA_GRAPH_HELP = "Replay the batched step as a CUDA graph (CUDA only)."
+BACKEND_HELP = f"Where jobs run: {' or '.join(BACKENDS)} (each job a Ray task; pip install 'mixlab[ray]')."
+ADDRESS_HELP = ("Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: RAY_ADDRESS, else a cluster started "
+                "here by `ray start`, else a new local Ray).")
+CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
+GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
+RETRIES_HELP = "Ray: times a job whose worker died is run again."
 
 
 def sweep(
@@ -24,12 +35,24 @@ def sweep(
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     limit: int = typer.Option(None, help=LIMIT_HELP),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
+    batch: bool = typer.Option(True, help=BATCH_HELP),
+    compile: bool = typer.Option(False, help=COMPILE_HELP),
+    cuda_graph: bool = typer.Option(False, help=CUDA_GRAPH_HELP),
+    backend: str = typer.Option("local", help=BACKEND_HELP),
+    address: str = typer.Option(None, help=ADDRESS_HELP),
+    cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
+    gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
+    max_retries: int = typer.Option(3, help=RETRIES_HELP),
 ) -> None:
     """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
     grid = load_spec(spec)
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
-    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, progress=progress))
+    ray_options = _ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries)
+    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, progress=progress, max_stack=max_stack,
+                           batch=batch, compile=compile, cuda_graph=cuda_graph, backend=backend,
+                           ray_options=ray_options))
 
 
 def sweep_presets() -> None:
@@ -47,12 +70,23 @@ def mad_run(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     limit: int = typer.Option(None, help=LIMIT_HELP),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
+    batch: bool = typer.Option(True, help=BATCH_HELP),
+    compile: bool = typer.Option(False, help=COMPILE_HELP),
+    cuda_graph: bool = typer.Option(False, help=CUDA_GRAPH_HELP),
+    backend: str = typer.Option("local", help=BACKEND_HELP),
+    address: str = typer.Option(None, help=ADDRESS_HELP),
+    cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
+    gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
+    max_retries: int = typer.Option(3, help=RETRIES_HELP),
 ) -> None:
     """Run the MAD protocol for one model (resumable), then print its MAD table."""
     plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
     folder = Path(out) if out else mad.default_out(model, profile)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, workers=workers, limit=limit, progress=progress)
+    result = run_sweep(plan, folder, workers=workers, limit=limit, progress=progress, max_stack=max_stack,
+                       batch=batch, compile=compile, cuda_graph=cuda_graph, backend=backend,
+                       ray_options=_ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries))
     _echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))
@@ -89,6 +123,17 @@ def report(
 
     written = write_report(folders, out)
     typer.echo(f"wrote {len(written)} files to {written[0].parent}: " + ", ".join(p.name for p in written))
+
+
+def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_job: float,
+                 max_retries: int) -> RayOptions | None:
+    """The Ray options of a command line; None for the local backend, where --address would be a mistake."""
+    if backend != "ray":
+        if address is not None:
+            raise ValueError(f"--address {address} needs --backend ray")
+        return None
+    return RayOptions(address=address, cpus_per_job=cpus_per_job, gpus_per_job=gpus_per_job,
+                      max_retries=max_retries)
 
 
 def _echo_result(result: SweepResult) -> None:

@@ -35,7 +35,8 @@ Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``t
 - packed tasks (``doc_ids``): turning doc_ids into ``cu_seqlens`` has data-dependent shapes, which vmap
   cannot batch;
 - ``kernel_backend="triton"``: the Triton custom ops have no vmap rule. With ``kernel_backend=None``
-  (auto) the stacked model uses the plain-torch references of the short convs and RubiConv, which batch.
+  (auto) the stacked model uses the plain-torch references of the short convs and RubiConv, which batch;
+- mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
 fft_conv_leaky, none, and the compression autoencoder.
 
@@ -57,12 +58,14 @@ state is restored), so graphs change no result. Recaptured after runs drop out. 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -76,6 +79,7 @@ from tqdm.auto import tqdm
 
 import models
 import tasks
+from models.mixers.attention import stacked_runs
 from runners.metrics import batch_counts, macro_accuracy
 from runners.train import (
     RunConfig,
@@ -99,6 +103,8 @@ COMPILED_COMPACTION = 0.5
 # Compiled variants allowed per function (torch's default, 8, is shared by every stack of the process):
 # one per stack size and batch shape (the last batch of an epoch may be smaller).
 RECOMPILE_LIMIT = 256
+# Attention under vmap: "fold", "math", "native", or None: fold on CUDA, native on the CPU (_vmap_attention).
+VMAP_ATTENTION: str | None = None
 
 
 def _autocast(config: RunConfig, device: torch.device) -> bool:
@@ -126,6 +132,9 @@ def unbatchable_reason(config: RunConfig) -> str | None:
                 f"which vmap cannot batch")
     if model_config.kernel_backend == "triton":
         return "kernel_backend='triton': the Triton custom ops have no vmap rule"
+    if model_config.mixer not in models.MIXERS:
+        return (f"mixer {model_config.mixer!r} is not built in: nothing says its forward runs under vmap "
+                f"(data-dependent control flow or .item() would fail there)")
     return None
 
 
@@ -233,11 +242,28 @@ def _template(model_config: models.ModelConfig, device: torch.device) -> torch.n
 
 
 def _vmap_attention(device: torch.device):
-    """On CUDA, the math SDPA backend inside vmap: the fused kernels' batch rules fail there (backward of the
-    efficient kernel: "LSE is not correctly aligned", seen on an H200 with torch 2.11)."""
-    if device.type != "cuda":
-        return nullcontext()
-    return sdpa_kernel([SDPBackend.MATH])
+    """How attention runs under vmap (``VMAP_ATTENTION``): "fold" folds the run axis into the batch and calls
+    the fused kernels outside vmap (``models.mixers.attention.stacked_runs``); "math" uses the math SDPA
+    backend on CUDA; "native" leaves it to torch's batch rules (their backward failed on an H200 with torch
+    2.11: "LSE is not correctly aligned"; on the CPU they loop over the runs). None: fold on CUDA; native on
+    the CPU, where the loop keeps records bitwise equal to train_run's (the CPU flash kernel's sums depend on
+    the batch size, so a folded batch changes the last bits). Selectable for
+    ``scripts/probe_vmap_attention.py``."""
+    mode = VMAP_ATTENTION or ("fold" if device.type == "cuda" else "native")
+    if mode == "fold":
+        return stacked_runs()
+    if mode == "math" and device.type == "cuda":
+        return sdpa_kernel([SDPBackend.MATH])
+    return _quiet_vmap_fallback()
+
+
+@contextlib.contextmanager
+def _quiet_vmap_fallback():
+    """The native mode on the CPU loops over the runs on purpose (bitwise records): torch's warning about the
+    missing batch rule would only alarm the reader of a sweep's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
+        yield
 
 
 def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,

@@ -29,10 +29,14 @@ smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 6
 Sizes for one architecture and one seed, before early stopping (``MadProfile.max_total_steps``): ``paper``
 396 runs, 5.38M optimizer steps (SPEC 3.3's 5.4M), about 12 GPU-hours one run at a time at SPEC 5.3's 7.9 ms
 per step; ``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
-run at a time, and ``--workers 2-4`` overlap runs (the MAD step is launch-bound; the GPU is mostly idle);
-``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick`` keeps every
-setting because the MAD score averages over them (long sequences and small training sets are the hard ones);
-it drops the grid and caps the steps instead.
+run at a time; ``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick``
+keeps every setting because the MAD score averages over them (long sequences and small training sets are the
+hard ones); it drops the grid and caps the steps instead.
+
+The MAD step is launch-bound (the GPU is mostly idle), so ``run_sweep`` trains runs of equal shapes stacked,
+one batched job each (``runners.engine``): a setting's lr x wd grid and its seeds, and settings that differ
+only in values (noisy recall's ``frac_noise``); ``--workers`` overlaps jobs and ``--backend ray`` spreads
+them over machines.
 """
 
 from __future__ import annotations
@@ -126,17 +130,20 @@ PROFILES: dict[str, MadProfile] = {
 
 
 def model_names() -> list[str]:
-    """Models ``mad run`` accepts: every preset of models.PRESETS, then every models.MIXERS name."""
-    return sorted(models.PRESETS) + [m for m in models.MIXERS if m not in models.PRESETS]
+    """Models ``mad run`` accepts by name: every preset of models.PRESETS, then every mixer (built-in, then
+    installed plugins); an import path ``package.module:Factory`` is accepted too."""
+    return sorted(models.PRESETS) + [m for m in models.mixer_origins() if m not in models.PRESETS]
 
 
 def model_fields(name: str) -> dict[str, Any]:
     """ModelConfig fields of a model name (a preset wins over a mixer of the same name)."""
     if name in models.PRESETS:
         return dict(models.PRESETS[name])
-    if name in models.MIXERS:
+    if name in models.MIXERS or ":" in name or name in models.mixer_origins():
+        models.resolve_mixer(name)  # an import path that does not import fails here, in one line
         return {"mixer": name}
-    raise ValueError(f"unknown model {name!r}; choose from {', '.join(model_names())}")
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(model_names())} "
+                     f"or an import path package.module:Factory")
 
 
 def get_profile(name: str) -> MadProfile:

@@ -10,6 +10,12 @@ A record appears whole or not at all (temporary file, fsync, rename), so a crash
 only the runs in flight; running the same sweep again skips every hash that already has a record. A folder
 holds one sweep: starting a different one there (another spec, seeds aside) is refused; adding seeds is fine.
 
+Execution: the missing runs are grouped into jobs (``plan_jobs``): runs that the batched engine
+(``runners.engine``) can stack, at most ``max_stack`` of them, trained together by ``run_job``; a run that
+cannot stack is a job alone. The local backend runs the jobs in this process or ``workers`` spawned
+processes; the Ray backend (``runners.ray_backend``) makes each job a Ray task. A stacked run's record equals
+the one it would get alone (on the CPU bitwise, time fields aside), so the grouping changes no result.
+
 The hash is ``runners.train.config_hash`` of the *resolved* config: task parameters with every default filled
 in and every ModelConfig field (except vocab_size and max_seq_len, which the task fixes), so writing a default
 out or leaving it implicit names the same run, and a later change of a default does not reuse old records.
@@ -55,9 +61,9 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -65,7 +71,11 @@ from tqdm.auto import tqdm
 
 import models
 import tasks
+from runners.engine import group_key, train_runs_batched, unbatchable_reason
 from runners.train import RunConfig, TrainConfig, config_hash, resolve, train_run, write_json_atomic
+
+if TYPE_CHECKING:
+    from runners.ray_backend import RayOptions
 
 MANIFEST = "sweep.json"
 RUNS = "runs"
@@ -75,6 +85,9 @@ TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")
 # TrainConfig fields the seeds set.
 SEED_FIELDS = ("init_seed", "data_seed")
 METRICS = ("acc_micro", "acc_macro")
+# Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
+DEFAULT_MAX_STACK = 64
+BACKENDS = ("local", "ray")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,15 +377,17 @@ class Resolver:
 
 def finished_hashes(out_dir: str | Path) -> set[str]:
     """Hashes with a complete record under ``<out_dir>/runs`` (a file that parses as a JSON record)."""
-    done = set()
-    for path in (Path(out_dir) / RUNS).glob("*.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and "final" in record:
-            done.add(path.stem)
-    return done
+    return {path.stem for path in (Path(out_dir) / RUNS).glob("*.json") if is_record(path)}
+
+
+def is_record(path: Path) -> bool:
+    """Whether ``path`` holds a finished run's record (a JSON object with ``final``): a run is finished iff
+    its ``<hash>.json`` is one."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "final" in record
 
 
 def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
@@ -406,12 +421,94 @@ def _identity(spec: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in spec.items() if k != "seeds"}, sort_keys=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Runs trained by one call of the engine: one stack (runs of equal ``job_key``, at most ``max_stack``) or
+    one run that cannot stack. Plain data, (hash, config dict) pairs, so it pickles to a spawned process or to
+    a Ray task."""
+
+    runs: tuple[tuple[str, dict[str, Any]], ...]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def hashes(self) -> list[str]:
+        return [name for name, _ in self.runs]
+
+    @property
+    def device(self) -> str:
+        """The runs' ``device`` setting as written (``auto``, ``cpu`` or ``cuda``; equal within a job)."""
+        return self.runs[0][1]["train"]["device"]
+
+    @property
+    def label(self) -> str:
+        """``<task> <mixer> x<runs>`` of the first run, for progress and task names."""
+        config = self.runs[0][1]
+        return f"{config['task']} {config['model']['mixer']} x{len(self)}"
+
+
+def job_key(config: RunConfig) -> tuple:
+    """Runs with equal keys may share a job: ``engine.group_key`` as on the CPU, plus the device and precision
+    as written, which fix the rest of the engine's key wherever the job runs. A planner without a GPU can so
+    group runs for ``cuda`` (a driver of a Ray cluster); the engine groups them the same on the worker."""
+    on_cpu = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cpu"))
+    return group_key(on_cpu), config.train.device, config.train.precision
+
+
+def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK) -> list[Job]:
+    """Runs of equal ``job_key`` in plan order, ``max_stack`` to a job; a run the engine cannot stack
+    (``engine.unbatchable_reason``: packed tasks, Triton kernels) is a job of its own. Jobs are ordered by
+    their first run, so the first jobs hold the plan's first runs (its first seeds)."""
+    if isinstance(max_stack, bool) or not isinstance(max_stack, int) or max_stack < 1:
+        raise ValueError(f"max_stack must be a positive integer, got {max_stack!r}")
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
+        groups.setdefault(key, []).append(i)
+    chunks = [members[lo : lo + max_stack] for members in groups.values()
+              for lo in range(0, len(members), max_stack)]
+    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in sorted(chunks)]
+
+
+def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compile: bool = False,
+            cuda_graph: bool = False) -> list[dict[str, Any]]:
+    """Train the runs of ``job`` that have no record in ``runs_dir`` yet; return their records.
+
+    Each record goes to ``<runs_dir>/<hash>.json`` (atomically) as soon as its run ends, so a job run again
+    (resumed after a crash, or retried) trains only its missing runs and never writes a run twice. runs_dir
+    None: nothing is skipped or written (the Ray backend's tasks; the driver writes). batch: the runs
+    trained stacked by ``engine.train_runs_batched`` (with its ``compile`` and ``cuda_graph`` options);
+    False: one at a time by ``train_run``.
+    """
+    if not batch and (compile or cuda_graph):
+        raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} are options of the batched engine; "
+                         "they need batch=True")
+    todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
+            if runs_dir is None or not is_record(Path(runs_dir) / f"{name}.json")]
+    if not todo:
+        return []
+    names, configs = [name for name, _ in todo], [config for _, config in todo]
+    if batch:
+        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, compile=compile,
+                                  cuda_graph=cuda_graph)
+    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False)
+            for name, config in zip(names, configs)]
+
+
 def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: int | None = None,
-              progress: bool = True) -> SweepResult:
+              progress: bool = True, batch: bool = True, max_stack: int = DEFAULT_MAX_STACK,
+              compile: bool = False, cuda_graph: bool = False, backend: str = "local",
+              ray_options: RayOptions | None = None) -> SweepResult:
     """Run every run of ``plan`` without a record in ``out_dir`` yet; a tqdm bar counts runs, with an ETA.
 
-    workers: 1 runs in this process; N > 1 keeps N runs going in spawned processes (on a GPU they share it; on
-        the CPU each gets cpu_count // N threads).
+    The missing runs are split into jobs (``plan_jobs``): runs that stack, ``max_stack`` at a time, each job
+    trained by one call of the batched engine (``run_job``); ``batch=False`` trains one run per job with
+    ``train_run`` (max_stack is then 1). ``compile`` and ``cuda_graph`` are the engine's speed options.
+    workers: the local backend keeps this many jobs going: 1 in this process, N > 1 in spawned processes
+        (on a GPU they share it; on the CPU each gets cpu_count // N threads).
+    backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray_options``);
+        needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by resources).
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
     A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records.
     """
@@ -419,29 +516,52 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "ray" and workers != 1:
+        raise ValueError(f"workers={workers} is for the local backend; Ray runs as many jobs at once as its "
+                         "resources allow (cpus_per_job, gpus_per_job)")
+    if not batch and (compile or cuda_graph):
+        raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} need the batched engine "
+                         "(batch=True)")
+    if backend == "ray":
+        # imported here: the backend is optional; checked before anything is written
+        from runners import ray_backend
+
+        ray_backend.import_ray()
     out = Path(out_dir)
     runs_dir = out / RUNS
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    write_manifest(out, plan)
     done = finished_hashes(out)
     todo = [r for r in plan.runs if r.hash not in done]
     skipped = len(plan.runs) - len(todo)
     if limit is not None:
         todo = todo[:limit]
+    jobs = plan_jobs(todo, max_stack if batch else 1)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(out, plan)
+    engine = {"batch": batch, "compile": compile, "cuda_graph": cuda_graph}
+    ran = 0
     # smoothing=0: the ETA uses the mean time per run so far; runs differ too much for a moving average.
     bar = tqdm(total=len(plan.runs), initial=skipped, disable=not progress, desc=plan.name, unit="run",
                dynamic_ncols=True, smoothing=0)
+
+    def job_done(job: Job, trained: int) -> None:
+        """Every run of ``job`` has its record now; ``trained`` of them were trained by this sweep."""
+        nonlocal ran
+        ran += trained
+        bar.update(len(job))
+
     try:
-        if workers == 1:
-            for run in todo:
-                # one bar for the sweep: a nested bar per run would interleave with it in logs
-                train_run(run.config, out_dir=runs_dir, run_name=run.hash, progress=False)
-                bar.update(1)
+        if backend == "ray":
+            ray_backend.run_jobs(jobs, runs_dir, ray_options or ray_backend.RayOptions(), engine, job_done)
+        elif workers == 1:
+            for job in jobs:
+                job_done(job, len(run_job(job, runs_dir, **engine)))
         else:
-            _run_pool(todo, runs_dir, workers, bar)
+            _run_pool(jobs, runs_dir, workers, engine, job_done)
     finally:
         bar.close()
-    return SweepResult(total=len(plan.runs), skipped=skipped, ran=len(todo), out_dir=out)
+    return SweepResult(total=len(plan.runs), skipped=skipped, ran=ran, out_dir=out)
 
 
 def _init_worker(threads: int, parent: int) -> None:
@@ -459,32 +579,32 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _run_in_worker(config: dict[str, Any], runs_dir: str, name: str) -> str:
-    train_run(RunConfig.from_dict(config), out_dir=runs_dir, run_name=name, progress=False)
-    return name
+def _run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
+    return len(run_job(job, runs_dir, **engine))
 
 
-def _run_pool(todo: list[PlannedRun], runs_dir: Path, workers: int, bar: tqdm) -> None:
-    """Keep ``workers`` runs in flight and nothing queued behind them, so a stop abandons only those."""
+def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
+              job_done: Callable[[Job, int], None]) -> None:
+    """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those."""
     before = set(multiprocessing.active_children())
     threads = max(1, (os.cpu_count() or 1) // workers)
     executor = concurrent.futures.ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
         initargs=(threads, os.getpid()))
-    pending = iter(todo)
+    pending = iter(jobs)
+    in_flight: dict[concurrent.futures.Future, Job] = {}
 
-    def submit(n: int) -> set[concurrent.futures.Future]:
-        return {executor.submit(_run_in_worker, run.config.to_dict(), str(runs_dir), run.hash)
-                for run in itertools.islice(pending, n)}
+    def submit(n: int) -> None:
+        for job in itertools.islice(pending, n):
+            in_flight[executor.submit(_run_in_worker, job, str(runs_dir), engine)] = job
 
     try:
-        in_flight = submit(workers)
+        submit(workers)
         while in_flight:
-            finished, in_flight = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
+            finished, _ = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
             for future in finished:
-                future.result()
-                bar.update(1)
-                in_flight |= submit(1)
+                job_done(in_flight.pop(future), future.result())
+                submit(1)
     except BaseException:
         # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
         executor.shutdown(wait=False, cancel_futures=True)

@@ -238,8 +238,16 @@ def evaluate(model: torch.nn.Module, data: tasks.TaskData, batch_size: int, devi
 
 
 def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress: bool = True,
-              run_name: str | None = None) -> dict[str, Any]:
-    """Train one run and return its record; with ``out_dir`` also write ``<out_dir>/<run_name>.json``."""
+              run_name: str | None = None, save: bool = False) -> dict[str, Any]:
+    """Train one run and return its record; with ``out_dir`` also write ``<out_dir>/<run_name>.json``.
+
+    ``save`` (needs ``out_dir``) also writes the model to ``<out_dir>/<run_name>.pt`` (``models.save``): the
+    weights of the evaluation the record's ``final`` metrics come from (the lowest test perplexity), not those
+    after the last step, with the run's config, resolved parameters, versions and final metrics as metadata.
+    The record then names the file under ``checkpoint``; the checkpoint is written before the record.
+    """
+    if save and out_dir is None:
+        raise ValueError("save=True needs an out_dir to write the checkpoint to")
     tc = config.train
     task, model_config = resolve(config)
     device = pick_device(tc.device)
@@ -265,6 +273,7 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
 
     history: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
+    best_state: dict[str, torch.Tensor] | None = None  # weights at `best`, kept only when saving
     stopped_early = False
     step = 0
     train_time = 0.0
@@ -313,6 +322,9 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
                     history.append(entry)
                     if best is None or entry["test_ppl"] < best["test_ppl"]:
                         best = entry
+                        if save:
+                            best_state = {k: v.detach().to("cpu", copy=True)
+                                          for k, v in model.state_dict().items()}
                     bar.set_postfix(acc=f"{entry['acc_macro']:.3f}", ppl=f"{entry['test_ppl']:.3g}")
                     if tc.early_stop_acc is not None and entry["acc_macro"] >= tc.early_stop_acc:
                         stopped_early = True
@@ -340,5 +352,9 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     if out_dir is not None:
         name = run_name or f"{config.task.replace('/', '-')}_{model_config.mixer}_{config_hash(config)}"
         record["name"] = name
+        if save:
+            record["checkpoint"] = f"{name}.pt"
+            metadata = {k: record[k] for k in ("name", "config", "resolved", "versions", "seeds", "final")}
+            models.save(model, Path(out_dir) / record["checkpoint"], state_dict=best_state, metadata=metadata)
         write_json_atomic(Path(out_dir) / f"{name}.json", record)
     return record

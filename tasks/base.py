@@ -124,6 +124,10 @@ def _check_type(name: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise ValueError(f"parameter {name!r} must be a number, got {value!r}")
         return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ValueError(f"parameter {name!r} must be a string, got {value!r}")
+        return value
     if origin is tuple:
         if not isinstance(value, (tuple, list)):
             raise ValueError(f"parameter {name!r} must be a tuple, got {value!r}")

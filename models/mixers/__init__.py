@@ -1,13 +1,29 @@
-"""The MIXERS registry: name -> factory(config, layer_idx) -> Mixer.
+"""The MIXERS registry: name -> factory(config, layer_idx) -> Mixer, and the resolution of every mixer name.
 
-The CLI choices, the parametrised tests and the docs all read this dict, so a new mixer is one module plus
-one line here.
+The CLI choices, the parametrised tests and the docs all read this dict, so a new built-in mixer is one module
+plus one line here. Wherever a mixer name is accepted (``ModelConfig.mixer``, ``mixlab run --mixer``, sweeps,
+``mixlab mad run --model``, ``mixlab leakage``, ``mixlab check-mixer``), ``resolve_mixer`` also takes
+- the name of an entry point of the group ``mixlab.mixers`` in an installed package, and
+- an import path ``package.module:Factory``,
+both external factories ``Factory(d_model, **extras)`` (contract in ``models.mixers.external``). A built-in
+name wins over an entry point of the same name.
 """
 
 from collections.abc import Callable
 
 from models.layers import Mixer
 from models.mixers.attention import Attention
+from models.mixers.external import (
+    ENTRY_POINT_GROUP,
+    ExternalFactory,
+    ExternalMixer,
+    accepts_cu_seqlens,
+    claims_document_blindness,
+    entry_point_origin,
+    entry_points,
+    is_import_path,
+    load_target,
+)
 from models.mixers.identity import IdentityMixer
 from models.mixers.long_conv import GatedLongConv, LeakyFFTConv
 from models.mixers.short_conv import dynamic_conv, dynamic_conv_headwise, static_conv
@@ -22,4 +38,56 @@ MIXERS: dict[str, Callable[..., Mixer]] = {
     "none": IdentityMixer,
 }
 
-__all__ = ["MIXERS"]
+BUILT_IN = "built-in"
+IMPORT_PATH = "import path"
+
+
+def mixer_origins() -> dict[str, str]:
+    """Every mixer reachable by name and where it comes from: the built-ins (``"built-in"``), then installed
+    entry points by name (``"entry point of DIST VERSION (module:Factory)"``). Nothing is imported."""
+    origins = {name: BUILT_IN for name in MIXERS}
+    for name, eps in sorted(entry_points().items()):
+        found = ", ".join(entry_point_origin(ep) for ep in eps)
+        if name in MIXERS:
+            origins[name] = f"{BUILT_IN} (ignored: {found})"
+        elif len(eps) > 1:
+            origins[name] = f"ambiguous: {found}; use an import path"
+        else:
+            origins[name] = found
+    return origins
+
+
+def resolve_mixer(name: str) -> Callable[..., Mixer]:
+    """The factory ``(config, layer_idx) -> Mixer`` of a built-in name, an entry-point name or an import path
+    ``package.module:Factory`` (an ``ExternalFactory`` for the last two, which imports the plugin).
+
+    ValueError, one line naming the mixer: an unknown name, two packages registering one name, a malformed
+    path, a module that fails to import, a missing attribute, or a target that is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a mixer is a non-empty name or import path, got {name!r}")
+    if name in MIXERS:
+        return MIXERS[name]
+    if is_import_path(name):
+        return ExternalFactory(name, IMPORT_PATH, load_target(name, repr(name)))
+    eps = entry_points().get(name, [])
+    if not eps:
+        raise ValueError(f"unknown mixer {name!r}; choose from {', '.join(mixer_origins())} "
+                         "or give an import path package.module:Factory")
+    if len(eps) > 1:
+        raise ValueError(f"mixer {name!r} is registered by several packages "
+                         f"({', '.join(entry_point_origin(ep) for ep in eps)}); use an import path")
+    origin = entry_point_origin(eps[0])
+    return ExternalFactory(name, origin, load_target(eps[0].value, f"{name!r} ({origin})"))
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "MIXERS",
+    "ExternalFactory",
+    "ExternalMixer",
+    "accepts_cu_seqlens",
+    "claims_document_blindness",
+    "mixer_origins",
+    "resolve_mixer",
+]

@@ -13,6 +13,12 @@ or one whose neighbour shares all its keys, takes any key it does not show). The
 emits the answer after reading the query key); nothing else is scored. A mixer that reads the previous document
 answers absent queries with that document's value instead of NONE.
 
+``absent_key`` picks which of the previous document's keys an absent query asks: ``"previous"`` (SPEC 3.4) any
+of them; ``"previous_last"`` the one shown last (nearest the boundary). Then the absent key's latest occurrence
+sits just before this document's BOS, no farther from the query than a present key shown early in a long
+document: a leaky mixer cannot tell absent from present by distance (a learned decay of its filter), since
+document lengths vary; only the boundary separates them.
+
 Worked example (one document, keys 4.., values 4+num_keys..; num_keys=8, L=10)::
 
     inputs : 1  5 14  7 12  5 14  2  7 12
@@ -31,6 +37,7 @@ from tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_le
 FILLER, BOS, QUERY, NONE = 0, 1, 2, 3
 FIRST_KEY = 4
 MIN_DOC = 6  # BOS, one pair, =>, query, answer
+ABSENT_KEYS = ("previous", "previous_last")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class AssociativeRetrievalParams(PackingParams):
     num_values: int = 32
     keys_per_doc: int = 8
     absent_prob: float = 0.5
+    absent_key: str = "previous"
 
 
 class PackedAssociativeRetrieval(Task):
@@ -60,6 +68,8 @@ class PackedAssociativeRetrieval(Task):
             f"keys_per_doc must be in [1, num_keys) so absent keys exist, got {p.keys_per_doc}",
         )
         require(0.0 <= p.absent_prob <= 1.0, f"absent_prob must be in [0, 1], got {p.absent_prob}")
+        require(p.absent_key in ABSENT_KEYS,
+                f"absent_key must be one of {', '.join(ABSENT_KEYS)}, got {p.absent_key!r}")
 
     def token_label(self, token: int) -> str:
         special = {FILLER: "<fill>", BOS: "<bos>", QUERY: "=>", NONE: "NONE"}
@@ -83,7 +93,7 @@ class PackedAssociativeRetrieval(Task):
         doc_ids = np.zeros((num_examples, t), dtype=np.int64)
         for r, lengths in enumerate(draw_doc_lengths(rng, num_examples, p)):
             doc_ids[r] = doc_ids_from_lengths(lengths, t)
-            prev_keys = np.zeros(0, dtype=np.int64)
+            prev_keys = np.zeros(0, dtype=np.int64)  # the previous document's keys, in order of last showing
             start = 0
             for length in lengths:
                 n_pairs = (length - 4) // 2
@@ -94,9 +104,11 @@ class PackedAssociativeRetrieval(Task):
                 shown = np.unique(keys)
                 absent = rng.random() < p.absent_prob
                 if absent:
-                    candidates = np.setdiff1d(prev_keys, shown)
+                    candidates = np.setdiff1d(prev_keys, shown)  # sorted
                     if candidates.size == 0:
                         candidates = np.setdiff1d(np.arange(p.num_keys) + FIRST_KEY, shown)
+                    elif p.absent_key == "previous_last":
+                        candidates = prev_keys[~np.isin(prev_keys, shown)][-1:]
                     query, answer = rng.choice(candidates), NONE
                 else:
                     pick = rng.integers(0, n_pairs)
@@ -112,6 +124,8 @@ class PackedAssociativeRetrieval(Task):
                 doc[-2], role[-2] = query, Role.KEY
                 doc[-1], role[-1] = answer, Role.VALUE
                 targets[r, start + length - 2] = answer
-                prev_keys = shown
+                # keys by their last showing: unique over the reversed pairs gives each key's last index
+                _, last = np.unique(keys[::-1], return_index=True)
+                prev_keys = keys[::-1][np.sort(last)][::-1]
                 start += length
         return TaskData.from_numpy(inputs, targets, roles, self.vocab_size, doc_ids=doc_ids)

@@ -4,10 +4,11 @@ a variant built to fail it, so a probe that cannot fail is caught."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models import MIXERS, ModelConfig
-from models.mixers.attention import document_gather_index
+from models.mixers.attention import causal_sdpa_stacked, document_gather_index
 
 D, T = 16, 13
 # documents per row: several rows, a one-document row, documents of length 1 and shorter than the width W=4
@@ -196,3 +197,27 @@ def test_document_gather_index_layout():
     assert index.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]
     assert valid.sum().item() == 6
     assert index[valid].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("runs_dim", [0, 2], ids=["runs_first", "runs_inside"])
+def test_stacked_attention_folds_runs_and_matches_each_run(runs_dim):
+    """causal_sdpa_stacked under vmap: each run's output and q/k/v gradients equal plain SDPA on that run."""
+    g = torch.Generator().manual_seed(0)
+    shape = [3, 4, 2, 17, 8]  # [R, N, H, L, hd] with the run axis moved to runs_dim below
+    qkv = [torch.randn(shape, generator=g).movedim(0, runs_dim).requires_grad_() for _ in range(3)]
+    up = torch.randn(shape, generator=g)  # [R, N, H, L, hd]
+    out = torch.func.vmap(causal_sdpa_stacked, in_dims=runs_dim)(*qkv)  # [R, N, H, L, hd]
+    grads = torch.autograd.grad(out, qkv, up)
+    for r in range(shape[0]):
+        run = [t.select(runs_dim, r) for t in qkv]
+        ref = F.scaled_dot_product_attention(*run, is_causal=True)
+        ref_grads = torch.autograd.grad(ref, qkv, up[r])
+        torch.testing.assert_close(out[r], ref, rtol=1e-6, atol=1e-6)
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got.select(runs_dim, r), want.select(runs_dim, r), rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_attention_op_registration():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 9, 8, generator=g, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(causal_sdpa_stacked, (q, k, v))

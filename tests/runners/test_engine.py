@@ -60,6 +60,14 @@ def test_batched_records_equal_one_at_a_time():
     assert all(r["steps"] == 15 and not r["stopped_early"] and r["train_time_s"] > 0 for r in batched)
 
 
+@pytest.mark.parametrize("mode", ["fold", "native"])
+def test_attention_modes_under_vmap_match_one_at_a_time(monkeypatch, mode):
+    # fold is the CUDA default (fused kernels outside vmap); on the CPU its folded batch changes the last bits
+    monkeypatch.setattr(engine, "VMAP_ATTENTION", mode)
+    configs = [tiny(lr=1e-2), tiny(lr=5e-3, weight_decay=0.1, init_seed=1, data_seed=1)]
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=mode == "native")
+
+
 def test_bf16_autocast_batches_bitwise_on_cpu():
     configs = [tiny(epochs=1, precision="bf16"), tiny(epochs=1, precision="bf16", init_seed=1, lr=1e-2)]
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs))

@@ -107,6 +107,30 @@ def test_noisy_recall_scores_repeated_keys_within_each_document():
             assert not (role[start:end][tgt[start:end] != IGNORE] == Role.NOISE).any()
 
 
+def test_absent_key_previous_last_asks_the_neighbours_last_shown_key():
+    """Absent queries ask the previous document's key shown nearest the boundary (among those this document
+    lacks); the default mode draws the same bytes as before the option existed (it keeps its sorted draw)."""
+    task = get_task("packed/associative_retrieval", seq_len=512, absent_key="previous_last")
+    data = task.generate(30, seed=2)
+    checked = 0
+    for r in range(len(data)):
+        inp = data.inputs[r].numpy()
+        prev_order = None  # the previous document's keys, ordered by their last showing
+        for start, end in documents(data, r):
+            doc = inp[start:end]
+            body = doc[1:-3]
+            keys = body[0 : len(body) - len(body) % 2 : 2]
+            if doc[-1] == NONE and prev_order is not None:
+                lacking = [k for k in prev_order if k not in set(keys)]
+                if lacking:
+                    assert doc[-2] == lacking[-1]
+                    checked += 1
+            prev_order = sorted(set(keys), key=lambda k: np.flatnonzero(keys == k).max())
+    assert checked > 30
+    plain = get_task("packed/associative_retrieval", seq_len=512).generate(30, seed=2)
+    assert not np.array_equal(plain.inputs.numpy(), data.inputs.numpy())
+
+
 @pytest.mark.parametrize(
     "name,params,bad",
     [
@@ -114,10 +138,13 @@ def test_noisy_recall_scores_repeated_keys_within_each_document():
         ("packed/associative_retrieval", {"min_doc_len": 4}, "min_doc_len"),
         ("packed/associative_retrieval", {"doc_len_median": 5000}, "doc_len_median"),
         ("packed/associative_retrieval", {"absent_prob": 2.0}, "absent_prob"),
+        ("packed/associative_retrieval", {"absent_key": "nearest"}, "absent_key"),
+        ("packed/associative_retrieval", {"absent_key": 1}, "absent_key"),
         ("packed/noisy_recall", {"seq_len": 1023}, "seq_len"),
         ("packed/noisy_recall", {"frac_noise": 1.0}, "frac_noise"),
     ],
-    ids=["all-keys-active", "tiny-docs", "median-out-of-range", "bad-prob", "odd-row", "all-noise"],
+    ids=["all-keys-active", "tiny-docs", "median-out-of-range", "bad-prob", "unknown-absent-key",
+         "absent-key-not-a-string", "odd-row", "all-noise"],
 )
 def test_impossible_settings_name_the_parameter(name, params, bad):
     with pytest.raises(ValueError, match=bad):

@@ -1,0 +1,48 @@
+"""Where a batched training step's GPU time goes: torch.profiler over the engine training a stack of runs.
+
+    PYTHONPATH=. python scripts/profile_engine_gpu.py --n-runs 6 --steps 30 [--cuda-graph]
+
+Trains ``n_runs`` runs of ``mixlab bench train``'s setting (MAD in-context recall, the 2-block attention model,
+bf16 autocast) once to warm up, then again under the profiler; prints the kernels by total GPU time and the
+step's wall time split into GPU busy time and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from runners.bench_train import bench_configs
+from runners.engine import train_runs_batched
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-runs", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--model", default="transformer")
+    parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--rows", type=int, default=25, help="kernels listed")
+    args = parser.parse_args()
+    # one epoch longer than the steps, so no evaluation but the final one falls inside the profile
+    configs = bench_configs("mad/in_context_recall", args.model, args.n_runs, args.steps, "cuda",
+                            num_train=128 * (args.steps + 1))
+    train_runs_batched(configs, progress=False, cuda_graph=args.cuda_graph)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        train_runs_batched(configs, progress=False, cuda_graph=args.cuda_graph)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    print(f"{args.n_runs} runs x {args.steps} steps, cuda_graph={args.cuda_graph}: wall {wall:.2f} s "
+          f"(profiled), GPU busy {gpu_us / 1e6:.2f} s, {wall / args.steps * 1e3:.1f} ms a step")
+    print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The sweep runner's jobs: which runs share one call of the batched engine, and that batching, chunking and
+resuming a half-done job change no record."""
+
+import dataclasses
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from runners import sweep
+from runners.cli_sweep import register
+from runners.sweep import Job, PlannedRun, SweepSpec, job_key, plan_jobs, run_job, run_sweep
+from runners.train import RunConfig, TrainConfig, config_hash
+
+# vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")]
+
+LAYER = {"mixer": "attention", "n_layers": 1, "n_heads": 2, "mlp_hidden": 0}
+# 2 models x 2 widths x 2 learning rates x 2 seeds = 16 runs in 4 stackable groups (model x width) of 4.
+GRID = {
+    "name": "jobs",
+    "tasks": [{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2}}],
+    "models": {"attn": LAYER, "conv": {**LAYER, "qkv_conv": "static"}},
+    "model_grid": {"d_model": [8, 16]},
+    "train": {"steps": 4, "epochs": None, "batch_size": 8, "num_train": 16, "num_test": 8, "eval_every": 2,
+              "device": "cpu"},
+    "train_grid": {"lr": [1e-3, 1e-2]},
+    "seeds": 2,
+}
+# Fields that only say how long a run took.
+TIME_FIELDS = ("wall_time_s", "train_time_s", "steps_per_s")
+
+
+def grid(**changes):
+    return SweepSpec.from_dict({**GRID, **changes}).plan()
+
+
+def records(folder):
+    """hash -> record without its time fields, for every record of a sweep folder."""
+    return {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if k not in TIME_FIELDS}
+            for p in (folder / "runs").glob("*.json")}
+
+
+def planned(task, params, model, **train):
+    config = RunConfig(task=task, task_params=params, model=model,
+                       train=TrainConfig(**{**GRID["train"], **train}))
+    return PlannedRun(config_hash(config), config, {})
+
+
+def test_runs_of_one_model_shape_share_a_job_in_plan_order():
+    plan = grid()
+    jobs = plan_jobs(plan.runs)
+    assert [len(job) for job in jobs] == [4, 4, 4, 4]
+    position = {run.hash: i for i, run in enumerate(plan.runs)}
+    for job in jobs:
+        models = {json.dumps(config["model"], sort_keys=True) for _, config in job.runs}
+        assert len(models) == 1, "one model config per job"
+        assert {(c["train"]["lr"], c["train"]["init_seed"]) for _, c in job.runs} == {
+            (lr, seed) for lr in (1e-3, 1e-2) for seed in (0, 1)}, "learning rates and seeds stack"
+        assert [position[h] for h in job.hashes] == sorted(position[h] for h in job.hashes)
+    assert sorted(h for job in jobs for h in job.hashes) == sorted(position)
+    firsts = [position[job.hashes[0]] for job in jobs]
+    assert firsts == [0, 2, 4, 6], "jobs ordered by their first run (lr is the innermost grid)"
+    assert {job.label for job in jobs} == {"mqar attention x4"} and {job.device for job in jobs} == {"cpu"}
+
+
+@pytest.mark.parametrize(("max_stack", "sizes"),
+                         [(1, [1] * 16), (3, [3, 3, 3, 3, 1, 1, 1, 1]), (64, [4] * 4)],
+                         ids=["one-run-per-job", "chunks-of-3", "whole-groups"])
+def test_max_stack_chunks_each_group(max_stack, sizes):
+    plan = grid()
+    jobs = plan_jobs(plan.runs, max_stack)
+    assert [len(job) for job in jobs] == sizes
+    assert sorted(h for job in jobs for h in job.hashes) == sorted(r.hash for r in plan.runs)
+    if max_stack == 1:
+        assert [job.hashes[0] for job in jobs] == [r.hash for r in plan.runs], "the plan's order, run by run"
+
+
+def test_unbatchable_runs_are_jobs_of_their_own():
+    small, mqar = {**LAYER, "d_model": 8}, GRID["tasks"][0]["params"]
+    triton = {**small, "kernel_backend": "triton", "qkv_conv": "static"}
+    runs = [planned("packed/noisy_recall", {"seq_len": 256}, small, init_seed=s) for s in (0, 1)]
+    runs += [planned("mqar", mqar, triton, init_seed=s) for s in (0, 1)]
+    runs += [planned("mqar", mqar, small, init_seed=s) for s in (0, 1)]
+    jobs = plan_jobs(runs)
+    assert [job.hashes for job in jobs] == [[runs[0].hash], [runs[1].hash], [runs[2].hash], [runs[3].hash],
+                                            [runs[4].hash, runs[5].hash]]
+
+
+def test_job_key_plans_cuda_runs_without_a_gpu():
+    """A driver without a GPU plans a GPU sweep (engine.group_key would refuse device 'cuda' here)."""
+    params = GRID["tasks"][0]["params"]
+    runs = [planned("mqar", params, {**LAYER, "d_model": 8}, device=device, init_seed=seed)
+            for device in ("cuda", "cpu", "auto") for seed in (0, 1)]
+    keys = [job_key(run.config) for run in runs]
+    assert keys[0] == keys[1] and len({keys[0], keys[2], keys[4]}) == 3
+    assert [job.device for job in plan_jobs(runs)] == ["cuda", "cpu", "auto"]
+    config = runs[0].config
+    bf16 = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))
+    assert job_key(bf16) != keys[0]
+
+
+def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
+    calls = []
+
+    def spy(name, function):
+        def wrapped(configs, **kwargs):
+            calls.append((name, len(configs) if name == "batched" else 1))
+            return function(configs, **kwargs)
+        monkeypatch.setattr(f"runners.sweep.{function.__name__}", wrapped)
+
+    spy("batched", sweep.train_runs_batched)
+    spy("alone", sweep.train_run)
+    plan = grid()
+    batched = run_sweep(plan, tmp_path / "batched", progress=False)
+    assert calls == [("batched", 4)] * 4
+    calls.clear()
+    alone = run_sweep(plan, tmp_path / "alone", progress=False, batch=False)
+    assert calls == [("alone", 1)] * 16
+    calls.clear()
+    chunked = run_sweep(plan, tmp_path / "chunked", progress=False, max_stack=3)
+    assert calls == [("batched", 3)] * 4 + [("batched", 1)] * 4
+    assert batched.ran == alone.ran == chunked.ran == 16
+    reference = records(tmp_path / "alone")
+    assert len(reference) == 16
+    assert records(tmp_path / "batched") == reference, "bitwise on the CPU in fp32, time fields aside"
+    assert records(tmp_path / "chunked") == reference
+    assert len({json.dumps(r["history"]) for r in reference.values()}) == 16
+
+
+def test_a_job_skips_runs_that_have_records(tmp_path):
+    plan = grid(seeds=1)
+    (job,) = [j for j in plan_jobs(plan.runs) if j.hashes[0] == plan.runs[0].hash]
+    runs_dir = tmp_path / "runs"
+    first = run_job(Job(job.runs[:1]), runs_dir)
+    assert [r["name"] for r in first] == job.hashes[:1]
+    before = (runs_dir / f"{job.hashes[0]}.json").read_bytes()
+    rest = run_job(job, runs_dir)
+    assert [r["name"] for r in rest] == job.hashes[1:], "only the missing runs are trained"
+    assert (runs_dir / f"{job.hashes[0]}.json").read_bytes() == before, "a finished record is never rewritten"
+    assert run_job(job, runs_dir) == []
+    assert sorted(p.stem for p in runs_dir.iterdir()) == sorted(job.hashes)
+    assert run_job(job, None)[0]["name"] == job.hashes[0], "without a folder: train all, write nothing"
+    assert sorted(p.stem for p in runs_dir.iterdir()) == sorted(job.hashes)
+
+
+def test_resume_after_a_partial_job(tmp_path):
+    plan = grid()
+    folder = tmp_path / "resumed"
+    first = run_sweep(plan, folder, progress=False, limit=6)  # half of each of the first three jobs
+    assert (first.ran, set(records(folder))) == (6, {r.hash for r in plan.runs[:6]})
+    partial = records(folder)
+    second = run_sweep(plan, folder, progress=False)
+    assert (second.skipped, second.ran) == (6, 10)
+    resumed = records(folder)
+    assert {h: resumed[h] for h in partial} == partial, "finished runs are not trained again"
+    run_sweep(plan, tmp_path / "clean", progress=False)
+    assert resumed == records(tmp_path / "clean")
+
+
+def test_progress_bar_counts_runs(tmp_path, capsys):
+    run_sweep(grid(seeds=1), tmp_path, limit=5, progress=True)
+    bar = capsys.readouterr().err
+    assert "5/8" in bar and "8/8" not in bar
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"max_stack": 0}, "max_stack"), ({"batch": False, "compile": True}, "compile"),
+     ({"backend": "slurm"}, "slurm"), ({"backend": "ray", "workers": 2}, "workers=2")],
+    ids=["zero-max-stack", "compile-without-batch", "unknown-backend", "workers-with-ray"],
+)
+def test_bad_execution_options_name_the_value(tmp_path, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        run_sweep(grid(), tmp_path, progress=False, **kwargs)
+    assert not list(tmp_path.glob("runs/*.json"))
+
+
+def cli():
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def test_cli_passes_execution_options(tmp_path):
+    spec = tmp_path / "jobs.yaml"
+    spec.write_text(json.dumps({**GRID, "seeds": 1}))  # JSON is YAML
+    invoke = cli()
+    result = invoke("sweep", str(spec), "--out", str(tmp_path / "a"), "--max-stack", "3", "--limit", "4",
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "8 runs: 0 already done, 4 run now" in result.output
+    result = invoke("sweep", str(spec), "--out", str(tmp_path / "a"), "--no-batch", "--no-progress")
+    assert "8 runs: 4 already done, 4 run now" in result.output
+    for argv, named in [(["--max-stack", "0"], "max_stack"), (["--no-batch", "--compile"], "compile"),
+                        (["--address", "auto"], "--backend ray")]:
+        result = invoke("sweep", str(spec), "--out", str(tmp_path / "b"), "--no-progress", *argv)
+        assert isinstance(result.exception, ValueError) and named in str(result.exception), argv
+    result = invoke("mad", "run", "--model", "transformer", "--profile", "smoke",
+                    "--out", str(tmp_path / "c"), "--max-stack", "-1")
+    assert isinstance(result.exception, ValueError) and "max_stack" in str(result.exception)
