@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import run  # the CLI in-process: (exit code, stdout, stderr)
 
 import models
 from runners.check_mixer import check_mixer
-from runners.cli import main
 
 HELPERS = Path(__file__).resolve().parents[1] / "models"  # byo_mixers.py, byo_broken_mixer.py
 EXAMPLE = "gated_maxpool"
@@ -19,17 +19,6 @@ EXAMPLE = "gated_maxpool"
 @pytest.fixture(autouse=True)
 def helper_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(HELPERS))
-
-
-def run(capsys, *argv):
-    """The CLI in-process: (exit code, stdout, stderr)."""
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("mixer", [*models.MIXERS, EXAMPLE, "mixlab_maxpool:GatedMaxPool"])
