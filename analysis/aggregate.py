@@ -16,7 +16,11 @@ it as ``final``); they are recomputed from the record's history with the same ru
 
 MAD score (SPEC 3.3), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
 task's settings, mean over the six tasks; then the median, IQR and count over seeds of each task mean and of
-the average. A seed missing some runs is scored on what it has (tables say how many runs are missing).
+the average. With the sweep's manifest (``SweepData.planned``), a task is scored for a seed only once every
+run of that task and seed has its record, and the average only for seeds whose every task is scored: a partial
+task's mean over the settings that happen to be finished (the cheap ones first) would not compare with other
+models or the paper. ``MadScores.coverage`` counts the records of each task that is not scored for every seed.
+Without a manifest a seed is scored on what it has.
 """
 
 from __future__ import annotations
@@ -110,6 +114,16 @@ class SweepData:
         return self.spec.get("metric", "acc_macro" if self.kind == "mad" else "acc_micro")
 
     @property
+    def planned(self) -> dict[tuple[str, int], set[str]] | None:
+        """The manifest's run hashes per (task, seed), or None without a manifest."""
+        if self.manifest is None:
+            return None
+        out: dict[tuple[str, int], set[str]] = {}
+        for run in self.manifest.get("runs", []):
+            out.setdefault((run["meta"]["task"], run["meta"]["seed"]), set()).add(run["hash"])
+        return out
+
+    @property
     def missing(self) -> int:
         """Runs the manifest lists that have no record yet (0 without a manifest)."""
         have = {r["name"] for r in self.records}
@@ -173,6 +187,8 @@ def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] |
                "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
                "steps": record.get("steps"), "n_params": record.get("n_params")}
         row.update({k: chosen.get(k, math.nan) for k in METRIC_KEYS})
+        # score groups of the task (e.g. acc_present / acc_absent of packed associative retrieval)
+        row.update({k: v for k, v in chosen.items() if k.startswith("acc_") and k not in METRIC_KEYS})
         rows.append(row)
     return rows
 
@@ -235,10 +251,14 @@ def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     IQR and n over seeds, with the training point chosen most often."""
     keys = ("task", "setting", "model", "model_grid")
     best = best_of_grid(data.rows, (*keys, "seed"), data.metric)
+    groups = sorted({k for b in best for k in b if k.startswith("acc_") and k not in METRIC_KEYS})
     out = []
     for row in summarize(best, keys, data.metric):
-        chosen = [b["train_grid"] for b in best if all(b[k] == row[k] for k in keys)]
+        mine = [b for b in best if all(b[k] == row[k] for k in keys)]
+        chosen = [b["train_grid"] for b in mine]
         row["best_train"] = max(set(chosen), key=chosen.count)
+        for group in groups:  # median over seeds of the best point's accuracy on each score group
+            row[f"{group}_median"] = Stats.of(b.get(group, math.nan) for b in mine).median
         out.append(row)
     return out
 
@@ -248,26 +268,43 @@ class MadScores:
     """MAD scores of one model.
 
     per_setting: best-of-grid rows, one per (task, setting, seed).
-    per_seed: {task name or "Average": {seed: score}}.
+    per_seed: {task name or "Average": {seed: score}}, complete (task, seed) pairs only (module docstring).
     summary: {task name or "Average": Stats over seeds}.
+    coverage: {task name: (records, planned runs)} for each task some planned seed of which is incomplete.
     """
 
     per_setting: list[dict[str, Any]]
     per_seed: dict[str, dict[int, float]]
     summary: dict[str, Stats]
+    coverage: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
-def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro") -> MadScores:
-    """Score MAD rows (module docstring); task names are MAD_TASK_NAMES' (reference-table) names."""
+def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
+               planned: Mapping[tuple[str, int], set[str]] | None = None) -> MadScores:
+    """Score MAD rows (module docstring); task names are MAD_TASK_NAMES' (reference-table) names.
+    ``planned``: run hashes per (task, seed) (``SweepData.planned``); None scores each seed on what it has."""
+    have = {r["hash"] for r in rows}
+    complete = None if planned is None else {key for key, hashes in planned.items() if hashes <= have}
     best = best_of_grid(rows, ("task", "setting", "seed"), metric)
     per_seed: dict[str, dict[int, float]] = {}
     for (task, seed), group in sorted(group_by(best, ("task", "seed")).items(), key=_task_seed_order):
-        name = MAD_TASK_NAMES.get(task, task)
-        per_seed.setdefault(name, {})[seed] = float(np.mean([r[metric] for r in group]))
+        if complete is None or (task, seed) in complete:
+            per_seed.setdefault(MAD_TASK_NAMES.get(task, task), {})[seed] = float(np.mean([r[metric] for r in group]))
+    coverage: dict[str, tuple[int, int]] = {}
+    if planned is not None:
+        for task in dict.fromkeys(task for task, _ in planned):
+            keys = [key for key in planned if key[0] == task]
+            if any(key not in complete for key in keys):
+                total = sum(len(planned[key]) for key in keys)
+                coverage[MAD_TASK_NAMES.get(task, task)] = (sum(len(planned[key] & have) for key in keys), total)
     seeds = sorted({seed for scores in per_seed.values() for seed in scores})
-    per_seed[AVERAGE] = {s: float(np.mean([v[s] for v in per_seed.values() if s in v])) for s in seeds}
+    tasks = ({MAD_TASK_NAMES.get(task, task) for task, _ in planned} if planned is not None
+             else set(per_seed))
+    per_seed[AVERAGE] = {s: float(np.mean([per_seed[t][s] for t in tasks if s in per_seed.get(t, {})]))
+                         for s in seeds
+                         if planned is None or all(s in per_seed.get(t, {}) for t in tasks)}
     summary = {name: Stats.of(scores.values()) for name, scores in per_seed.items()}
-    return MadScores(per_setting=best, per_seed=per_seed, summary=summary)
+    return MadScores(per_setting=best, per_seed=per_seed, summary=summary, coverage=coverage)
 
 
 def _task_seed_order(item: tuple[tuple[str, int], Any]) -> tuple[int, str, int]:

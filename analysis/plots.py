@@ -1,4 +1,5 @@
-"""Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width.
+"""Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width;
+per-model bars of a grid's metric and score groups.
 
 Bars and lines show the median over seeds with the interquartile range (seaborn's ``errorbar=("pi", 50)``),
 and the bars carry one dot per seed, so a single seed reads as a bar without a spread.
@@ -80,6 +81,47 @@ def accuracy_vs_width(best_rows: Sequence[Mapping[str, Any]], metric: str, path:
     if title:
         grid.figure.suptitle(title, y=1.02)
     return _save(grid.figure, path)
+
+
+def grid_bars(best_rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], path: str | Path,
+              title: str = "", references: Mapping[tuple[str, str], float] | None = None) -> Path:
+    """Bars of each metric per model, one panel per (task, setting), one dot per seed.
+
+    best_rows: one row per (task, setting, model, model point, seed), the best training point of each; a metric a
+    task lacks (e.g. acc_absent outside associative retrieval) is left out of its panel. ``references`` ((task,
+    model) -> value) draws the paper's value of the first metric as a red dash on that model's bar.
+    """
+    frame = pd.DataFrame(list(best_rows))
+    if frame.empty:
+        raise ValueError("no rows to plot")
+    frame["panel"] = frame["task"] + " " + frame["setting"].where(frame["setting"] != "default", "")
+    long = frame.melt(id_vars=["panel", "task", "model", "seed"], value_vars=[m for m in metrics if m in frame],
+                      var_name="metric", value_name="value").dropna(subset=["value"])
+    panels = list(dict.fromkeys(long["panel"]))
+    models = list(dict.fromkeys(long["model"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1.5, 4.2), squeeze=False,
+                             sharey=True)
+    for ax, panel in zip(axes[0], panels):
+        part = long[long["panel"] == panel]
+        order = [m for m in metrics if m in set(part["metric"])]
+        sns.barplot(part, x="metric", y="value", hue="model", order=order, hue_order=models, estimator=np.median,
+                    errorbar=IQR, capsize=0.15, err_kws={"linewidth": 1}, ax=ax)
+        sns.stripplot(part, x="metric", y="value", hue="model", order=order, hue_order=models, dodge=True,
+                      palette="dark:black", size=3, legend=False, ax=ax)
+        width = 0.8 / len(models)
+        task = part["task"].iloc[0]
+        for j, model in enumerate(models):
+            ref = (references or {}).get((task, model))
+            if ref is not None:
+                x = -0.4 + (j + 0.5) * width  # the first metric's slot
+                ax.hlines(ref, x - width / 2, x + width / 2, colors="red", linestyles="--", linewidth=1.5)
+        ax.set(title=panel.strip(), xlabel="", ylabel="median, IQR over seeds", ylim=(0, 1.05))
+        if ax is not axes[0][-1]:
+            ax.get_legend().remove()
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:

@@ -102,8 +102,9 @@ def mad_entry(data: SweepData) -> MadEntry:
         raise ValueError(f"{str(data.path)!r} is not a MAD sweep (its manifest says {data.kind!r})")
     ref = reference_name(data)
     profile = data.spec.get("profile", {}).get("name", "?")
-    scores = mad_scores(data.rows, data.metric)
-    seeds = scores.summary[AVERAGE].n if AVERAGE in scores.summary else 0
+    scores = mad_scores(data.rows, data.metric, data.planned)
+    planned_seeds = data.spec.get("seeds")
+    seeds = len(planned_seeds) if planned_seeds else (scores.summary[AVERAGE].n if AVERAGE in scores.summary else 0)
     return MadEntry(label=f"{data.label} ({profile}, n={seeds})", scores=scores,
                     reference=REFERENCE.get(ref) if ref else None, profile=profile,
                     profile_text=data.spec.get("profile_text", ""), missing=data.missing)
@@ -120,7 +121,13 @@ def mad_table(entries: Sequence[MadEntry]) -> Table:
         for entry in entries:
             stats = entry.scores.summary.get(task, Stats.of([]))
             ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
-            row += [fmt_stats(stats), "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
+            cell = fmt_stats(stats)
+            if task in entry.scores.coverage:  # some seed not scored: say how far the task got
+                done, total = entry.scores.coverage[task]
+                cell = f"{cell} (partial {done}/{total})" if stats.n else f"partial {done}/{total}"
+            elif task == AVERAGE and entry.scores.coverage and not stats.n:
+                cell = "— (tasks partial)"
+            row += [cell, "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
         rows.append(row)
     return Table(headers, rows)
 
@@ -131,11 +138,14 @@ def mad_text(entries: Sequence[MadEntry]) -> str:
     for entry in entries:
         lines.append(f"{entry.label}: {entry.profile_text}".rstrip(": "))
         if entry.missing:
-            lines.append(f"  warning: {entry.missing} planned runs have no record yet; scored without them")
+            lines.append(f"  warning: {entry.missing} planned runs have no record yet; a task is scored only for "
+                         f"the seeds whose runs of it are all finished")
     lines += ["", mad_table(entries).markdown(), "",
               "cells: median [IQR] over seeds of the task score (best macro accuracy of the lr x wd grid per "
               "setting, at the lowest-perplexity epoch, averaged over the task's settings); ref: SPEC 3.3 "
-              "(dynamic-conv paper, one seed, full protocol); diff = median - ref."]
+              "(dynamic-conv paper, one seed, full protocol); diff = median - ref. A task is scored for a seed "
+              "only when all its runs of that seed have records; 'partial k/n' counts its records, and the "
+              "Average needs every task."]
     return "\n".join(lines)
 
 
@@ -184,9 +194,26 @@ def mad_setting_table(entries: Sequence[MadEntry]) -> Table:
 
 
 def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
-    """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows."""
+    """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
+    metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), and the paper's value
+    for that (task, model) when the sweep's spec gives a reference (``runners.sweep`` ``reference``)."""
     summary = grid_summary(data)
-    headers = ["task", "setting", "model", "model point", f"{data.metric} median [IQR]", "n", "best training"]
-    rows = [[r["task"], r["setting"], r["model"], r["model_grid"], fmt_stats(Stats(r["median"], r["q25"],
-             r["q75"], r["n"])), r["n"], r["best_train"]] for r in summary]
+    groups = sorted({k[: -len("_median")] for r in summary for k in r if k.endswith("_median")})
+    papers = {(v["task"], v["model"]): v for v in data.spec.get("reference", {}).get("values", [])}
+    headers = ["task", "setting", "model", "model point", f"{data.metric} median [IQR]", "n",
+               *(f"{g} median" for g in groups), "best training"]
+    if papers:
+        headers += ["paper", "diff"]
+    rows = []
+    for r in summary:
+        row = [r["task"], r["setting"], r["model"], r["model_grid"],
+               fmt_stats(Stats(r["median"], r["q25"], r["q75"], r["n"])), r["n"],
+               *(_fmt3(r.get(f"{g}_median", math.nan)) for g in groups), r["best_train"]]
+        if papers:
+            paper = papers.get((r["task"], r["model"]), {})
+            value = paper.get("value", math.nan)
+            r["paper"] = value if paper.get("value") is not None else math.nan
+            r["paper_note"] = paper.get("note", "")
+            row += [paper.get("note") or _fmt3(r["paper"]), fmt_diff(r["median"] - r["paper"])]
+        rows.append(row)
     return Table(headers, rows), summary

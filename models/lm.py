@@ -1,7 +1,8 @@
 """The small models: a pre-norm LM and the MAD compression autoencoder, and `build_model`.
 
 Both embed tokens, run `config.n_layers` Blocks with the configured mixer, and take
-`model(input_ids [B, T], doc_ids [B, T] | None) -> logits [B, T, V]`. doc_ids are turned into cu_seqlens
+`model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]` (or [B, S, V]:
+the logits at those positions only, which the LM computes for those positions alone). doc_ids are turned into cu_seqlens
 once per forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
 with zero biases; mixer-specific parameters (conv weights, long filters) keep their modules' own init.
 """
@@ -70,9 +71,12 @@ class LanguageModel(_BlockStack):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self, config.init_std)
 
-    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         x, _ = self.encode(input_ids, doc_ids)
-        return self.head(self.norm(x))  # [B, T, V]
+        if positions is not None:  # norm and head are per token: run them at these positions only
+            x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))  # [B, S, D]
+        return self.head(self.norm(x))  # [B, T or S, V]
 
 
 class CompressionAutoencoder(_BlockStack):
@@ -94,7 +98,8 @@ class CompressionAutoencoder(_BlockStack):
         )
         init_weights(self, config.init_std)
 
-    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         x, cu_seqlens = self.encode(input_ids, doc_ids)
         B, T, D = x.shape
         if cu_seqlens is None:
@@ -104,7 +109,10 @@ class CompressionAutoencoder(_BlockStack):
         doc = torch.searchsorted(cu[1:], token, right=True)  # [B*T]: the document holding each token
         code = x.reshape(B * T, D)[cu[1:][doc] - 1]  # [B*T, D]: state at its document's last position
         h = code + sincos_embedding(token - cu[:-1][doc], D).to(code.dtype)
-        return self.decoder(h).view(B, T, -1)  # [B, T, V]
+        logits = self.decoder(h).view(B, T, -1)  # [B, T, V]
+        if positions is None:
+            return logits
+        return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))  # [B, S, V]
 
 
 def build_model(config: ModelConfig) -> nn.Module:

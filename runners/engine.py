@@ -23,7 +23,9 @@ fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch
 op for op (decay, ``lerp_``, ``addcmul_``, ``sqrt`` / bias correction + eps, step), which on the CPU gives
 the same bits for one stacked buffer as for separate parameters. On a GPU the batched kernels (and
 train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``
-and ``fft_conv_leaky`` batch their FFTs, which changes the last bits even in fp32 on the CPU.
+and ``fft_conv_leaky`` batch their FFTs, and the head-wise dynamic conv its generator's matmul, which changes
+the last bits even in fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs
+at those positions only, ``runners.metrics``: a stacked matmul of few rows rounds differently).
 
 Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
 equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
@@ -71,7 +73,6 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,7 +81,7 @@ from tqdm.auto import tqdm
 import models
 import tasks
 from models.mixers.attention import stacked_runs
-from runners.metrics import batch_counts, macro_accuracy
+from runners.metrics import EvalSums, scored_positions, sparse_width
 from runners.train import (
     RunConfig,
     config_hash,
@@ -195,39 +196,6 @@ class _Run:
     lr: float = 0.0
 
 
-class _EvalSums:
-    """One run's evaluation, accumulated batch by batch exactly as ``runners.train.evaluate`` does it."""
-
-    def __init__(self, task: tasks.Task) -> None:
-        self.task = task
-        self.loss_sum = self.n = self.correct = 0.0
-        self.macro: list[float] = []
-        self.group_hits: dict[str, list[float]] = {}
-
-    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """logits [B, T, V], targets [B, T] of one test batch."""
-        counts = batch_counts(logits, targets)
-        self.loss_sum += float(counts["loss_sum"])
-        self.n += float(counts["n"])
-        self.correct += float(counts["correct"])
-        self.macro.append(float(macro_accuracy(counts["tp"], counts["fp"], counts["fn"])))
-        hit = logits.argmax(dim=-1) == targets  # [B, T]
-        for name, mask in self.task.score_groups(targets).items():
-            acc = self.group_hits.setdefault(name, [0.0, 0.0])
-            acc[0] += float((hit & mask).sum())
-            acc[1] += float(mask.sum())
-
-    def metrics(self) -> dict[str, float]:
-        loss = self.loss_sum / max(self.n, 1.0)
-        out = {"test_loss": loss, "test_ppl": math.exp(min(loss, 700.0)),
-               "acc_micro": self.correct / max(self.n, 1.0), "acc_macro": float(np.mean(self.macro)),
-               "n_scored": int(self.n)}
-        for name, (hits, count) in self.group_hits.items():
-            out[f"acc_{name}"] = hits / count if count else float("nan")
-            out[f"n_{name}"] = int(count)
-        return out
-
-
 @functools.lru_cache(maxsize=16)
 def _template(model_config: models.ModelConfig, device: torch.device) -> torch.nn.Module:
     """The module whose forward every stack of this config calls with its own parameters (functional_call).
@@ -267,19 +235,33 @@ def _quiet_vmap_fallback():
 
 
 def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
-                    targets: torch.Tensor, autocast: bool, cache: bool) -> torch.Tensor:
-    """Per-run training losses [N] of params {name: [N, *shape]} on inputs, targets [N, B, T]."""
+                    targets: torch.Tensor, positions: torch.Tensor | None, autocast: bool,
+                    cache: bool) -> torch.Tensor:
+    """Per-run training losses [N] of params {name: [N, *shape]} on inputs [N, B, T]; targets [N, B, T], or
+    [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.metrics)."""
 
-    def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(template, p, (x,))
+    def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        return torch.func.functional_call(template, p, (x,), {"positions": pos})
 
     with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache), \
             _vmap_attention(inputs.device):
-        logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
+        in_dims = (0, 0, None if positions is None else 0)
+        logits = torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)  # [N, B, T or S, V]
     # One cross_entropy a run, as train_run: a vmapped mean reduction sums in another order (last bits).
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
     return torch.stack([F.cross_entropy(lg.flatten(0, 1), tg.flatten(), ignore_index=tasks.IGNORE)
                         for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
+
+
+def _scored_stack(targets: list[torch.Tensor], device: torch.device
+                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Targets [N, T] of each distinct data set, stacked for the device: (None, [U, N, T]) for dense tasks, or
+    (positions, targets) [U, N, S] at the scored positions (runners.metrics), S the widest set's."""
+    widths = [sparse_width(t) for t in targets]
+    if any(w is None for w in widths):
+        return None, torch.stack(targets).to(device)
+    pairs = [scored_positions(t, max(widths)) for t in targets]
+    return torch.stack([p for p, _ in pairs]).to(device), torch.stack([t for _, t in pairs]).to(device)
 
 
 @torch.no_grad()
@@ -334,9 +316,10 @@ class _Stack:
                 test_sets.append(run.task.generate(tc.num_test, seed=seed, split="test"))
             index.append(data_keys[key])
         self.train_inputs = torch.stack([d.inputs for d in train_sets]).to(device)  # [U, num_train, T]
-        self.train_targets = torch.stack([d.targets for d in train_sets]).to(device)
+        # sparse tasks: as train_run, the head and the loss see only the scored positions [U, num_train, S]
+        self.train_positions, self.train_targets = _scored_stack([d.targets for d in train_sets], device)
         self.test_inputs = torch.stack([d.inputs for d in test_sets]).to(device)  # [U, num_test, T]
-        self.test_targets = torch.stack([d.targets for d in test_sets]).to(device)
+        self.test_positions, self.test_targets = _scored_stack([d.targets for d in test_sets], device)
         self.data_index = torch.tensor(index, device=device)  # [N]: each run's data set
 
         # static shapes: vmap does not run on symbolic sizes (dynamic=None fails once a second shape shows up)
@@ -366,11 +349,12 @@ class _Stack:
               bc2_sqrt: torch.Tensor) -> None:
         """One optimizer step of every run; idx [N, B] are the rows of each run's training set."""
         rows = (self.data_index[:, None], idx)
-        inputs, targets = self.train_inputs[rows], self.train_targets[rows]  # [N, B, T]
+        inputs, targets = self.train_inputs[rows], self.train_targets[rows]  # [N, B, T], [N, B, T or S]
+        positions = None if self.train_positions is None else self.train_positions[rows]  # [N, B, S]
         leaves = self._leaves()
         limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if self.compile else nullcontext()
         with limit:
-            losses = self.losses_fn(self.template, dict(zip(self.names, leaves)), inputs, targets,
+            losses = self.losses_fn(self.template, dict(zip(self.names, leaves)), inputs, targets, positions,
                                     self.autocast, not self.cuda_graph)  # [N]
             grads = torch.autograd.grad(losses.sum(), leaves)  # d(sum)/d(run n's params) = d(loss n)/d(...)
             flat_grads = torch.empty_like(self.params)  # [N, P]
@@ -424,18 +408,21 @@ class _Stack:
                  batch_size: int) -> list[dict[str, float]]:
         """Test metrics of the runs in these rows (of these tasks), as ``runners.train.evaluate`` computes
         them; one forward serves the whole stack."""
-        sums = [_EvalSums(task) for task in run_tasks]
+        sums = [EvalSums(task) for task in run_tasks]
         params = dict(zip(self.names, self._views(self.params)))
 
-        def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-            return torch.func.functional_call(self.template, p, (x,))
+        def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+            return torch.func.functional_call(self.template, p, (x,), {"positions": pos})
 
+        in_dims = (0, 0, None if self.test_positions is None else 0)
         for start in range(0, self.test_inputs.shape[1], batch_size):
             inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
-            targets = self.test_targets[self.data_index, start : start + batch_size]
+            targets = self.test_targets[self.data_index, start : start + batch_size]  # [N, B, T or S]
+            positions = (None if self.test_positions is None
+                         else self.test_positions[self.data_index, start : start + batch_size])
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), \
                     _vmap_attention(self.device):
-                logits = torch.func.vmap(forward)(params, inputs)  # [N, B, T, V]
+                logits = torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)  # [N, B, T|S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
         return [acc.metrics() for acc in sums]

@@ -1,35 +1,51 @@
-"""Evaluation metrics over scored positions (targets != -100)."""
+"""Evaluation metrics over scored positions (targets != -100), computed on the device without host syncs.
+
+A sync per test batch is cheap alone, but several sweep workers share one GPU: each sync then waits for the
+other processes' queued work, and evaluations took most of a run's wall time (issue #12's first sweeps).
+Counts stay on the device; `EvalSums.metrics` reads them once per evaluation.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tasks import IGNORE
+
+if TYPE_CHECKING:
+    from tasks import Task
 
 
 def batch_counts(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     """Loss sum, correct count and per-class confusion counts of one batch.
 
     logits [B, T, V], targets [B, T] (-100 = not scored). Returns scalars ``loss_sum``, ``n``, ``correct`` and
-    per-class ``tp``, ``fp``, ``fn`` [V] (float64, on the logits' device).
+    per-class ``tp``, ``fp``, ``fn`` [V] (float64, on the logits' device). No host sync: unscored positions
+    enter every count with weight 0 instead of being selected out (a data-dependent shape).
     """
     vocab = logits.shape[-1]
-    mask = targets != IGNORE
-    scored_logits = logits[mask].float()  # [S, V]
-    scored_targets = targets[mask]  # [S]
-    loss_sum = torch.nn.functional.cross_entropy(scored_logits, scored_targets, reduction="sum")
-    pred = scored_logits.argmax(dim=-1)
-    hit = pred == scored_targets
-    tp = torch.bincount(scored_targets[hit], minlength=vocab).double()
-    fn = torch.bincount(scored_targets[~hit], minlength=vocab).double()
-    fp = torch.bincount(pred[~hit], minlength=vocab).double()
+    flat = logits.reshape(-1, vocab).float()  # [B*T, V]
+    target = targets.reshape(-1)  # [B*T]
+    mask = target != IGNORE
+    # summed in float64: exact for these float32 terms in practice, so the sum does not depend on how many
+    # unscored (zero) terms sit between them, e.g. a stack's wider padding (runners.engine)
+    loss_sum = F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="none").double().sum()
+    pred = flat.argmax(dim=-1)  # [B*T]
+    hit = (pred == target) & mask
+    miss = (mask & ~hit).double()
+    safe_target = torch.where(mask, target, torch.zeros_like(target))  # any class: its weight is 0
+    zeros = torch.zeros(vocab, dtype=torch.float64, device=logits.device)
     return {
-        "loss_sum": loss_sum.double(),
+        "loss_sum": loss_sum,
         "n": mask.sum().double(),
         "correct": hit.sum().double(),
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
+        "tp": zeros.scatter_add(0, safe_target, hit.double()),
+        "fp": zeros.scatter_add(0, pred, miss),
+        "fn": zeros.scatter_add(0, safe_target, miss),
     }
 
 
@@ -38,8 +54,76 @@ def macro_accuracy(tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor) -> torc
 
     Per class recall tp / (tp + fn) (0 where the class never occurs as a target), averaged over the classes that
     occur as a target or a prediction (tp + fp + fn > 0): a class that is only ever predicted counts as 0.
+    Returns a 0-dim tensor (0 when no class occurs), without a host sync.
     """
     support = tp + fn
     recall = torch.where(support > 0, tp / support.clamp(min=1), torch.zeros_like(tp))
     seen = (tp + fp + fn) > 0
-    return recall[seen].mean() if bool(seen.any()) else torch.zeros((), dtype=tp.dtype, device=tp.device)
+    count = seen.sum()
+    return torch.where(count > 0, (recall * seen).sum() / count.clamp(min=1), torch.zeros_like(recall[0]))
+
+
+class EvalSums:
+    """One run's evaluation, accumulated test batch by test batch on the device; ``metrics`` reads it once.
+
+    Metrics: test loss (mean over scored positions) and perplexity, micro accuracy, macro accuracy per batch
+    averaged over batches (as mad-lab), and ``acc_<group>`` / ``n_<group>`` for each of the task's score groups
+    (e.g. present / absent queries).
+    """
+
+    def __init__(self, task: Task | None = None) -> None:
+        self.task = task
+        self.parts: list[torch.Tensor] = []  # per batch [4 + 2 * groups] float64
+        self.groups: list[str] = []
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """logits [B, T, V], targets [B, T] of one test batch."""
+        counts = batch_counts(logits, targets)
+        part = [counts["loss_sum"], counts["n"], counts["correct"],
+                macro_accuracy(counts["tp"], counts["fp"], counts["fn"]).double()]
+        if self.task is not None:
+            hit = logits.argmax(dim=-1) == targets  # [B, T]
+            groups = self.task.score_groups(targets)
+            self.groups = list(groups)
+            for mask in groups.values():
+                part += [(hit & mask).sum().double(), mask.sum().double()]
+        self.parts.append(torch.stack(part))
+
+    def metrics(self) -> dict[str, float]:
+        rows = torch.stack(self.parts).tolist() if self.parts else []  # the one host sync
+        loss_sum = n = correct = 0.0
+        for row in rows:  # summed in batch order in float64, as the per-batch floats were before
+            loss_sum += row[0]
+            n += row[1]
+            correct += row[2]
+        loss = loss_sum / max(n, 1.0)
+        out = {"test_loss": loss, "test_ppl": math.exp(min(loss, 700.0)), "acc_micro": correct / max(n, 1.0),
+               "acc_macro": float(np.mean([row[3] for row in rows])), "n_scored": int(n)}
+        for g, name in enumerate(self.groups):
+            hits = sum(row[4 + 2 * g] for row in rows)
+            count = sum(row[5 + 2 * g] for row in rows)
+            out[f"acc_{name}"] = hits / count if count else float("nan")
+            out[f"n_{name}"] = int(count)
+        return out
+
+
+# The head and the loss run only at scored positions when at most this share of a row is scored: the loss is
+# the same mean over the same positions, and a row of 256 tokens with 16 answers (MQAR) skips 15/16 of the
+# [B, T, V] logits, the largest tensor of such a step.
+SPARSE_HEAD_MAX_SHARE = 0.25
+
+
+def sparse_width(targets: torch.Tensor) -> int | None:
+    """The most scored positions of any row of targets [N, T], or None when a row scores more than
+    ``SPARSE_HEAD_MAX_SHARE`` of T (or none is scored): then the full head costs about as much."""
+    most = int((targets != IGNORE).sum(dim=1).max()) if targets.numel() else 0
+    return most if 0 < most <= SPARSE_HEAD_MAX_SHARE * targets.shape[1] else None
+
+
+def scored_positions(targets: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's scored positions, in order, then unscored ones: positions [N, width] (long) and the targets
+    there [N, width]. width >= every row's scored count, so every scored position is kept; the extra
+    positions' targets are -100, which the loss ignores."""
+    unscored = (targets == IGNORE).to(torch.int8)  # [N, T]: 0 sorts first, stable keeps the order
+    positions = torch.sort(unscored, dim=1, stable=True).indices[:, :width]
+    return positions, targets.gather(1, positions)

@@ -142,6 +142,7 @@ class SweepSpec:
     seeds: tuple[int, ...] = (0,)
     vary_data_seed: bool = True
     metric: str = "acc_micro"
+    reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> SweepSpec:
@@ -201,9 +202,11 @@ class SweepSpec:
         metric = data.get("metric", "acc_micro")
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+        reference = _reference(data.get("reference", {}), [e.task for e in task_entries], list(resolved_models))
         return cls(name=name, description=str(data.get("description", "")), tasks=tuple(task_entries),
                    models=resolved_models, model_grid=model_grid, train=train, train_grid=train_grid,
-                   seeds=parse_seeds(data.get("seeds", 1)), vary_data_seed=vary_data, metric=metric)
+                   seeds=parse_seeds(data.get("seeds", 1)), vary_data_seed=vary_data, metric=metric,
+                   reference=reference)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, saved in the manifest."""
@@ -418,7 +421,38 @@ def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
 
 
 def _identity(spec: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in spec.items() if k != "seeds"}, sort_keys=True)
+    """What makes two specs the same sweep: everything but the seeds and the words around it."""
+    return json.dumps({k: v for k, v in spec.items() if k not in ("seeds", "description", "reference")},
+                      sort_keys=True)
+
+
+def _reference(data: Any, task_names: list[str], model_labels: list[str]) -> dict[str, Any]:
+    """The paper's results a report prints beside a grid's::
+
+        reference:
+          source: "RubiConv paper (SPEC 3.4)"
+          values:                        # per (task, model): a number and/or a note ("< 25%")
+            - {task: packed/noisy_recall, model: rubiconv, value: 1.0, note: "100%"}
+          claims: ["dynamic conv beats static conv beats no conv at every width"]
+    """
+    _check_keys("reference", data, {"source", "values", "claims"})
+    values = data.get("values", [])
+    if not isinstance(values, list):
+        raise ValueError(f"reference.values must be a list, got {values!r}")
+    for i, entry in enumerate(values):
+        where = f"reference.values[{i}]"
+        _check_keys(where, entry, {"task", "model", "value", "note"}, required={"task", "model"})
+        if entry["task"] not in task_names:
+            raise ValueError(f"{where}: task {entry['task']!r} is not in the sweep ({', '.join(task_names)})")
+        if entry["model"] not in model_labels:
+            raise ValueError(f"{where}: model {entry['model']!r} is not in the sweep ({', '.join(model_labels)})")
+        value = entry.get("value")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{where}: value must be a number, got {value!r}")
+    claims = data.get("claims", [])
+    if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
+        raise ValueError(f"reference.claims must be a list of strings, got {claims!r}")
+    return {"source": str(data.get("source", "")), "values": [dict(v) for v in values], "claims": list(claims)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,8 +531,9 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compil
 
 
 def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: int | None = None,
-              progress: bool = True, batch: bool = True, max_stack: int = DEFAULT_MAX_STACK,
-              compile: bool = False, cuda_graph: bool = False, backend: str = "local",
+              tasks: Sequence[str] | None = None, progress: bool = True, batch: bool = True,
+              max_stack: int = DEFAULT_MAX_STACK, compile: bool = False, cuda_graph: bool = False,
+              backend: str = "local",
               ray_options: RayOptions | None = None) -> SweepResult:
     """Run every run of ``plan`` without a record in ``out_dir`` yet; a tqdm bar counts runs, with an ETA.
 
@@ -510,6 +545,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray_options``);
         needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by resources).
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
+    tasks: train only the missing runs of these tasks now (e.g. to finish some tasks for every model first);
+        the manifest still holds the whole plan, so reports count the other runs as missing.
     A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -529,11 +566,17 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
         from runners import ray_backend
 
         ray_backend.import_ray()
+    planned_tasks = list(dict.fromkeys(r.meta["task"] for r in plan.runs))
+    unknown = [t for t in tasks or () if t not in planned_tasks]
+    if unknown:
+        raise ValueError(f"task {unknown[0]!r} is not in this sweep; its tasks: {', '.join(planned_tasks)}")
     out = Path(out_dir)
     runs_dir = out / RUNS
     done = finished_hashes(out)
     todo = [r for r in plan.runs if r.hash not in done]
     skipped = len(plan.runs) - len(todo)
+    if tasks:
+        todo = [r for r in todo if r.meta["task"] in tasks]
     if limit is not None:
         todo = todo[:limit]
     jobs = plan_jobs(todo, max_stack if batch else 1)

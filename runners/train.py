@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 import models
 import tasks
-from runners.metrics import batch_counts, macro_accuracy
+from runners.metrics import EvalSums, scored_positions, sparse_width
 
 SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -207,34 +207,20 @@ def evaluate(model: torch.nn.Module, data: tasks.TaskData, batch_size: int, devi
     """Test loss, perplexity, micro accuracy and macro accuracy (per batch, averaged over batches, as mad-lab),
     plus ``acc_<group>`` and ``n_<group>`` for each of the task's score groups (e.g. present / absent queries)."""
     model.eval()
-    loss_sum = n = correct = 0.0
-    macro = []
-    group_hits: dict[str, list[float]] = {}
+    sums = EvalSums(task)
+    # as in training, sparse tasks get logits at the scored positions only: same counts, a fraction of the memory
+    width = sparse_width(data.targets)
+    positions, all_targets = (None, data.targets) if width is None else scored_positions(data.targets, width)
     for start in range(0, len(data), batch_size):
         rows = slice(start, start + batch_size)
-        inputs, targets = data.inputs[rows].to(device), data.targets[rows].to(device)
+        inputs, targets = data.inputs[rows].to(device), all_targets[rows].to(device)
         doc_ids = None if data.doc_ids is None else data.doc_ids[rows].to(device)
+        at = None if positions is None else positions[rows].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(inputs, doc_ids=doc_ids)
-        counts = batch_counts(logits, targets)
-        loss_sum += float(counts["loss_sum"])
-        n += float(counts["n"])
-        correct += float(counts["correct"])
-        macro.append(float(macro_accuracy(counts["tp"], counts["fp"], counts["fn"])))
-        if task is not None:
-            hit = logits.argmax(dim=-1) == targets  # [B, T]
-            for name, mask in task.score_groups(targets).items():
-                acc = group_hits.setdefault(name, [0.0, 0.0])
-                acc[0] += float((hit & mask).sum())
-                acc[1] += float(mask.sum())
+            logits = model(inputs, doc_ids=doc_ids, positions=at)  # [B, T or S, V]
+        sums.add(logits, targets)
     model.train()
-    loss = loss_sum / max(n, 1.0)
-    metrics = {"test_loss": loss, "test_ppl": math.exp(min(loss, 700.0)), "acc_micro": correct / max(n, 1.0),
-               "acc_macro": float(np.mean(macro)), "n_scored": int(n)}
-    for name, (hits, count) in group_hits.items():
-        metrics[f"acc_{name}"] = hits / count if count else float("nan")
-        metrics[f"n_{name}"] = int(count)
-    return metrics
+    return sums.metrics()
 
 
 def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress: bool = True,
@@ -282,24 +268,33 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
                unit="step", dynamic_ncols=True, leave=False)
     loss_acc = torch.zeros((), device=device)
     loss_count = 0
+    # sparse tasks: the head and the loss see only each row's scored positions (runners.metrics)
+    width = sparse_width(train_data.targets)
+    train_positions, train_targets = ((None, train_data.targets) if width is None
+                                      else scored_positions(train_data.targets, width))  # [N, S] each
+    # the training set lives on the device: a step indexes it there, with no copy from pageable host memory
+    # (each such copy waits for the GPU, like a sync)
+    train_inputs, train_targets = train_data.inputs.to(device), train_targets.to(device)
+    train_doc_ids = None if train_data.doc_ids is None else train_data.doc_ids.to(device)
+    train_positions = None if train_positions is None else train_positions.to(device)
     model.train()
+    interval_start = time.perf_counter()  # training time is read at evaluations only: no per-step sync
     try:
         while step < total_steps and not stopped_early:
             epoch = step // steps_per_epoch
-            order = torch.randperm(tc.num_train, generator=shuffle)
+            order = torch.randperm(tc.num_train, generator=shuffle).to(device)
             for i in range(steps_per_epoch):
                 if step >= total_steps:
                     break
-                t0 = time.perf_counter()
                 idx = order[i * tc.batch_size : (i + 1) * tc.batch_size]
-                inputs = train_data.inputs[idx].to(device, non_blocking=True)
-                targets = train_data.targets[idx].to(device, non_blocking=True)
-                doc_ids = None if train_data.doc_ids is None else train_data.doc_ids[idx].to(device)
+                inputs, targets = train_inputs[idx], train_targets[idx]  # [B, T], [B, T or S]
+                doc_ids = None if train_doc_ids is None else train_doc_ids[idx]
+                positions = None if train_positions is None else train_positions[idx]  # [B, S]
                 lr = lr_at(tc, step, epoch, total_steps, total_epochs)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                    logits = model(inputs, doc_ids=doc_ids)
+                    logits = model(inputs, doc_ids=doc_ids, positions=positions)  # [B, T or S, V]
                 loss = torch.nn.functional.cross_entropy(
                     logits.float().flatten(0, 1), targets.flatten(), ignore_index=tasks.IGNORE)
                 optimizer.zero_grad(set_to_none=True)
@@ -308,12 +303,12 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
                 loss_acc += loss.detach()
                 loss_count += 1
                 step += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                train_time += time.perf_counter() - t0
                 bar.update(1)
 
                 if step % eval_every == 0 or step == total_steps:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    train_time += time.perf_counter() - interval_start
                     metrics = evaluate(model, test_data, tc.eval_batch_size, device, autocast, task)
                     entry = {"epoch": epoch + 1, "step": step, "lr": lr,
                              "train_loss": float(loss_acc) / max(loss_count, 1), **metrics}
@@ -326,6 +321,7 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
                             best_state = {k: v.detach().to("cpu", copy=True)
                                           for k, v in model.state_dict().items()}
                     bar.set_postfix(acc=f"{entry['acc_macro']:.3f}", ppl=f"{entry['test_ppl']:.3g}")
+                    interval_start = time.perf_counter()
                     if tc.early_stop_acc is not None and entry["acc_macro"] >= tc.early_stop_acc:
                         stopped_early = True
                         break

@@ -1,6 +1,7 @@
 import csv
 import json
 import math
+import shutil
 
 import pytest
 
@@ -17,7 +18,7 @@ from analysis.aggregate import (
     selected_metrics,
 )
 from analysis.report import write_report
-from analysis.tables import REFERENCE, mad_entry, mad_table, mad_text
+from analysis.tables import REFERENCE, grid_table, mad_entry, mad_table, mad_text
 from tasks.mad import mad_sweep_settings
 
 SETTINGS = {(s.task, s.label): s for s in mad_sweep_settings()}
@@ -164,6 +165,27 @@ def test_missing_runs_are_reported(mad_dir):
     assert "warning: 1 planned runs have no record yet" in text
 
 
+def test_a_task_is_scored_only_for_seeds_with_all_its_runs(mad_dir):
+    manifest = json.loads((mad_dir / "sweep.json").read_text())
+    # memorization (task 3), seed 0, lr 1e-3: its best run; seeds 1 and 2 stay complete
+    gone = next(r for r in manifest["runs"] if r["meta"]["task"] == "mad/memorization"
+                and r["meta"]["seed"] == 0 and r["meta"]["train_grid"]["lr"] == 1e-3)
+    (mad_dir / "runs" / f"{gone['hash']}.json").unlink()
+    entry = mad_entry(load_sweep(mad_dir))
+    assert entry.scores.per_seed["Memorize"] == pytest.approx({1: 0.41, 2: 0.42})  # not seed 0's worse lr
+    assert entry.scores.coverage == {"Memorize": (5, 6)}
+    assert sorted(entry.scores.per_seed[AVERAGE]) == [1, 2]
+    table = mad_table([entry]).markdown()
+    assert cells(table, "Memorize")[1] == "0.415 [0.005] (partial 5/6)"
+    # a task with no complete seed has no score, and no seed has an average
+    for run in manifest["runs"]:
+        if run["meta"]["task"] == "mad/compression" and run["meta"]["train_grid"]["lr"] == 1e-3:
+            (mad_dir / "runs" / f"{run['hash']}.json").unlink(missing_ok=True)
+    table = mad_table([mad_entry(load_sweep(mad_dir))]).markdown()
+    assert cells(table, "Compress")[1] == "partial 3/6"
+    assert cells(table, "Average")[1] == "— (tasks partial)"
+
+
 def test_model_without_reference_has_empty_reference_columns(mad_dir):
     manifest = json.loads((mad_dir / "sweep.json").read_text())
     manifest["spec"].update(model="rubiconv", model_fields={"mixer": "rubiconv"})
@@ -225,3 +247,46 @@ def test_report_of_one_folder_goes_into_it_and_several_need_out(grid_dir, mad_di
     assert all(p.parent == grid_dir for p in written)
     with pytest.raises(ValueError, match="--out"):
         write_report([grid_dir, mad_dir])
+
+
+def test_report_of_a_collection_folder_covers_its_sweeps_in_reference_order(mad_dir, tmp_path):
+    collection = tmp_path / "collection"
+    shutil.copytree(mad_dir, collection / "b-transformer")
+    static = shutil.copytree(mad_dir, collection / "a-static")  # sorts first by name
+    manifest = json.loads((static / "sweep.json").read_text())
+    manifest["spec"].update(model="static_conv_qkv", model_fields=models.PRESETS["static_conv_qkv"])
+    (static / "sweep.json").write_text(json.dumps(manifest))
+    written = write_report([collection])
+    assert all(p.parent == collection for p in written)
+    header = cells((collection / "report.md").read_text(), "Task")
+    assert header[1].startswith("transformer") and header[4].startswith("static_conv_qkv")
+
+
+def test_grid_table_shows_score_groups_and_the_papers_values(grid_dir):
+    for path in (grid_dir / "runs").glob("*.json"):
+        rec = json.loads(path.read_text())
+        for entry in rec["history"]:
+            entry.update(acc_present=entry["acc_micro"] - 0.1, acc_absent=1.0)
+        path.write_text(json.dumps(rec))
+    manifest = json.loads((grid_dir / "sweep.json").read_text())
+    manifest["spec"]["reference"] = {"source": "a paper", "claims": ["dynamic wins"], "values": [
+        {"task": "mqar_varlen", "model": "dynamic_conv", "value": 0.9, "note": ""},
+        {"task": "mqar_varlen", "model": "no_conv", "note": "< 50%"}]}
+    (grid_dir / "sweep.json").write_text(json.dumps(manifest))
+    table, summary = grid_table(load_sweep(grid_dir))
+    text = table.markdown()
+    assert table.headers[-5:] == ["acc_absent median", "acc_present median", "best training", "paper", "diff"]
+    # dynamic_conv, d=64: best lr 1e-2 scores 0.6 + 0.064 + 0.1 + 0.01 * seed; median over seeds 0.774
+    row = next(line for line in text.splitlines() if "dynamic_conv" in line and "d_model=64" in line)
+    parts = [c.strip() for c in row.strip("|").split("|")]
+    assert parts[6:] == ["1.000", "0.674", "lr=0.01", "0.900", "-0.126"]
+    row = next(line for line in text.splitlines() if "no_conv" in line and "d_model=32" in line)
+    assert [c.strip() for c in row.strip("|").split("|")][-2:] == ["< 50%", "—"]
+    assert "Paper: a paper" in write_report([grid_dir])[0].read_text()
+    # one width left: bars of the metric and the score groups instead of the width plot
+    for path in (grid_dir / "runs").glob("*-64-*.json"):
+        path.unlink()
+    written = {p.name: p for p in write_report([grid_dir])}
+    assert "widths_bars.png" in written and "widths_acc_vs_width.png" not in written
+    assert written["widths_bars.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(widths_bars.png)" in written["report.md"].read_text()

@@ -60,10 +60,14 @@ def metrics(folder):
         ({"seeds": [1, 1]}, "seeds"),
         ({"metric": "loss"}, "loss"),
         ({"train_grid": {"lr": ["fast"]}}, "fast"),
+        ({"reference": {"sorce": "paper"}}, "sorce"),
+        ({"reference": {"values": [{"task": "mqar", "model": "atn", "value": 1.0}]}}, "atn"),
+        ({"reference": {"values": [{"task": "mqar", "model": "attn", "value": "high"}]}}, "high"),
     ],
     ids=["top-level-typo", "task-entry-typo", "unknown-task", "model-field-typo", "unknown-preset",
          "train-field-typo", "seed-field-in-train", "grid-not-a-list", "task-fixed-model-field", "zero-seeds",
-         "repeated-seed", "unknown-metric", "text-for-a-number"],
+         "repeated-seed", "unknown-metric", "text-for-a-number", "reference-typo", "reference-unknown-model",
+         "reference-text-value"],
 )
 def test_spec_rejects_bad_input_naming_it(changes, named):
     with pytest.raises(ValueError, match=named):
@@ -157,6 +161,21 @@ def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
     assert len(manifest["runs"]) == 16 and {r["meta"]["seed"] for r in manifest["runs"]} == {0, 1}
     with pytest.raises(ValueError, match="different sweep"):
         write_manifest(tmp_path, tiny(train_grid={"lr": [3e-3]}).plan())
+    # the words around a sweep (description, the paper's values) may change; the runs stay the same sweep
+    reference = {"source": "a paper", "values": [{"task": "mqar", "model": "conv", "note": "> 90%"}]}
+    write_manifest(tmp_path, tiny(description="new words", reference=reference).plan(seeds=[0]))
+    assert json.loads((tmp_path / "sweep.json").read_text())["spec"]["reference"]["source"] == "a paper"
+
+
+def test_tasks_option_trains_only_those_tasks(tmp_path):
+    spec = tiny(seeds=1, tasks=[*TINY["tasks"], {"task": "mad/in_context_recall", "params": {"seq_len": 16}}])
+    plan = spec.plan()
+    with pytest.raises(ValueError, match="'mad/bogus'"):
+        run_sweep(plan, tmp_path, tasks=["mad/bogus"], progress=False)
+    first = run_sweep(plan, tmp_path, tasks=["mqar"], progress=False)
+    assert first.ran == 8 and {r["config"]["task"] for r in records_by_hash(tmp_path).values()} == {"mqar"}
+    assert load_sweep(tmp_path).missing == 8, "the manifest keeps the whole plan"
+    assert run_sweep(plan, tmp_path, progress=False).ran == 8
 
 
 SCRIPT = """

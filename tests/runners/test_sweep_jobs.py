@@ -43,6 +43,24 @@ def records(folder):
             for p in (folder / "runs").glob("*.json")}
 
 
+LOSSES = ("train_loss", "test_loss", "test_ppl")
+
+
+def assert_same_results(got, want):
+    """Records equal but for the losses, which agree to float rounding: MQAR scores 2 of 16 positions, so the
+    head runs at those only (runners.metrics), and its stacked (vmapped) matmul rounds differently on the CPU."""
+    assert got.keys() == want.keys()
+    for name, record in got.items():
+        ref = want[name]
+        assert {k: v for k, v in record.items() if k not in ("history", "final")} == \
+               {k: v for k, v in ref.items() if k not in ("history", "final")}
+        for entry, ref_entry in zip([*record["history"], record["final"]], [*ref["history"], ref["final"]]):
+            assert {k: v for k, v in entry.items() if k not in LOSSES} == \
+                   {k: v for k, v in ref_entry.items() if k not in LOSSES}
+            for key in LOSSES:
+                assert entry[key] == pytest.approx(ref_entry[key], rel=1e-5)
+
+
 def planned(task, params, model, **train):
     config = RunConfig(task=task, task_params=params, model=model,
                        train=TrainConfig(**{**GRID["train"], **train}))
@@ -125,8 +143,8 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
     assert batched.ran == alone.ran == chunked.ran == 16
     reference = records(tmp_path / "alone")
     assert len(reference) == 16
-    assert records(tmp_path / "batched") == reference, "bitwise on the CPU in fp32, time fields aside"
-    assert records(tmp_path / "chunked") == reference
+    assert_same_results(records(tmp_path / "batched"), reference)
+    assert_same_results(records(tmp_path / "chunked"), reference)
     assert len({json.dumps(r["history"]) for r in reference.values()}) == 16
 
 
