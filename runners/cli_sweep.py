@@ -16,6 +16,8 @@ from runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, p
 WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
 TASKS_HELP = "Comma-separated tasks: train only their missing runs now (the others stay missing)."
+STOP_AFTER_HELP = ("Seconds after which no new job starts; jobs in flight finish (fit a hard time limit: the limit "
+                   "minus the longest job).")
 MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
 BATCH_HELP = "Train the runs of a job stacked (the batched engine); --no-batch: one at a time (train_run)."
 COMPILE_HELP = "torch.compile the batched step (results match to rounding, not bitwise)."
@@ -36,6 +38,7 @@ def sweep(
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     limit: int = typer.Option(None, help=LIMIT_HELP),
     tasks: str = typer.Option(None, help=TASKS_HELP),
+    stop_after: float = typer.Option(None, help=STOP_AFTER_HELP),
     progress: bool = typer.Option(True, help="Show progress bars."),
     max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
     batch: bool = typer.Option(True, help=BATCH_HELP),
@@ -52,8 +55,9 @@ def sweep(
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
     ray_options = _ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries)
-    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks), progress=progress,
-                           max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph, backend=backend,
+    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks),
+                           stop_after=stop_after, progress=progress, max_stack=max_stack, batch=batch,
+                           compile=compile, cuda_graph=cuda_graph, backend=backend,
                            ray_options=ray_options))
 
 
@@ -76,6 +80,7 @@ def mad_run(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     limit: int = typer.Option(None, help=LIMIT_HELP),
     tasks: str = typer.Option(None, help=TASKS_HELP),
+    stop_after: float = typer.Option(None, help=STOP_AFTER_HELP),
     progress: bool = typer.Option(True, help="Show progress bars."),
     max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
     batch: bool = typer.Option(True, help=BATCH_HELP),
@@ -91,8 +96,9 @@ def mad_run(
     plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
     folder = Path(out) if out else mad.default_out(model, profile)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks), progress=progress,
-                       max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph, backend=backend,
+    result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks), stop_after=stop_after,
+                       progress=progress, max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph,
+                       backend=backend,
                        ray_options=_ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries))
     _echo_result(result)
     if result.skipped + result.ran > 0:
@@ -146,6 +152,8 @@ def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_
 def _echo_result(result: SweepResult) -> None:
     typer.echo(f"{result.total} runs: {result.skipped} already done, {result.ran} run now "
                f"-> {result.out_dir}")
+    if result.not_started:
+        typer.echo(f"stopped starting jobs (--stop-after): {result.not_started} runs left; run again to continue")
 
 
 def register(app: typer.Typer) -> None:

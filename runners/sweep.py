@@ -115,6 +115,7 @@ class SweepResult:
     skipped: int
     ran: int
     out_dir: Path
+    not_started: int = 0  # runs left untouched because ``stop_after`` had passed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -531,7 +532,8 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compil
 
 
 def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: int | None = None,
-              tasks: Sequence[str] | None = None, progress: bool = True, batch: bool = True,
+              tasks: Sequence[str] | None = None, stop_after: float | None = None, progress: bool = True,
+              batch: bool = True,
               max_stack: int = DEFAULT_MAX_STACK, compile: bool = False, cuda_graph: bool = False,
               backend: str = "local",
               ray_options: RayOptions | None = None) -> SweepResult:
@@ -547,12 +549,20 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
     tasks: train only the missing runs of these tasks now (e.g. to finish some tasks for every model first);
         the manifest still holds the whole plan, so reports count the other runs as missing.
+    stop_after: seconds after which no new job starts; jobs in flight finish and the sweep returns (local
+        backend). Under a hard time limit (a 10-minute GPU call), set it to the limit minus the longest job, so a
+        kill at the limit does not throw away jobs that were nearly done.
     A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int | float)
+                                   or not stop_after >= 0):
+        raise ValueError(f"stop_after must be a non-negative number of seconds, got {stop_after!r}")
+    if stop_after is not None and backend == "ray":
+        raise ValueError("stop_after is for the local backend")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == "ray" and workers != 1:
@@ -583,15 +593,22 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     runs_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(out, plan)
     engine = {"batch": batch, "compile": compile, "cuda_graph": cuda_graph}
+    started = time.monotonic()
+
+    def may_start() -> bool:
+        return stop_after is None or time.monotonic() - started < stop_after
+
     ran = 0
+    finished = 0  # runs of jobs that ended (trained now or found with records)
     # smoothing=0: the ETA uses the mean time per run so far; runs differ too much for a moving average.
     bar = tqdm(total=len(plan.runs), initial=skipped, disable=not progress, desc=plan.name, unit="run",
                dynamic_ncols=True, smoothing=0)
 
     def job_done(job: Job, trained: int) -> None:
         """Every run of ``job`` has its record now; ``trained`` of them were trained by this sweep."""
-        nonlocal ran
+        nonlocal ran, finished
         ran += trained
+        finished += len(job)
         bar.update(len(job))
 
     try:
@@ -599,12 +616,15 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
             ray_backend.run_jobs(jobs, runs_dir, ray_options or ray_backend.RayOptions(), engine, job_done)
         elif workers == 1:
             for job in jobs:
+                if not may_start():
+                    break
                 job_done(job, len(run_job(job, runs_dir, **engine)))
         else:
-            _run_pool(jobs, runs_dir, workers, engine, job_done)
+            _run_pool(jobs, runs_dir, workers, engine, job_done, may_start)
     finally:
         bar.close()
-    return SweepResult(total=len(plan.runs), skipped=skipped, ran=ran, out_dir=out)
+    return SweepResult(total=len(plan.runs), skipped=skipped, ran=ran, out_dir=out,
+                       not_started=sum(len(job) for job in jobs) - finished)
 
 
 def _init_worker(threads: int, parent: int) -> None:
@@ -627,8 +647,9 @@ def _run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
 
 
 def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
-              job_done: Callable[[Job, int], None]) -> None:
-    """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those."""
+              job_done: Callable[[Job, int], None], may_start: Callable[[], bool]) -> None:
+    """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
+    job starts only while ``may_start()``."""
     before = set(multiprocessing.active_children())
     threads = max(1, (os.cpu_count() or 1) // workers)
     executor = concurrent.futures.ProcessPoolExecutor(
@@ -638,7 +659,10 @@ def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, b
     in_flight: dict[concurrent.futures.Future, Job] = {}
 
     def submit(n: int) -> None:
-        for job in itertools.islice(pending, n):
+        for _ in range(n):
+            job = next(pending, None) if may_start() else None
+            if job is None:
+                return
             in_flight[executor.submit(_run_in_worker, job, str(runs_dir), engine)] = job
 
     try:

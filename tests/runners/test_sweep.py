@@ -274,6 +274,19 @@ def test_bad_runner_arguments(tmp_path):
         run_sweep(tiny().plan(), tmp_path, workers=0)
     with pytest.raises(ValueError, match="limit"):
         run_sweep(tiny().plan(), tmp_path, limit=-1)
+    with pytest.raises(ValueError, match="stop_after"):
+        run_sweep(tiny().plan(), tmp_path, stop_after=-1.0)
+    with pytest.raises(ValueError, match="stop_after"):
+        run_sweep(tiny().plan(), tmp_path, stop_after=5, backend="ray")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stop_after_starts_no_job_past_the_deadline_and_resumes(tmp_path, workers):
+    plan = tiny(seeds=1).plan()
+    past = run_sweep(plan, tmp_path, workers=workers, stop_after=0, progress=False)
+    assert (past.ran, past.not_started) == (0, 8) and not records_by_hash(tmp_path)
+    rest = run_sweep(plan, tmp_path, workers=workers, stop_after=600, progress=False)
+    assert (rest.ran, rest.not_started) == (8, 0) and len(records_by_hash(tmp_path)) == 8
 
 
 def test_smoke_preset_runs(tmp_path):
