@@ -2,7 +2,8 @@
 per-model bars of a grid's metric and score groups.
 
 Bars and lines show the median over seeds with the interquartile range (seaborn's ``errorbar=("pi", 50)``),
-and the bars carry one dot per seed, so a single seed reads as a bar without a spread.
+and the bars carry one dot per seed, so a single seed reads as a bar without a spread. The dots are not jittered:
+seaborn's jitter draws from numpy's global RNG, and a report regenerated from the same records must be the same.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def mad_task_bars(seed_rows: Sequence[Mapping[str, Any]], path: str | Path, titl
     sns.barplot(frame, x="task", y="score", hue="model", order=order, hue_order=hues, estimator=np.median,
                 errorbar=IQR, capsize=0.15, err_kws={"linewidth": 1}, ax=ax)
     sns.stripplot(frame, x="task", y="score", hue="model", order=order, hue_order=hues, dodge=True,
-                  palette="dark:black", size=3, legend=False, ax=ax)
+                  palette="dark:black", size=3, jitter=False, legend=False, ax=ax)
     width = 0.8 / len(hues)  # seaborn's dodge: the hues share 0.8 of each category's slot
     label = "SPEC 3.3 reference"
     for j, model in enumerate(hues):
@@ -107,7 +108,7 @@ def grid_bars(best_rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], pa
         sns.barplot(part, x="metric", y="value", hue="model", order=order, hue_order=models, estimator=np.median,
                     errorbar=IQR, capsize=0.15, err_kws={"linewidth": 1}, ax=ax)
         sns.stripplot(part, x="metric", y="value", hue="model", order=order, hue_order=models, dodge=True,
-                      palette="dark:black", size=3, legend=False, ax=ax)
+                      palette="dark:black", size=3, jitter=False, legend=False, ax=ax)
         width = 0.8 / len(models)
         task = part["task"].iloc[0]
         for j, model in enumerate(models):

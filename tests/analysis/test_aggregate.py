@@ -240,6 +240,9 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
     assert len(tasks_csv) == 7 and float(tasks_csv[0]["reference"]) == 0.375
     with (out / "widths_summary.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
+    # the same records give the same files, figures included (no jitter from a global RNG)
+    before = {p.name: p.read_bytes() for p in written}
+    assert {p.name: p.read_bytes() for p in write_report([mad_dir, grid_dir], out)} == before
 
 
 def test_report_of_one_folder_goes_into_it_and_several_need_out(grid_dir, mad_dir):
