@@ -1,9 +1,9 @@
 """The small models: a pre-norm LM and the MAD compression autoencoder, and `build_model`.
 
 Both embed tokens, run `config.n_layers` Blocks with the configured mixer, and take
-`model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]` (or [B, S, V]:
-the logits at those positions only, which the LM computes for those positions alone). doc_ids are turned into cu_seqlens
-once per forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
+`model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]`, or [B, S, V] at
+those positions only (the LM runs its norm and head there alone). doc_ids are turned into cu_seqlens once per
+forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
 with zero biases; mixer-specific parameters (conv weights, long filters) keep their modules' own init.
 """
 

@@ -240,17 +240,24 @@ def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     """Per-run training losses [N] of params {name: [N, *shape]} on inputs [N, B, T]; targets [N, B, T], or
     [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.metrics)."""
 
-    def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
-        return torch.func.functional_call(template, p, (x,), {"positions": pos})
-
     with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache), \
             _vmap_attention(inputs.device):
-        in_dims = (0, 0, None if positions is None else 0)
-        logits = torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)  # [N, B, T or S, V]
+        logits = _stacked_logits(template, params, inputs, positions)  # [N, B, T or S, V]
     # One cross_entropy a run, as train_run: a vmapped mean reduction sums in another order (last bits).
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
     return torch.stack([F.cross_entropy(lg.flatten(0, 1), tg.flatten(), ignore_index=tasks.IGNORE)
                         for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
+
+
+def _stacked_logits(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
+                    positions: torch.Tensor | None) -> torch.Tensor:
+    """Each run's logits [N, B, T, V] on its inputs [N, B, T], or [N, B, S, V] at positions [N, B, S]."""
+
+    def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        return torch.func.functional_call(template, p, (x,), {"positions": pos})
+
+    in_dims = (0, 0, None if positions is None else 0)
+    return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)
 
 
 def _scored_stack(targets: list[torch.Tensor], device: torch.device
@@ -411,10 +418,6 @@ class _Stack:
         sums = [EvalSums(task) for task in run_tasks]
         params = dict(zip(self.names, self._views(self.params)))
 
-        def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
-            return torch.func.functional_call(self.template, p, (x,), {"positions": pos})
-
-        in_dims = (0, 0, None if self.test_positions is None else 0)
         for start in range(0, self.test_inputs.shape[1], batch_size):
             inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
             targets = self.test_targets[self.data_index, start : start + batch_size]  # [N, B, T or S]
@@ -422,7 +425,7 @@ class _Stack:
                          else self.test_positions[self.data_index, start : start + batch_size])
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), \
                     _vmap_attention(self.device):
-                logits = torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)  # [N, B, T|S, V]
+                logits = _stacked_logits(self.template, params, inputs, positions)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
         return [acc.metrics() for acc in sums]

@@ -127,3 +127,10 @@ def scored_positions(targets: torch.Tensor, width: int) -> tuple[torch.Tensor, t
     unscored = (targets == IGNORE).to(torch.int8)  # [N, T]: 0 sorts first, stable keeps the order
     positions = torch.sort(unscored, dim=1, stable=True).indices[:, :width]
     return positions, targets.gather(1, positions)
+
+
+def scored_view(targets: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """What a model is asked for on targets [N, T]: (None, targets) for a dense task, else (positions, targets)
+    [N, S] at each row's scored positions (``sparse_width``, ``scored_positions``)."""
+    width = sparse_width(targets)
+    return (None, targets) if width is None else scored_positions(targets, width)

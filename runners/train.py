@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 import models
 import tasks
-from runners.metrics import EvalSums, scored_positions, sparse_width
+from runners.metrics import EvalSums, scored_view
 
 SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -209,8 +209,7 @@ def evaluate(model: torch.nn.Module, data: tasks.TaskData, batch_size: int, devi
     model.eval()
     sums = EvalSums(task)
     # as in training, sparse tasks get logits at the scored positions only: same counts, a fraction of the memory
-    width = sparse_width(data.targets)
-    positions, all_targets = (None, data.targets) if width is None else scored_positions(data.targets, width)
+    positions, all_targets = scored_view(data.targets)
     for start in range(0, len(data), batch_size):
         rows = slice(start, start + batch_size)
         inputs, targets = data.inputs[rows].to(device), all_targets[rows].to(device)
@@ -269,9 +268,7 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     loss_acc = torch.zeros((), device=device)
     loss_count = 0
     # sparse tasks: the head and the loss see only each row's scored positions (runners.metrics)
-    width = sparse_width(train_data.targets)
-    train_positions, train_targets = ((None, train_data.targets) if width is None
-                                      else scored_positions(train_data.targets, width))  # [N, S] each
+    train_positions, train_targets = scored_view(train_data.targets)  # [N, S] each, or None and [N, T]
     # the training set lives on the device: a step indexes it there, with no copy from pageable host memory
     # (each such copy waits for the GPU, like a sync)
     train_inputs, train_targets = train_data.inputs.to(device), train_targets.to(device)
