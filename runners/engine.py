@@ -55,7 +55,8 @@ sums, so results match to rounding, not bitwise. Finished runs then stay in the 
 unreported, until at most half of it still trains, so a stack of N compiles for at most log2(N) sizes.
 ``cuda_graph``: capture the whole step (gather, forward, backward, AdamW) in a CUDA graph per batch shape
 and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
-state is restored), so graphs change no result. Recaptured after runs drop out. CUDA only.
+state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
+captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
 """
 
 from __future__ import annotations
@@ -335,6 +336,7 @@ class _Stack:
         self.update_fn = torch.compile(_adamw_update, dynamic=False) if compile else _adamw_update
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.graph_pool = None
+        self.eval_graphs: dict[tuple[tuple[int, ...], int], tuple[torch.cuda.CUDAGraph, list[EvalSums]]] = {}
 
     def __len__(self) -> int:
         return self.params.shape[0]
@@ -414,21 +416,52 @@ class _Stack:
     def evaluate(self, run_tasks: list[tasks.Task], rows: list[int],
                  batch_size: int) -> list[dict[str, float]]:
         """Test metrics of the runs in these rows (of these tasks), as ``runners.train.evaluate`` computes
-        them; one forward serves the whole stack."""
+        them; one forward serves the whole stack. With cuda_graph the whole evaluation (every test batch and
+        every run's sums) is captured once per set of rows and replayed: eager, its few thousand small
+        launches cost more than the training steps between two evaluations (MAD evaluates every epoch)."""
+        if not self.cuda_graph:
+            return [acc.metrics() for acc in self._eval_sums(run_tasks, rows, batch_size)]
+        key = (tuple(rows), batch_size)
+        if key not in self.eval_graphs:  # the live rows only shrink: an older graph is never replayed again
+            self.eval_graphs = {key: self._capture_eval(run_tasks, rows, batch_size)}
+        graph, sums = self.eval_graphs[key]
+        graph.replay()
+        return [acc.metrics() for acc in sums]  # each reads the tensors the replay rewrote
+
+    def _eval_sums(self, run_tasks: list[tasks.Task], rows: list[int], batch_size: int) -> list[EvalSums]:
+        """Each run's sums over the test set, still on the device."""
         sums = [EvalSums(task) for task in run_tasks]
         params = dict(zip(self.names, self._views(self.params)))
-
         for start in range(0, self.test_inputs.shape[1], batch_size):
             inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
             targets = self.test_targets[self.data_index, start : start + batch_size]  # [N, B, T or S]
             positions = (None if self.test_positions is None
                          else self.test_positions[self.data_index, start : start + batch_size])
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), \
-                    _vmap_attention(self.device):
+            # no autocast cache under capture: cached casts would outlive the graph's memory
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast,
+                                cache_enabled=not self.cuda_graph), _vmap_attention(self.device):
                 logits = _stacked_logits(self.template, params, inputs, positions)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
-        return [acc.metrics() for acc in sums]
+        return sums
+
+    def _capture_eval(self, run_tasks: list[tasks.Task], rows: list[int],
+                      batch_size: int) -> tuple[torch.cuda.CUDAGraph, list[EvalSums]]:
+        """The evaluation as a CUDA graph (one eager pass first, on a side stream, to warm the libraries up);
+        the returned sums hold the graph's output tensors. It shares the training graphs' memory pool (one
+        pool, not two, per stack: at sequence length 1024 each holds gigabytes), which is safe here: graphs
+        replay one at a time on one stream, no training graph output outlives its replay (the state it
+        updates lives outside the pool), and the evaluation's outputs are read before the next step."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._eval_sums(run_tasks, rows, batch_size)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            sums = self._eval_sums(run_tasks, rows, batch_size)
+        self.graph_pool = graph.pool()
+        return graph, sums
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these runs (indices into the current stack), in this order."""
@@ -439,6 +472,7 @@ class _Stack:
         self.loss_acc = self.loss_acc.index_select(0, index)
         self.data_index = self.data_index.index_select(0, index)
         self.graphs.clear()  # captured graphs point at the old buffers
+        self.eval_graphs.clear()
         self.graph_pool = None
 
 

@@ -543,7 +543,7 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     trained by one call of the batched engine (``run_job``); ``batch=False`` trains one run per job with
     ``train_run`` (max_stack is then 1). ``compile`` and ``cuda_graph`` are the engine's speed options.
     workers: the local backend keeps this many jobs going: 1 in this process, N > 1 in spawned processes
-        (on a GPU they share it; on the CPU each gets cpu_count // N threads).
+        (on a GPU they share it; each gets cores // N torch threads, cores = those this process may run on).
     backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray_options``);
         needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by resources).
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
@@ -651,7 +651,10 @@ def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, b
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
     job starts only while ``may_start()``."""
     before = set(multiprocessing.active_children())
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    # the cores this process may use (taskset, cgroup cpusets), not the machine's: sweeps pinned side by side
+    # must not each start a thread per core
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // workers)
     executor = concurrent.futures.ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
         initargs=(threads, os.getpid()))

@@ -149,6 +149,21 @@ def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
     assert stack_sizes == [3] * 15
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("compact_at", [1.0, 0.5], ids=["drop_at_once", "frozen_rows"])
+def test_cuda_graph_step_and_evaluation_match_eager(compact_at):
+    # run 1 stops at step 2: the live rows change, so the evaluation graph is captured again (after a
+    # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s)
+    configs = [tiny(lr=1e-2, eval_every=2, device="cuda"),
+               tiny(init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
+               tiny(init_seed=2, eval_every=2, device="cuda")]
+    records = {graph: engine._train_stack(configs, [None] * 3, out_dir=None, progress=False, compile=False,
+                                          cuda_graph=graph, compact_at=compact_at)
+               for graph in (False, True)}
+    assert [r["steps"] for r in records[True]] == [15, 2, 15]
+    assert_same_records(records[True], records[False], exact=False)
+
+
 def test_records_get_train_runs_default_names(tmp_path):
     configs = [tiny(epochs=1), tiny(epochs=1, init_seed=1)]
     batched = train_runs_batched(configs, out_dir=tmp_path, progress=False)
