@@ -16,6 +16,7 @@ from runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, p
 WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
 TASKS_HELP = "Comma-separated tasks: train only their missing runs now (the others stay missing)."
+MODELS_HELP = "Comma-separated model names of the spec: train only their missing runs now."
 STOP_AFTER_HELP = ("Seconds after which no new job starts; jobs in flight finish (fit a hard time limit: the limit "
                    "minus the longest job).")
 MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
@@ -38,6 +39,7 @@ def sweep(
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     limit: int = typer.Option(None, help=LIMIT_HELP),
     tasks: str = typer.Option(None, help=TASKS_HELP),
+    models: str = typer.Option(None, help=MODELS_HELP),
     stop_after: float = typer.Option(None, help=STOP_AFTER_HELP),
     progress: bool = typer.Option(True, help="Show progress bars."),
     max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
@@ -55,14 +57,15 @@ def sweep(
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
     ray_options = _ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries)
-    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks),
+    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), models=_names(models),
                            stop_after=stop_after, progress=progress, max_stack=max_stack, batch=batch,
                            compile=compile, cuda_graph=cuda_graph, backend=backend,
                            ray_options=ray_options))
 
 
-def _task_list(tasks: str | None) -> list[str] | None:
-    return None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
+def _names(text: str | None) -> list[str] | None:
+    """A comma-separated option as a list of names (None when not given)."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
 def sweep_presets() -> None:
@@ -96,7 +99,7 @@ def mad_run(
     plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
     folder = Path(out) if out else mad.default_out(model, profile)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_task_list(tasks), stop_after=stop_after,
+    result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), stop_after=stop_after,
                        progress=progress, max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph,
                        backend=backend,
                        ray_options=_ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries))

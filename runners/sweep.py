@@ -243,7 +243,8 @@ class SweepSpec:
 def load_spec(name_or_path: str | Path) -> SweepSpec:
     """A packaged preset (``runners/presets/<name>.yaml``) by name, or a YAML file by path."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # a file wins over a preset of the same name; a folder does not (a sweep's output is often named so)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise ValueError(f"no sweep file {str(path)!r}")
         text = path.read_text()
@@ -532,7 +533,8 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compil
 
 
 def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: int | None = None,
-              tasks: Sequence[str] | None = None, stop_after: float | None = None, progress: bool = True,
+              tasks: Sequence[str] | None = None, models: Sequence[str] | None = None,
+              stop_after: float | None = None, progress: bool = True,
               batch: bool = True,
               max_stack: int = DEFAULT_MAX_STACK, compile: bool = False, cuda_graph: bool = False,
               backend: str = "local",
@@ -549,10 +551,12 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
     tasks: train only the missing runs of these tasks now (e.g. to finish some tasks for every model first);
         the manifest still holds the whole plan, so reports count the other runs as missing.
+    models: likewise for these models (the spec's model names), e.g. to split one grid over two GPUs.
     stop_after: seconds after which no new job starts; jobs in flight finish and the sweep returns (local
         backend). Under a hard time limit (a 10-minute GPU call), set it to the limit minus the longest job, so a
         kill at the limit does not throw away jobs that were nearly done.
-    A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records.
+    A run that raises stops the sweep (finished records stay); so does Ctrl-C, without partial records. With
+    workers > 1, a job out of device memory beside others runs again alone after them (``_run_pool``).
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
@@ -576,10 +580,11 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
         from runners import ray_backend
 
         ray_backend.import_ray()
-    planned_tasks = list(dict.fromkeys(r.meta["task"] for r in plan.runs))
-    unknown = [t for t in tasks or () if t not in planned_tasks]
-    if unknown:
-        raise ValueError(f"task {unknown[0]!r} is not in this sweep; its tasks: {', '.join(planned_tasks)}")
+    for label, chosen in (("task", tasks), ("model", models)):
+        planned = list(dict.fromkeys(r.meta[label] for r in plan.runs))
+        unknown = [v for v in chosen or () if v not in planned]
+        if unknown:
+            raise ValueError(f"{label} {unknown[0]!r} is not in this sweep; its {label}s: {', '.join(planned)}")
     out = Path(out_dir)
     runs_dir = out / RUNS
     done = finished_hashes(out)
@@ -587,6 +592,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     skipped = len(plan.runs) - len(todo)
     if tasks:
         todo = [r for r in todo if r.meta["task"] in tasks]
+    if models:
+        todo = [r for r in todo if r.meta["model"] in models]
     if limit is not None:
         todo = todo[:limit]
     jobs = plan_jobs(todo, max_stack if batch else 1)
@@ -642,14 +649,30 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
+class JobOutOfMemory(RuntimeError):
+    """A job of a sweep ran out of device memory (its message: the allocator's first line)."""
+
+
 def _run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
-    return len(run_job(job, runs_dir, **engine))
+    try:
+        return len(run_job(job, runs_dir, **engine))
+    except torch.OutOfMemoryError as exc:
+        message = str(exc).splitlines()[0]
+    # out of the except block, the failed job's frames and tensors are gone: give their cached blocks back to
+    # the device, for the other workers that share it
+    torch.cuda.empty_cache()
+    raise JobOutOfMemory(message)
 
 
 def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
-              job_done: Callable[[Job, int], None], may_start: Callable[[], bool]) -> None:
+              job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
+              run: Callable[[Job, str, dict[str, bool]], int] = _run_in_worker) -> None:
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
-    job starts only while ``may_start()``."""
+    job starts only while ``may_start()``.
+
+    A job that runs out of device memory beside others (jobs share a GPU) does not stop the sweep: it runs
+    again after the other jobs, alone (it keeps the records its early-stopped runs wrote); out of memory
+    alone, it stops the sweep like any failure. ``run`` trains a job in a worker (tests replace it)."""
     before = set(multiprocessing.active_children())
     # the cores this process may use (taskset, cgroup cpusets), not the machine's: sweeps pinned side by side
     # must not each start a thread per core
@@ -660,20 +683,39 @@ def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, b
         initargs=(threads, os.getpid()))
     pending = iter(jobs)
     in_flight: dict[concurrent.futures.Future, Job] = {}
+    deferred: list[Job] = []  # ran out of memory beside other jobs: again, alone, once the rest is done
+    alone: set[concurrent.futures.Future] = set()
 
     def submit(n: int) -> None:
         for _ in range(n):
-            job = next(pending, None) if may_start() else None
-            if job is None:
+            if not may_start():
                 return
-            in_flight[executor.submit(_run_in_worker, job, str(runs_dir), engine)] = job
+            job = next(pending, None)
+            if job is None:
+                if not deferred or in_flight:
+                    return
+                job = deferred.pop(0)
+                alone.add(future := executor.submit(run, job, str(runs_dir), engine))
+                in_flight[future] = job
+                return
+            in_flight[executor.submit(run, job, str(runs_dir), engine)] = job
 
     try:
         submit(workers)
         while in_flight:
             finished, _ = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
             for future in finished:
-                job_done(in_flight.pop(future), future.result())
+                job = in_flight.pop(future)
+                try:
+                    trained = future.result()
+                except JobOutOfMemory as exc:
+                    if future in alone:
+                        raise
+                    deferred.append(job)
+                    tqdm.write(f"out of memory beside other jobs ({exc}); the job of {len(job)} runs runs again "
+                               "alone after the others")
+                else:
+                    job_done(job, trained)
                 submit(1)
     except BaseException:
         # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.

@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+import runners.sweep as sweep_module
 from analysis.aggregate import grid_summary, load_sweep
-from runners.sweep import SweepSpec, finished_hashes, load_spec, preset_names, run_sweep, write_manifest
+from runners.sweep import (
+    JobOutOfMemory,
+    SweepSpec,
+    finished_hashes,
+    load_spec,
+    plan_jobs,
+    preset_names,
+    run_sweep,
+    write_manifest,
+)
 
 # A grid of tiny CPU runs (a fraction of a second each).
 TINY = {
@@ -140,6 +150,14 @@ def test_yaml_file_and_unknown_preset(tmp_path):
         load_spec(path)
 
 
+def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").mkdir()  # e.g. the sweep's own output folder
+    assert load_spec("smoke").name == "smoke"
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(TINY))
+    assert load_spec("smoke.yaml") == tiny()
+
+
 def test_resume_skips_finished_runs(tmp_path):
     plan = tiny(seeds=1).plan()
     first = run_sweep(plan, tmp_path, limit=3, progress=False)
@@ -176,6 +194,59 @@ def test_tasks_option_trains_only_those_tasks(tmp_path):
     assert first.ran == 8 and {r["config"]["task"] for r in records_by_hash(tmp_path).values()} == {"mqar"}
     assert load_sweep(tmp_path).missing == 8, "the manifest keeps the whole plan"
     assert run_sweep(plan, tmp_path, progress=False).ran == 8
+
+
+def test_models_option_trains_only_those_models(tmp_path):
+    plan = tiny(seeds=1).plan()
+    with pytest.raises(ValueError, match="model 'bogus' is not in this sweep; its models: attn, conv"):
+        run_sweep(plan, tmp_path, models=["bogus"], progress=False)
+    first = run_sweep(plan, tmp_path, models=["conv"], progress=False)
+    trained = records_by_hash(tmp_path).values()
+    assert first.ran == 4 and {r["config"]["model"].get("qkv_conv") for r in trained} == {"static"}
+    assert run_sweep(plan, tmp_path, models=["conv"], progress=False).ran == 0
+    assert run_sweep(plan, tmp_path, progress=False).ran == 4
+
+
+def out_of_memory_once(job, runs_dir, engine):
+    """A worker whose target job (named in <out>/oom-target) runs out of memory on its first try, or on every
+    try when <out>/oom-always exists."""
+    out = Path(runs_dir).parent
+    if job.hashes[0] == (out / "oom-target").read_text():
+        tried = out / "oom-tried"
+        if (out / "oom-always").exists() or not tried.exists():
+            tried.touch()
+            raise JobOutOfMemory("CUDA out of memory. Tried to allocate 9.00 GiB (test)")
+    return sweep_module._run_in_worker(job, runs_dir, engine)
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["once", "always"])
+def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
+    jobs = plan_jobs(tiny(seeds=1).plan().runs, 8)
+    assert len(jobs) == 4
+    (tmp_path / "oom-target").write_text(jobs[0].hashes[0])
+    if always:
+        (tmp_path / "oom-always").touch()
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    done = []
+
+    def pool():
+        sweep_module._run_pool(jobs, runs_dir, 2, {"batch": True, "compile": False, "cuda_graph": False},
+                               lambda job, trained: done.append((job, trained)), lambda: True,
+                               run=out_of_memory_once)
+
+    if always:
+        with pytest.raises(JobOutOfMemory, match="Tried to allocate 9.00 GiB"):
+            pool()
+        assert sorted(job.hashes for job, _ in done) == sorted(job.hashes for job in jobs[1:]), \
+            "the others finished first; alone, it failed again"
+        assert not set(jobs[0].hashes) & finished_hashes(tmp_path)
+        return
+    pool()
+    assert done[-1][0] == jobs[0], "run again after the others"
+    assert sorted(job.hashes for job, _ in done) == sorted(job.hashes for job in jobs)
+    assert all(trained == 2 for _, trained in done)
+    assert finished_hashes(tmp_path) == {h for job in jobs for h in job.hashes}
 
 
 SCRIPT = """
