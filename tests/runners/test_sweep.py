@@ -137,6 +137,10 @@ def test_packaged_presets_load():
         assert (model["n_layers"], model["n_heads"], model["conv_width"], model["conv_rank"]) == (1, 1, 4, 16)
         assert train.num_train == 100_000 and run.config.task == "mqar_varlen"
     assert sorted({r.meta["seed"] for r in runs}) == [0, 1, 2, 3, 4]
+    # its one-learning-rate third: the same runs (same record names), so their records serve both sweeps
+    third = load_spec("mqar_varlen_fig2_lr1e-3").plan().runs
+    assert len(third) == 60 and {r.config.train.lr for r in third} == {1e-3}
+    assert {r.hash for r in third} == {r.hash for r in runs if r.config.train.lr == 1e-3}
 
 
 def test_yaml_file_and_unknown_preset(tmp_path):
