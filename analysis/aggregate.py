@@ -5,7 +5,8 @@ labels) and ``runs/<hash>.json`` (one record per finished run). Each record beco
 
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
-     "acc_macro", "acc_micro", "test_ppl", "test_loss", "best_epoch", "steps", "n_params"}
+     "acc_macro", "acc_micro", "test_ppl", "test_loss", "best_epoch", "steps", "n_params",
+     "at_end"}                                                                 # bool, see run_rows
 
 Labels come from the manifest; a record it does not list (or a folder without one) gets labels derived from
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
@@ -171,7 +172,11 @@ def selected_metrics(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] | None = None
              ) -> list[dict[str, Any]]:
-    """One flat row per record (module docstring), labelled from the manifest where it lists the run."""
+    """One flat row per record (module docstring), labelled from the manifest where it lists the run.
+
+    ``at_end``: the run's chosen evaluation (lowest perplexity) is its last and it did not stop early: its
+    training budget ran out while its test perplexity was still falling (a longer run could change it).
+    """
     metas = {r["hash"]: r["meta"] for r in (manifest or {}).get("runs", [])}
     rows = []
     for record in records:
@@ -179,13 +184,15 @@ def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] |
         meta = metas.get(record["name"]) or derived_meta(config)
         train = config["train"]
         chosen = selected_metrics(record)
+        history = record.get("history") or []
+        at_end = bool(history) and chosen is history[-1] and not record.get("stopped_early", False)
         row = {"hash": record["name"], "task": meta["task"], "setting": meta["setting"],
                "model": meta["model"], "model_grid": point_label(meta.get("model_grid", {})),
                "train_grid": point_label(meta.get("train_grid", {})), "seed": meta["seed"],
                "lr": train["lr"], "weight_decay": train["weight_decay"],
                "d_model": config["model"].get("d_model"), "init_seed": train["init_seed"],
                "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
-               "steps": record.get("steps"), "n_params": record.get("n_params")}
+               "steps": record.get("steps"), "n_params": record.get("n_params"), "at_end": at_end}
         row.update({k: chosen.get(k, math.nan) for k in METRIC_KEYS})
         # score groups of the task (e.g. acc_present / acc_absent of packed associative retrieval)
         row.update({k: v for k, v in chosen.items() if k.startswith("acc_") and k not in METRIC_KEYS})

@@ -22,6 +22,7 @@ from analysis.aggregate import MANIFEST, METRIC_KEYS, RUNS, SweepData, best_of_g
 from analysis.tables import (
     REFERENCE,
     grid_table,
+    mad_budget_table,
     mad_entry,
     mad_references,
     mad_seed_rows,
@@ -71,7 +72,12 @@ def write_report(folders: Sequence[str | Path], out: str | Path | None = None) -
                                            references=mad_references(entries)))
         sections += ["## MAD", "", mad_text(entries), "", "![MAD per task](mad_tasks.png)", "",
                      "### Per setting (median over seeds of the best grid point)", "",
-                     mad_setting_table(entries).markdown(), ""]
+                     mad_setting_table(entries).markdown(), "",
+                     "### Runs still improving when their budget ended", "",
+                     "Of the scored runs (the best grid point of each setting and seed), those whose lowest-"
+                     "perplexity evaluation was their last and that did not stop early: their test perplexity was "
+                     "still falling when training ended, so these are the runs a longer budget could change.", "",
+                     mad_budget_table(entries).markdown(), ""]
 
     for data in (d for d in datas if d.kind != "mad"):
         written += _grid_section(data, out, sections)

@@ -177,7 +177,7 @@ def mad_setting_rows(entries: Sequence[MadEntry], metric: str = "acc_macro") -> 
     """Long form of the best grid point per (model, task, setting, seed)."""
     return [{"model": entry.label, "task": MAD_TASK_NAMES.get(r["task"], r["task"]), "setting": r["setting"],
              "seed": r["seed"], "score": r[metric], "lr": r["lr"], "weight_decay": r["weight_decay"],
-             "best_epoch": r["best_epoch"], "hash": r["hash"]}
+             "best_epoch": r["best_epoch"], "at_end": r["at_end"], "hash": r["hash"]}
             for entry in entries for r in entry.scores.per_setting]
 
 
@@ -191,6 +191,19 @@ def mad_setting_table(entries: Sequence[MadEntry]) -> Table:
     rows = [[task, setting, *(_fmt3(Stats.of(cells[key].get(e.label, [])).median) for e in entries)]
             for key in keys for task, setting in [key]]
     return Table(["Task", "Setting", *(e.label for e in entries)], rows)
+
+
+def mad_budget_table(entries: Sequence[MadEntry]) -> Table:
+    """Per task and model: how many of its scored runs (the best grid point of each setting and seed) were
+    still improving when their budget ended (``at_end``: best evaluation the last, no early stop), k/n."""
+    counts: dict[tuple[str, str], list[bool]] = {}
+    for row in mad_setting_rows(entries):
+        counts.setdefault((row["task"], row["model"]), []).append(bool(row["at_end"]))
+    rows = []
+    for task in MAD_ROWS[:-1]:  # the six tasks, not the average
+        cells = [counts.get((task, e.label)) for e in entries]
+        rows.append([task, *("—" if not c else f"{sum(c)}/{len(c)}" for c in cells)])
+    return Table(["Task", *(e.label for e in entries)], rows)
 
 
 def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:

@@ -18,7 +18,7 @@ from analysis.aggregate import (
     selected_metrics,
 )
 from analysis.report import write_report
-from analysis.tables import REFERENCE, grid_table, mad_entry, mad_table, mad_text
+from analysis.tables import REFERENCE, grid_table, mad_budget_table, mad_entry, mad_table, mad_text
 from tasks.mad import mad_sweep_settings
 
 SETTINGS = {(s.task, s.label): s for s in mad_sweep_settings()}
@@ -108,6 +108,23 @@ def test_selected_metrics_are_the_lowest_perplexity_epoch():
     chosen = selected_metrics(rec)
     assert (chosen["epoch"], chosen["acc_macro"]) == (2, 0.6), "lowest perplexity, first on ties"
     assert selected_metrics({**rec, "history": []})["acc_macro"] == 0.6, "no history: the record's final"
+
+
+def test_at_end_marks_runs_still_improving_when_training_ended():
+    falling = record("falling", "mqar", {}, 10, [(3.0, 0.5), (2.0, 0.6)])
+    turned = record("turned", "mqar", {}, 10, [(2.0, 0.6), (2.5, 0.7)])
+    stopped = {**record("stopped", "mqar", {}, 10, [(3.0, 0.5), (2.0, 1.0)]), "stopped_early": True}
+    bare = {**record("bare", "mqar", {}, 10, [(2.0, 0.6)]), "history": []}
+    assert [r["at_end"] for r in run_rows([falling, turned, stopped, bare])] == [True, False, False, False]
+
+
+def test_mad_budget_table_counts_scored_runs_at_end(mad_dir):
+    entry = mad_entry(load_sweep(mad_dir))  # every fixture run's perplexity falls to its last epoch
+    table = mad_budget_table([entry]).markdown()
+    assert cells(table, "Memorize") == ["Memorize", "3/3"] and "Average" not in table
+    early = [{**row, "at_end": row["seed"] != 0} for row in entry.scores.per_setting]
+    entry.scores.per_setting[:] = early
+    assert cells(mad_budget_table([entry]).markdown(), "Compress") == ["Compress", "2/3"]
 
 
 def test_mad_scoring_by_hand():
@@ -234,6 +251,7 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     report = (out / "report.md").read_text()
     assert "## MAD" in report and "## widths" in report and "(mad_tasks.png)" in report
+    assert "### Runs still improving when their budget ended" in report
     assert cells(report, "Memorize")[:3] == ["Memorize", "0.410 [0.010]", "0.791"]  # task 3: 0.4 + seed 1
     with (out / "mad_tasks.csv").open() as f:
         tasks_csv = list(csv.DictReader(f))
