@@ -255,7 +255,8 @@ def summarize(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: st
 
 def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     """For a grid sweep: best training point per (task, setting, model, model point, seed), then the median,
-    IQR and n over seeds, with the training point chosen most often."""
+    IQR and n over seeds, with the training point chosen most often and ``at_end``, how many of those best
+    runs were still improving when training ended (``run_rows``)."""
     keys = ("task", "setting", "model", "model_grid")
     best = best_of_grid(data.rows, (*keys, "seed"), data.metric)
     groups = sorted({k for b in best for k in b if k.startswith("acc_") and k not in METRIC_KEYS})
@@ -264,6 +265,7 @@ def grid_summary(data: SweepData) -> list[dict[str, Any]]:
         mine = [b for b in best if all(b[k] == row[k] for k in keys)]
         chosen = [b["train_grid"] for b in mine]
         row["best_train"] = max(set(chosen), key=chosen.count)
+        row["at_end"] = sum(bool(b.get("at_end")) for b in mine)
         for group in groups:  # median over seeds of the best point's accuracy on each score group
             row[f"{group}_median"] = Stats.of(b.get(group, math.nan) for b in mine).median
         out.append(row)
@@ -305,8 +307,9 @@ def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
                 total = sum(len(planned[key]) for key in keys)
                 coverage[MAD_TASK_NAMES.get(task, task)] = (sum(len(planned[key] & have) for key in keys), total)
     seeds = sorted({seed for scores in per_seed.values() for seed in scores})
-    tasks = ({MAD_TASK_NAMES.get(task, task) for task, _ in planned} if planned is not None
-             else set(per_seed))
+    # a fixed order (the reference table's): the float mean of a set's elements changes with string hashing
+    names = ({MAD_TASK_NAMES.get(task, task) for task, _ in planned} if planned is not None else set(per_seed))
+    tasks = sorted(names, key=lambda name: (list(MAD_TASK_NAMES.values()) + [name]).index(name))
     per_seed[AVERAGE] = {s: float(np.mean([per_seed[t][s] for t in tasks if s in per_seed.get(t, {})]))
                          for s in seeds
                          if planned is None or all(s in per_seed.get(t, {}) for t in tasks)}

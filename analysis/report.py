@@ -94,7 +94,9 @@ def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]
     description = data.spec.get("description", "")
     missing = f" ({data.missing} planned runs have no record yet)" if data.missing else ""
     sections += [f"## {name}", "", f"{description}{missing}".strip(), "",
-                 f"Best training point per seed by {data.metric}, then median [IQR] and n over seeds.", "",
+                 f"Best training point per seed by {data.metric}, then median [IQR] and n over seeds; still "
+                 "improving: of those best runs, how many had their lowest test perplexity at their last "
+                 "evaluation without stopping early (a longer budget could change them).", "",
                  table.markdown(), ""]
     reference = data.spec.get("reference") or {}
     if reference.get("source") or reference.get("claims"):

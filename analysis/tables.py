@@ -208,20 +208,21 @@ def mad_budget_table(entries: Sequence[MadEntry]) -> Table:
 
 def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
-    metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), and the paper's value
-    for that (task, model) when the sweep's spec gives a reference (``runners.sweep`` ``reference``)."""
+    metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), how many seeds' best
+    runs were still improving when training ended, and the paper's value for that (task, model) when the
+    sweep's spec gives a reference (``runners.sweep`` ``reference``)."""
     summary = grid_summary(data)
     groups = sorted({k[: -len("_median")] for r in summary for k in r if k.endswith("_median")})
     papers = {(v["task"], v["model"]): v for v in data.spec.get("reference", {}).get("values", [])}
     headers = ["task", "setting", "model", "model point", f"{data.metric} median [IQR]", "n",
-               *(f"{g} median" for g in groups), "best training"]
+               *(f"{g} median" for g in groups), "best training", "still improving"]
     if papers:
         headers += ["paper", "diff"]
     rows = []
     for r in summary:
         row = [r["task"], r["setting"], r["model"], r["model_grid"],
                fmt_stats(Stats(r["median"], r["q25"], r["q75"], r["n"])), r["n"],
-               *(_fmt3(r.get(f"{g}_median", math.nan)) for g in groups), r["best_train"]]
+               *(_fmt3(r.get(f"{g}_median", math.nan)) for g in groups), r["best_train"], f"{r['at_end']}/{r['n']}"]
         if papers:
             paper = papers.get((r["task"], r["model"]), {})
             value = paper.get("value", math.nan)
