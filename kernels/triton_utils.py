@@ -16,7 +16,8 @@ bounds only, the document masks are applied to the loaded values afterwards with
 need not wait for the document search, and a NaN in another document still never reaches the result); the
 search is unrolled (``N_SEARCH`` is a compile-time constant rounded up to a multiple of 4, so a few values
 cover every layout); and the eager path of each op calls its launchers from a ``torch.autograd.Function``,
-the custom op being kept for ``torch.compile`` graphs.
+the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`` (stacked runs,
+``runners.engine``), where its rule (``per_run_vmap``) launches the op once per run.
 """
 
 import torch
@@ -38,6 +39,25 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out
+
+
+def is_batched(x: torch.Tensor) -> bool:
+    """True when ``x`` is a tensor inside ``torch.func.vmap`` (its batch axis hidden): the op must then go
+    through its custom op, whose vmap rule the autograd.Function of the eager path does not have."""
+    return torch._C._functorch.is_batchedtensor(x)
+
+
+def per_run_vmap(op):
+    """A vmap rule for a custom op whose weights are each run's own (so the runs cannot fold into the op's
+    batch): the op once per run on that run's slices, outputs stacked on a leading run axis. The op calls are
+    on plain tensors, so autograd records them (and their registered backward) as in a run trained alone."""
+
+    def rule(info, in_dims, *args):
+        outs = [op(*(a if d is None else a.select(d, n) for a, d in zip(args, in_dims)))
+                for n in range(info.batch_size)]
+        return torch.stack(outs), 0
+
+    return rule
 
 
 def is_interpreted(kernel) -> bool:

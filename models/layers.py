@@ -24,10 +24,15 @@ class Mixer(nn.Module):
             independent of every other document when cu_seqlens is given.
         bitwise_causal: True means outputs before t are bitwise independent of the input at t; FFT-based
             convolutions are causal only up to rounding, so they set it False.
+    A third says how runs of it stack (``runners.engine``, ``torch.func.vmap``):
+        stacks_on_triton: its kernels run under vmap with ``kernel_backend="triton"`` (the short convs' custom
+            ops have vmap rules); False for RubiConv, whose Triton path has none (under auto it stacks on the
+            reference).
     """
 
     leaks_across_documents = False
     bitwise_causal = True
+    stacks_on_triton = True
 
 
 class RMSNorm(nn.Module):

@@ -36,8 +36,10 @@ Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``t
 
 - packed tasks (``doc_ids``): turning doc_ids into ``cu_seqlens`` has data-dependent shapes, which vmap
   cannot batch;
-- ``kernel_backend="triton"``: the Triton custom ops have no vmap rule. With ``kernel_backend=None``
-  (auto) the stacked model uses the plain-torch references of the short convs and RubiConv, which batch;
+- ``kernel_backend="triton"`` with RubiConv (``rubiconv``, ``fft_conv_leaky``): its Triton path has no vmap
+  rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``: the kernels once per
+  run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run alone: Triton on CUDA,
+  the plain-torch references on the CPU; RubiConv under vmap runs its reference;
 - mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
 fft_conv_leaky, none, and the compression autoencoder.
@@ -132,11 +134,13 @@ def unbatchable_reason(config: RunConfig) -> str | None:
     if task.generate(1, seed=0).doc_ids is not None:
         return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
                 f"which vmap cannot batch")
-    if model_config.kernel_backend == "triton":
-        return "kernel_backend='triton': the Triton custom ops have no vmap rule"
     if model_config.mixer not in models.MIXERS:
         return (f"mixer {model_config.mixer!r} is not built in: nothing says its forward runs under vmap "
                 f"(data-dependent control flow or .item() would fail there)")
+    # a registry entry is a Mixer class or a factory function of one (the short convs', which stack)
+    if model_config.kernel_backend == "triton" and not getattr(models.MIXERS[model_config.mixer],
+                                                                 "stacks_on_triton", True):
+        return f"kernel_backend='triton': the Triton kernel of mixer {model_config.mixer!r} has no vmap rule"
     return None
 
 
@@ -203,9 +207,6 @@ def _template(model_config: models.ModelConfig, device: torch.device) -> torch.n
 
     One per config, so compiled code, which is specialised to the module, serves every stack of that config.
     """
-    if model_config.kernel_backend is None:
-        # the Triton custom ops have no vmap rule; the plain-torch references batch (module docstring)
-        model_config = dataclasses.replace(model_config, kernel_backend="torch")
     with torch.random.fork_rng(devices=[]):  # its own initial values are never used
         return models.build_model(model_config).to(device)
 

@@ -570,6 +570,7 @@ def _headwise_backward(ctx, dy):
 
 
 _headwise_op.register_autograd(_headwise_backward, setup_context=_headwise_setup_context)
+_headwise_op.register_vmap(tu.per_run_vmap(_headwise_op))
 
 
 @torch.library.custom_op("mixlab::dynamic_conv_lowrank", mutates_args=())
@@ -621,6 +622,7 @@ def _lowrank_backward(ctx, dy):
 
 
 _lowrank_op.register_autograd(_lowrank_backward, setup_context=_lowrank_setup_context)
+_lowrank_op.register_vmap(tu.per_run_vmap(_lowrank_op))
 
 
 def _check_static_w(static_w: torch.Tensor | None, W: int, x: torch.Tensor) -> None:
@@ -701,7 +703,7 @@ def dynamic_conv_headwise(
     if tu.use_triton(
         backend, "dynamic_conv_headwise", _dynamic_conv_headwise_fwd_kernel, x, weight, static_w
     ):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or tu.is_batched(x):
             return _headwise_op(x, weight, static_w, cu_seqlens, residual)
         return _Headwise.apply(x, weight, static_w, cu_seqlens, residual)
     return dynamic_conv_headwise_ref(x, weight, static_w, cu_seqlens=cu_seqlens, residual=residual)
@@ -738,7 +740,7 @@ def dynamic_conv_lowrank(
     """
     _check_lowrank(x, z, U, static_w, cu_seqlens)
     if tu.use_triton(backend, "dynamic_conv_lowrank", _dynamic_conv_lowrank_fwd_kernel, x, z, U, static_w):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or tu.is_batched(x):
             return _lowrank_op(x, z, U, static_w, cu_seqlens, residual)
         return _Lowrank.apply(x, z, U, static_w, cu_seqlens, residual)
     return dynamic_conv_lowrank_ref(x, z, U, static_w, cu_seqlens=cu_seqlens, residual=residual)

@@ -57,7 +57,7 @@ def rubiconv(
             covers the longest padded document, within [16, 512]. "gemm" takes any positive k, "triton" a
             power of two in [16, 512]; "torch" ignores it.
         backend: "torch", "gemm", "triton" or None (auto, ``kernels.utils.resolve_backend``: "triton" on CUDA
-            for float16/bfloat16/float32, else "torch").
+            for float16/bfloat16/float32, else "torch"; "torch" under ``torch.func.vmap``).
         precision: GEMM precision of "gemm" and "triton": "fp32" (fp32 spectra; Triton dots in tf32, torch
             matmuls under torch's float32 matmul setting) or "bf16" (bfloat16 operands, fp32 accumulation).
             float64 inputs to "gemm" compute in float64 whatever the precision.
@@ -71,6 +71,10 @@ def rubiconv(
         return rubiconv_gemm(x, h, get_plan(cu_seqlens, B, T, h.shape[1], block, x.device), precision)
     if backend is not None and backend not in RUBICONV_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected {', '.join(RUBICONV_BACKENDS)}")
+    if backend is None and tu.is_batched(x):
+        # stacked runs (torch.func.vmap): the Triton path (an autograd.Function over host-side plans) has no
+        # vmap rule, the reference batches
+        return rubiconv_ref(x, h, cu_seqlens=cu_seqlens)
     if tu.use_triton(backend, "rubiconv", _rubi_spectrum_kernel, x, h):
         if block is not None and (block & (block - 1) or not MIN_BLOCK <= block <= MAX_BLOCK):
             raise ValueError(f"backend='triton' takes a power-of-two block in [16, 512], got {block}")

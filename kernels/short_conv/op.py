@@ -210,6 +210,7 @@ def _backward(ctx, dy):
 
 
 _short_conv_op.register_autograd(_backward, setup_context=_setup_context)
+_short_conv_op.register_vmap(tu.per_run_vmap(_short_conv_op))
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None) -> None:
@@ -246,7 +247,7 @@ def short_conv(
     """
     _check_inputs(x, weight, cu_seqlens)
     if tu.use_triton(backend, "short_conv", _short_conv_fwd_kernel, x, weight):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or tu.is_batched(x):
             return _short_conv_op(x, weight, cu_seqlens, residual)
         return _ShortConv.apply(x, weight, cu_seqlens, residual)
     return short_conv_ref(x, weight, cu_seqlens=cu_seqlens, residual=residual)

@@ -38,6 +38,7 @@ class GatedLongConv(Mixer):
     """Registry `rubiconv`: gated long conv, exact per document. Filter length L_F = config.max_seq_len."""
 
     bitwise_causal = False
+    stacks_on_triton = False  # kernels.rubiconv's Triton path has no vmap rule
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()

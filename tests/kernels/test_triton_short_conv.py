@@ -431,6 +431,33 @@ def test_compiles_fullgraph_and_matches_eager(rows):
         assert torch.equal(eager, graph)
 
 
+def _three_convs(weight, static_w, U, x, head_weight, z, cu_seqlens):
+    """_ThreeConvs' forward with its parameters as arguments (one run's)."""
+    y = kernels.short_conv(x, weight, cu_seqlens=cu_seqlens, residual=True, backend="triton")
+    y = kernels.dynamic_conv_headwise(y, head_weight, static_w, cu_seqlens=cu_seqlens, backend="triton")
+    return kernels.dynamic_conv_lowrank(y, z, U, static_w, cu_seqlens=cu_seqlens, backend="triton")
+
+
+@pytest.mark.parametrize("rows", [pytest.param(None, id="rows"), pytest.param([[5, 12], [17]], id="docs")])
+def test_vmap_over_stacked_runs_matches_each_run_alone(rows):
+    # runs.engine stacks runs with torch.func.vmap: each op's vmap rule launches it once per run, so outputs
+    # and the gradients of every run's own weights and inputs are bitwise those of the run alone
+    gen = torch.Generator().manual_seed(22)
+    N, B, T, D, W, H, R = 3, 2, 17, 8, 3, 4, 5
+    stacked = [_randn(gen, N, W, D).float(), _randn(gen, N, W, D).float(), _randn(gen, N, R, W * D).float(),
+               _randn(gen, N, B, T, D).float(), _randn(gen, N, B, T, H, W).float(), _randn(gen, N, B, T, R).float()]
+    cu, upstream = _cu(rows, T), _randn(gen, N, B, T, D).float()
+    leaves = [t.clone().requires_grad_() for t in stacked]
+    y = torch.func.vmap(_three_convs, in_dims=(0, 0, 0, 0, 0, 0, None))(*leaves, cu)  # [N, B, T, D]
+    grads = torch.autograd.grad(y, leaves, upstream)
+    for n in range(N):
+        alone = [t[n].clone().requires_grad_() for t in stacked]
+        y_n = _three_convs(*alone, cu)
+        assert torch.equal(y[n], y_n)
+        for stacked_grad, grad in zip(grads, torch.autograd.grad(y_n, alone, upstream[n]), strict=True):
+            assert torch.equal(stacked_grad[n], grad)
+
+
 def _opcheck_cases():
     gen = torch.Generator().manual_seed(21)
     B, T, D, W = 2, 9, 6, 3

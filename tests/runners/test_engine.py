@@ -150,13 +150,15 @@ def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("model", [{}, {"qkv_conv": "dynamic_lowrank"}], ids=["attention", "dynamic_qkv"])
 @pytest.mark.parametrize("compact_at", [1.0, 0.5], ids=["drop_at_once", "frozen_rows"])
-def test_cuda_graph_step_and_evaluation_match_eager(compact_at):
+def test_cuda_graph_step_and_evaluation_match_eager(compact_at, model):
     # run 1 stops at step 2: the live rows change, so the evaluation graph is captured again (after a
-    # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s)
-    configs = [tiny(lr=1e-2, eval_every=2, device="cuda"),
-               tiny(init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
-               tiny(init_seed=2, eval_every=2, device="cuda")]
+    # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s).
+    # dynamic_qkv: the conv's Triton kernels, once per run (their vmap rule), inside the captured graphs
+    configs = [tiny(model=model, lr=1e-2, eval_every=2, device="cuda"),
+               tiny(model=model, init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
+               tiny(model=model, init_seed=2, eval_every=2, device="cuda")]
     records = {graph: engine._train_stack(configs, [None] * 3, out_dir=None, progress=False, compile=False,
                                           cuda_graph=graph, compact_at=compact_at)
                for graph in (False, True)}
@@ -187,6 +189,25 @@ def test_every_mixer_batches(label, task, model):
     # generator's batched matmul (test logits differ in the last bits, which the loss sum may or may not show)
     exact = model.get("mixer") not in ("rubiconv", "fft_conv_leaky", "dynamic_conv_headwise")
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
+
+
+TRITON_CASES = [("static", {"qkv_conv": "static"}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}),
+                ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"})]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs need the Triton interpreter, set only without "
+                    "CUDA; on a GPU test_cuda_graph_step_and_evaluation_match_eager[dynamic_qkv] stacks the kernels")
+@pytest.mark.parametrize(("label", "model"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
+def test_short_convs_stack_on_their_triton_kernels(label, model):
+    # the ops' vmap rules launch the kernels once per run (on the CPU in the Triton interpreter), so a stack
+    # runs what a run alone runs; rubiconv's Triton path has no rule and trains alone
+    configs = [tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16),
+               tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16, init_seed=1)]
+    assert unbatchable_reason(configs[0]) is None
+    exact = label != "dynamic_headwise"  # its generator's batched matmul rounds differently (above)
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
+    rubiconv = tiny(model={"mixer": "rubiconv", "kernel_backend": "triton"})
+    assert "has no vmap rule" in unbatchable_reason(rubiconv)
 
 
 def test_packed_tasks_are_trained_one_at_a_time(monkeypatch):
