@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import runners.sweep as sweep_module
@@ -221,6 +222,17 @@ def out_of_memory_once(job, runs_dir, engine):
             tried.touch()
             raise JobOutOfMemory("CUDA out of memory. Tried to allocate 9.00 GiB (test)")
     return sweep_module._run_in_worker(job, runs_dir, engine)
+
+
+def test_a_worker_reports_out_of_memory_in_one_line(monkeypatch, tmp_path):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.50 GiB.\nthe allocator's advice")
+
+    monkeypatch.setattr(sweep_module, "run_job", out_of_memory)
+    job = plan_jobs(tiny(seeds=1).plan().runs, 8)[0]
+    with pytest.raises(JobOutOfMemory) as caught:
+        sweep_module._run_in_worker(job, str(tmp_path), {"batch": True})
+    assert str(caught.value) == "CUDA out of memory. Tried to allocate 4.50 GiB."
 
 
 @pytest.mark.parametrize("always", [False, True], ids=["once", "always"])
