@@ -307,9 +307,11 @@ def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
                 total = sum(len(planned[key]) for key in keys)
                 coverage[MAD_TASK_NAMES.get(task, task)] = (sum(len(planned[key] & have) for key in keys), total)
     seeds = sorted({seed for scores in per_seed.values() for seed in scores})
-    # a fixed order (the reference table's): the float mean of a set's elements changes with string hashing
+    # a fixed order (the reference table's, then by name): a float mean over a set's elements would change
+    # with string hashing
     names = ({MAD_TASK_NAMES.get(task, task) for task, _ in planned} if planned is not None else set(per_seed))
-    tasks = sorted(names, key=lambda name: (list(MAD_TASK_NAMES.values()) + [name]).index(name))
+    order = list(MAD_TASK_NAMES.values())
+    tasks = sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
     per_seed[AVERAGE] = {s: float(np.mean([per_seed[t][s] for t in tasks if s in per_seed.get(t, {})]))
                          for s in seeds
                          if planned is None or all(s in per_seed.get(t, {}) for t in tasks)}

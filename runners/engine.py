@@ -337,7 +337,8 @@ class _Stack:
         self.update_fn = torch.compile(_adamw_update, dynamic=False) if compile else _adamw_update
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.graph_pool = None
-        self.eval_graphs: dict[tuple[tuple[int, ...], int], tuple[torch.cuda.CUDAGraph, list[EvalSums]]] = {}
+        # the evaluation's graph: (live rows, batch size), the graph, the sums it rewrites
+        self.eval_graph: tuple[tuple[tuple[int, ...], int], torch.cuda.CUDAGraph, list[EvalSums]] | None = None
 
     def __len__(self) -> int:
         return self.params.shape[0]
@@ -423,9 +424,9 @@ class _Stack:
         if not self.cuda_graph:
             return [acc.metrics() for acc in self._eval_sums(run_tasks, rows, batch_size)]
         key = (tuple(rows), batch_size)
-        if key not in self.eval_graphs:  # the live rows only shrink: an older graph is never replayed again
-            self.eval_graphs = {key: self._capture_eval(run_tasks, rows, batch_size)}
-        graph, sums = self.eval_graphs[key]
+        if self.eval_graph is None or self.eval_graph[0] != key:  # the live rows only shrink: no older set returns
+            self.eval_graph = (key, *self._capture_eval(run_tasks, rows, batch_size))
+        _, graph, sums = self.eval_graph
         graph.replay()
         return [acc.metrics() for acc in sums]  # each reads the tensors the replay rewrote
 
@@ -473,7 +474,7 @@ class _Stack:
         self.loss_acc = self.loss_acc.index_select(0, index)
         self.data_index = self.data_index.index_select(0, index)
         self.graphs.clear()  # captured graphs point at the old buffers
-        self.eval_graphs.clear()
+        self.eval_graph = None
         self.graph_pool = None
 
 

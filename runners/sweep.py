@@ -692,11 +692,10 @@ def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, b
                 return
             job = next(pending, None)
             if job is None:
-                if not deferred or in_flight:
-                    return
-                job = deferred.pop(0)
-                alone.add(future := executor.submit(run, job, str(runs_dir), engine))
-                in_flight[future] = job
+                if deferred and not in_flight:  # the rest is done: a deferred job, alone
+                    job = deferred.pop(0)
+                    alone.add(future := executor.submit(run, job, str(runs_dir), engine))
+                    in_flight[future] = job
                 return
             in_flight[executor.submit(run, job, str(runs_dir), engine)] = job
 
