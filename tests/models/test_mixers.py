@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import MIXERS, ModelConfig
-from models.mixers.attention import causal_sdpa_stacked, document_gather_index
+from models.mixers.attention import causal_sdpa_stacked, document_slots
 
 D, T = 16, 13
 # documents per row: several rows, a one-document row, documents of length 1 and shorter than the width W=4
@@ -192,11 +192,11 @@ def test_gradients_reach_every_parameter(mixer, qkv_conv, with_docs):
         assert p.grad.abs().sum() > 0, name
 
 
-def test_document_gather_index_layout():
-    index, valid = document_gather_index(torch.tensor([0, 2, 3, 6], dtype=torch.int32), 6)
-    assert index.tolist() == [[0, 1, 6], [2, 6, 6], [3, 4, 5]]
-    assert valid.sum().item() == 6
-    assert index[valid].tolist() == list(range(6))
+def test_document_slots_layout():
+    """Documents of lengths 2, 1, 3 (and an empty one) in a padded [4, 3] layout, one slot per token."""
+    slot, n_docs, max_len = document_slots(torch.tensor([0, 2, 3, 3, 6], dtype=torch.int32), 6)
+    assert (n_docs, max_len) == (4, 3)
+    assert slot.tolist() == [0, 1, 3, 9, 10, 11]
 
 
 @pytest.mark.parametrize("runs_dim", [0, 2], ids=["runs_first", "runs_inside"])
