@@ -9,7 +9,8 @@ whose keys have the same length and the same last W - 2 tokens are one key to th
 independently of keys, so among m such pairs any rule is right with probability 1 / m on average. The ceiling
 is the mean of 1 / m over every scored query. A conv of width >= longest key + 2, or a second layer, lifts it.
 
-    python -m analysis.ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5
+    python -m analysis.ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
+    python -m analysis.ceilings --checkpoint runs/<run>.pt --windows 4       # a trained run's accuracy by m
 """
 
 from __future__ import annotations
@@ -19,38 +20,63 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+from torch import nn
 
 from tasks import get_task
 from tasks.base import IGNORE, Role, TaskData
 
 
-def mqar_varlen_window_ceiling(data: TaskData, window: int) -> float:
-    """Best expected query accuracy of one attention layer whose keys see ``window`` tokens (module docstring).
-
-    data: a split of ``mqar_varlen`` (inputs, targets, roles [N, T]); window: the conv width W >= 1 (W = 1, no
-    conv, is given the separator as well, which only raises the ceiling). Returns a float in (0, 1].
-    """
+def query_multiplicity(data: TaskData, window: int) -> torch.Tensor:
+    """m [N, T] (int64): at each scored query separator of ``mqar_varlen`` data, how many context pairs of its row
+    (its own included) look like its pair through a width-``window`` key conv at the value (module docstring);
+    0 at every other position. W = 1 (no conv) is given the separator as well, which only lowers m."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     inputs, targets, roles = (t.numpy() for t in (data.inputs, data.targets, data.roles))
     visible = max(window - 2, 0)  # key tokens in the window beside the value and the separator
-    total, n_queries = 0.0, 0
-    for row_in, row_tgt, row_role in zip(inputs, targets, roles, strict=True):
+    m = np.zeros(inputs.shape, dtype=np.int64)
+    for r, (row_in, row_tgt, row_role) in enumerate(zip(inputs, targets, roles, strict=True)):
         seps = np.flatnonzero(row_role == Role.SEPARATOR)
-        signatures = {}  # separator position -> (key length, its visible key tokens)
-        for s in seps:
-            length = int(row_in[s])  # SEP_L has id L
-            signatures[s] = (length, tuple(row_in[s - min(length, visible) : s].tolist()))
-        context = Counter(signatures[s] for s in seps if row_tgt[s] == IGNORE)
-        for s in seps[row_tgt[seps] != IGNORE]:
-            total += 1.0 / context[signatures[s]]
-            n_queries += 1
-    if n_queries == 0:
+        lengths = row_in[seps]  # SEP_L has id L
+        signatures = [(int(n), tuple(row_in[s - min(int(n), visible) : s].tolist())) for s, n in zip(seps, lengths)]
+        scored = row_tgt[seps] != IGNORE
+        context = Counter(sig for sig, q in zip(signatures, scored) if not q)
+        for s, sig, q in zip(seps, signatures, scored):
+            if q:
+                m[r, s] = context[sig]
+    return torch.from_numpy(m)
+
+
+def mqar_varlen_window_ceiling(data: TaskData, window: int) -> float:
+    """Best expected query accuracy of one attention layer whose keys see ``window`` tokens: the mean of 1 / m
+    over the scored queries (``query_multiplicity``). Returns a float in (0, 1]."""
+    m = query_multiplicity(data, window)
+    m = m[m > 0].double()
+    if m.numel() == 0:
         raise ValueError("the data has no scored query")
-    return total / n_queries
+    return float((1.0 / m).mean())
+
+
+@torch.no_grad()
+def accuracy_by_multiplicity(model: nn.Module, data: TaskData, window: int,
+                             batch_size: int = 256) -> list[dict[str, float]]:
+    """A trained model's query accuracy split by ``query_multiplicity``: one row per m with the queries' count
+    ``n``, the model's accuracy ``acc`` and the best possible ``1 / m``. If the window explains the ceiling,
+    ``acc`` is near 1 at m = 1 and near 1 / m above."""
+    m = query_multiplicity(data, window)  # [N, T]
+    correct = torch.zeros(m.shape, dtype=torch.bool)
+    model.eval()
+    for start in range(0, len(data), batch_size):
+        rows = slice(start, start + batch_size)
+        logits = model(data.inputs[rows])  # [B, T, V]
+        correct[rows] = logits.argmax(-1) == data.targets[rows]
+    return [{"m": int(k), "n": int((m == k).sum()), "acc": float(correct[m == k].double().mean()), "best": 1.0 / k}
+            for k in torch.unique(m[m > 0]).tolist()]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from analysis.representations import load_run
     from runners.sweep import load_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,8 +84,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--windows", default="2,3,4,5", help="comma-separated conv widths")
     parser.add_argument("--rows", type=int, default=3000, help="test rows drawn per seed")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--checkpoint", help="a run saved by `mixlab run --save`: its test accuracy split by m, "
+                        "at the first of --windows, on its own test set")
     args = parser.parse_args(argv)
     windows = [int(w) for w in args.windows.split(",")]
+    if args.checkpoint:
+        model, task, meta = load_run(args.checkpoint)
+        train = meta["config"]["train"]
+        data = task.generate(train["num_test"], seed=train["data_seed"], split="test")
+        print(f"{args.checkpoint}: test accuracy by m at W={windows[0]} "
+              f"(ceiling {mqar_varlen_window_ceiling(data, windows[0]):.4f})")
+        print("| m | queries | accuracy | best possible (1/m) |")
+        print("|---|---|---|---|")
+        for row in accuracy_by_multiplicity(model, data, windows[0]):
+            print(f"| {row['m']} | {row['n']} | {row['acc']:.4f} | {row['best']:.4f} |")
+        return
     spec = load_spec(args.preset)
     print(f"| preset | task params | W | ceiling per seed ({args.rows} test rows each) |")
     print("|---|---|---|---|")
@@ -73,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for w in windows:
                 values = ", ".join(f"{mqar_varlen_window_ceiling(d, w):.4f}" for d in splits)
                 print(f"| {args.preset} | {params} | {w} | {values} |")
+
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,9 @@
 import pytest
 import torch
+from torch import nn
 
-from analysis.ceilings import main, mqar_varlen_window_ceiling
+from analysis.ceilings import accuracy_by_multiplicity, main, mqar_varlen_window_ceiling, query_multiplicity
+from runners.train import RunConfig, TrainConfig, train_run
 from tasks import get_task
 from tasks.base import IGNORE, Role, TaskData
 
@@ -27,6 +29,37 @@ def test_hand_built_row(window, expected):
     assert mqar_varlen_window_ceiling(hand_row(), window) == pytest.approx(expected)
 
 
+def test_multiplicity_sits_at_the_scored_separators_only():
+    data = hand_row()
+    m = query_multiplicity(data, 4)
+    assert torch.equal(m > 0, data.targets != IGNORE)
+    assert m[data.targets != IGNORE].tolist() == [2, 2, 1]
+
+
+class Answers(nn.Module):
+    """Logits [B, T, V] whose argmax is a fixed answer per position, batch after batch in row order."""
+
+    def __init__(self, answers: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        self.answers, self.vocab_size, self.next_row = answers, vocab_size, 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = slice(self.next_row, self.next_row + len(inputs))
+        self.next_row += len(inputs)
+        return nn.functional.one_hot(self.answers[rows].clamp(min=0), self.vocab_size).float()
+
+
+def test_accuracy_by_multiplicity_counts_right_answers_per_m():
+    data = get_task("mqar_varlen", vocab_size=64, seq_len=64, num_kv_pairs=4).generate(60, seed=2, split="test")
+    m = query_multiplicity(data, 4)
+    answers = data.targets.clone()
+    answers[m >= 2] = 0  # wrong wherever the window leaves the key ambiguous
+    rows = accuracy_by_multiplicity(Answers(answers, data.vocab_size), data, 4, batch_size=7)
+    assert [r["m"] for r in rows][0] == 1 and len(rows) >= 2
+    assert rows[0]["acc"] == 1.0 and all(r["acc"] == 0.0 for r in rows[1:])
+    assert sum(r["n"] for r in rows) == int((data.targets != IGNORE).sum())
+
+
 def test_generated_data_rises_with_the_window_and_reaches_one():
     data = get_task("mqar_varlen", vocab_size=64, seq_len=64, num_kv_pairs=4).generate(200, seed=0, split="test")
     ceilings = [mqar_varlen_window_ceiling(data, w) for w in range(1, 6)]
@@ -49,3 +82,15 @@ def test_main_prints_a_row_per_window(capsys):
     main(["--preset", "mqar_varlen_small", "--windows", "4,5", "--rows", "50", "--seeds", "1"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and lines[-1].endswith("| 5 | 1.0000 |")
+
+
+def test_main_splits_a_saved_run_by_multiplicity(tmp_path, capsys):
+    config = RunConfig(task="mqar_varlen", task_params={"vocab_size": 64, "seq_len": 64, "num_kv_pairs": 4},
+                       model={"d_model": 16, "n_heads": 1, "n_layers": 1, "mlp_hidden": 32, "qkv_conv": "static",
+                              "conv_width": 4},
+                       train=TrainConfig(steps=1, epochs=None, batch_size=4, num_train=4, num_test=40, device="cpu"))
+    train_run(config, out_dir=tmp_path, run_name="r", progress=False, save=True)
+    main(["--checkpoint", str(tmp_path / "r.pt"), "--windows", "4"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "ceiling" in lines[0] and lines[3].startswith("| 1 | ")
+    assert sum(int(line.split("|")[2]) for line in lines[3:]) == 40 * 4  # every query of the 40 test rows
