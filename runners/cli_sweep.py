@@ -29,6 +29,8 @@ ADDRESS_HELP = ("Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: RAY_A
 CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
 GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
 RETRIES_HELP = "Ray: times a job whose worker died is run again."
+CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
+                     "seeing only its own (at least one worker per device).")
 
 
 def sweep(
@@ -51,6 +53,7 @@ def sweep(
     cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
     gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
     max_retries: int = typer.Option(3, help=RETRIES_HELP),
+    cuda_devices: str = typer.Option(None, help=CUDA_DEVICES_HELP),
 ) -> None:
     """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
     grid = load_spec(spec)
@@ -60,7 +63,18 @@ def sweep(
     _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), models=_names(models),
                            stop_after=stop_after, progress=progress, max_stack=max_stack, batch=batch,
                            compile=compile, cuda_graph=cuda_graph, backend=backend,
-                           ray_options=ray_options))
+                           ray_options=ray_options, cuda_devices=_indices(cuda_devices)))
+
+
+def _indices(text: str | None) -> list[int] | None:
+    """``--cuda-devices 0,1`` as [0, 1] (None when not given); a non-integer raises ValueError naming it."""
+    names = _names(text)
+    if names is None:
+        return None
+    bad = [n for n in names if not n.isdigit()]
+    if bad:
+        raise ValueError(f"--cuda-devices expects comma-separated device indices, got {bad[0]!r}")
+    return [int(n) for n in names]
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -94,6 +108,7 @@ def mad_run(
     cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
     gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
     max_retries: int = typer.Option(3, help=RETRIES_HELP),
+    cuda_devices: str = typer.Option(None, help=CUDA_DEVICES_HELP),
 ) -> None:
     """Run the MAD protocol for one model (resumable), then print its MAD table."""
     plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
@@ -101,7 +116,7 @@ def mad_run(
     typer.echo(plan.spec["profile_text"])
     result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), stop_after=stop_after,
                        progress=progress, max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph,
-                       backend=backend,
+                       backend=backend, cuda_devices=_indices(cuda_devices),
                        ray_options=_ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries))
     _echo_result(result)
     if result.skipped + result.ran > 0:

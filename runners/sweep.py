@@ -75,6 +75,8 @@ from runners.engine import group_key, train_runs_batched, unbatchable_reason
 from runners.train import RunConfig, TrainConfig, config_hash, resolve, train_run, write_json_atomic
 
 if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+
     from runners.ray_backend import RayOptions
 
 MANIFEST = "sweep.json"
@@ -538,7 +540,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
               batch: bool = True,
               max_stack: int = DEFAULT_MAX_STACK, compile: bool = False, cuda_graph: bool = False,
               backend: str = "local",
-              ray_options: RayOptions | None = None) -> SweepResult:
+              ray_options: RayOptions | None = None,
+              cuda_devices: Sequence[int] | None = None) -> SweepResult:
     """Run every run of ``plan`` without a record in ``out_dir`` yet; a tqdm bar counts runs, with an ETA.
 
     The missing runs are split into jobs (``plan_jobs``): runs that stack, ``max_stack`` at a time, each job
@@ -546,6 +549,9 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     ``train_run`` (max_stack is then 1). ``compile`` and ``cuda_graph`` are the engine's speed options.
     workers: the local backend keeps this many jobs going: 1 in this process, N > 1 in spawned processes
         (on a GPU they share it; each gets cores // N torch threads, cores = those this process may run on).
+    cuda_devices: the local backend's workers go round-robin to these CUDA devices (indices as this process
+        sees them), each worker seeing only its own as ``cuda``: one sweep uses every GPU of a host. Workers
+        are processes then, also for workers=1; at least one worker per device.
     backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray_options``);
         needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by resources).
     limit: run at most this many of the missing runs (to fit a time budget; run again to continue).
@@ -572,6 +578,18 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     if backend == "ray" and workers != 1:
         raise ValueError(f"workers={workers} is for the local backend; Ray runs as many jobs at once as its "
                          "resources allow (cpus_per_job, gpus_per_job)")
+    device_ids = None
+    if cuda_devices is not None:
+        cuda_devices = list(cuda_devices)
+        if (not cuda_devices or len(set(cuda_devices)) != len(cuda_devices)
+                or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in cuda_devices)):
+            raise ValueError(f"cuda_devices must be distinct non-negative device indices, got {cuda_devices!r}")
+        if backend != "local":
+            raise ValueError("cuda_devices is for the local backend (Ray places jobs on GPUs itself)")
+        if workers < len(cuda_devices):
+            raise ValueError(f"workers={workers} cannot cover {len(cuda_devices)} cuda_devices: give each at "
+                             "least one worker")
+        device_ids = _device_ids(cuda_devices)
     if not batch and (compile or cuda_graph):
         raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} need the batched engine "
                          "(batch=True)")
@@ -621,23 +639,48 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
     try:
         if backend == "ray":
             ray_backend.run_jobs(jobs, runs_dir, ray_options or ray_backend.RayOptions(), engine, job_done)
-        elif workers == 1:
+        elif workers == 1 and device_ids is None:
             for job in jobs:
                 if not may_start():
                     break
                 job_done(job, len(run_job(job, runs_dir, **engine)))
         else:
-            _run_pool(jobs, runs_dir, workers, engine, job_done, may_start)
+            _run_pool(jobs, runs_dir, workers, engine, job_done, may_start, device_ids=device_ids)
     finally:
         bar.close()
     return SweepResult(total=len(plan.runs), skipped=skipped, ran=ran, out_dir=out,
                        not_started=sum(len(job) for job in jobs) - finished)
 
 
-def _init_worker(threads: int, parent: int) -> None:
+def _device_ids(cuda_devices: Sequence[int]) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entry of each of this process's device indices (its own list maps them when
+    set, as in a sweep pinned to some GPUs of a host); an index it does not see raises ValueError."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",")] if visible else None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else len(ids) if ids else None
+    if count is not None and max(cuda_devices) >= count:
+        raise ValueError(f"cuda_devices {list(cuda_devices)} names a device this process does not see "
+                         f"({count} visible)")
+    return [ids[d] if ids else str(d) for d in cuda_devices]
+
+
+def _take_device(device_ids: Sequence[str], started: Synchronized) -> str:
+    """The device of the next worker to start: round-robin over ``device_ids`` by ``started``, a counter
+    shared by the pool's workers."""
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    return device_ids[index % len(device_ids)]
+
+
+def _init_worker(threads: int, parent: int, device_ids: Sequence[str] | None = None,
+                 started: Synchronized | None = None) -> None:
     # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    if device_ids:
+        # before this process touches CUDA: its one device becomes "cuda" (cuda:0) for every run it trains
+        os.environ["CUDA_VISIBLE_DEVICES"] = _take_device(device_ids, started)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
 
 
@@ -666,9 +709,11 @@ def _run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
 
 def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
               job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
-              run: Callable[[Job, str, dict[str, bool]], int] = _run_in_worker) -> None:
+              run: Callable[[Job, str, dict[str, bool]], int] = _run_in_worker,
+              device_ids: Sequence[str] | None = None) -> None:
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
-    job starts only while ``may_start()``.
+    job starts only while ``may_start()``. With ``device_ids`` (``_device_ids``) worker k sees only device
+    ``device_ids[k % len(device_ids)]``.
 
     A job that runs out of device memory beside others (jobs share a GPU) does not stop the sweep: it runs
     again after the other jobs, alone (it keeps the records its early-stopped runs wrote); out of memory
@@ -678,9 +723,10 @@ def _run_pool(jobs: list[Job], runs_dir: Path, workers: int, engine: dict[str, b
     # must not each start a thread per core
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // workers)
+    context = multiprocessing.get_context("spawn")
     executor = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-        initargs=(threads, os.getpid()))
+        max_workers=workers, mp_context=context, initializer=_init_worker,
+        initargs=(threads, os.getpid(), device_ids, context.Value("i", 0)))
     pending = iter(jobs)
     in_flight: dict[concurrent.futures.Future, Job] = {}
     deferred: list[Job] = []  # ran out of memory beside other jobs: again, alone, once the rest is done

@@ -132,3 +132,13 @@ def test_readme_lists_every_mixer():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert all(f"| `{name}` |" in readme for name in models.MIXERS)
+
+
+@pytest.mark.parametrize("command", [["sweep", "smoke"],
+                                     ["mad", "run", "--model", "transformer", "--profile", "smoke"]],
+                         ids=["sweep", "mad"])
+def test_cuda_devices_must_be_indices(capsys, tmp_path, command):
+    code, _, err = run(capsys, *command, "--out", str(tmp_path / "out"), "--workers", "2", "--cuda-devices", "0,gpu1")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip() == "mixlab: error: --cuda-devices expects comma-separated device indices, got 'gpu1'"
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,5 @@
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -384,3 +385,45 @@ def test_smoke_preset_runs(tmp_path):
     assert {(r["model"], r["model_grid"]) for r in summary} == {
         (m, f"d_model={d}") for m in ("no_conv", "static_conv", "dynamic_conv") for d in (16, 32)}
     assert all(r["n"] == 1 and 0 <= r["median"] <= 1 for r in summary)
+
+
+def report_device(job, runs_dir, engine):
+    """A worker that trains nothing and notes the device it sees, one file per job."""
+    (Path(runs_dir) / f"{job.hashes[0]}.device").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    return 0
+
+
+def test_workers_take_the_devices_round_robin():
+    started = multiprocessing.get_context("spawn").Value("i", 0)
+    assert [sweep_module._take_device(["3", "5"], started) for _ in range(5)] == ["3", "5", "3", "5", "3"]
+
+
+def test_pool_workers_see_only_their_device(tmp_path):
+    jobs = plan_jobs(tiny(seeds=1).plan().runs, 8)
+    sweep_module._run_pool(jobs, tmp_path, 2, {"batch": True}, lambda job, trained: None, lambda: True,
+                           run=report_device, device_ids=["5", "7"])
+    seen = [p.read_text() for p in tmp_path.glob("*.device")]
+    assert len(seen) == len(jobs) and set(seen) <= {"5", "7"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="maps indices without a GPU to count them")
+def test_device_indices_map_through_this_process_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert sweep_module._device_ids([0, 3]) == ["0", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert sweep_module._device_ids([1]) == ["6"]
+    with pytest.raises(ValueError, match=r"does not see \(2 visible\)"):
+        sweep_module._device_ids([2])
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    ({"cuda_devices": [0, 0], "workers": 2}, "distinct"),
+    ({"cuda_devices": [-1], "workers": 2}, "non-negative"),
+    ({"cuda_devices": [], "workers": 2}, "cuda_devices"),
+    ({"cuda_devices": [0, 1], "workers": 1}, "workers=1 cannot cover 2"),
+    ({"cuda_devices": [0], "workers": 1, "backend": "ray"}, "local backend"),
+], ids=["repeated", "negative", "empty", "too-few-workers", "ray"])
+def test_bad_cuda_devices_are_refused_before_anything_runs(tmp_path, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        run_sweep(tiny(seeds=1).plan(), tmp_path / "out", progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
