@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import time
 from typing import Any
 
@@ -53,6 +54,12 @@ def _model_fields(model: str) -> dict[str, Any]:
         return {"mixer": model}
     raise ValueError(f"unknown model {model!r}; choose a preset ({', '.join(models.PRESETS)}) or a mixer "
                      f"({', '.join(models.MIXERS)})")
+
+
+def kernel_backend_label(model_config: models.ModelConfig) -> str:
+    """Which conv kernels the runs call: the model's kernel_backend, else MIXLAB_BACKEND, else auto (Triton on
+    CUDA for the ops that have a kernel, including inside stacks; the plain-torch references otherwise)."""
+    return model_config.kernel_backend or os.environ.get("MIXLAB_BACKEND") or "auto"
 
 
 def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
@@ -141,7 +148,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         "",
         f"{datetime.date.today().isoformat()}, device: {info['name']} ({dev.type}), "
         f"torch {versions['torch']}, CUDA {cuda}, triton {versions['triton']}, python {versions['python']}, "
-        f"precision {'bf16 autocast' if bf16 else 'fp32'}",
+        f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}",
         f"bench_train(task={task!r}, model={model!r}, n_runs={n_runs}, steps={steps}, device={device!r}, "
         f"solo_runs={solo_runs}, compile={compile}, cuda_graph={cuda_graph}, epochs={epochs}"
         + "".join(f", {k}={v!r}" for k, v in train.items()) + ")",

@@ -288,6 +288,14 @@ def test_bench_train_reports_a_gated_table():
     assert rows[2].startswith("| batched | 2 |") and rows[2].endswith("| bitwise |")
     rate = float(rows[2].split("|")[6])
     assert math.isfinite(rate) and rate > 0
+    assert "precision fp32, kernels auto" in report
+
+
+def test_bench_train_names_the_kernel_backend_it_ran(monkeypatch):
+    monkeypatch.setenv("MIXLAB_BACKEND", "torch")
+    report = bench_train(n_runs=1, steps=1, device="cpu", task_params={"seq_len": 16}, num_train=8, num_test=8,
+                         batch_size=8)
+    assert "kernels torch" in report
 
 
 def test_bench_train_rejects_unknown_model():
