@@ -18,6 +18,14 @@ TRITON_OPS: set[str] = set()
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def env_backend() -> str | None:
+    """The backend forced by the env var ``MIXLAB_BACKEND`` (torch|triton), or None when it is unset or empty."""
+    env = os.environ.get("MIXLAB_BACKEND", "")
+    if env and env not in BACKENDS:
+        raise ValueError(f"MIXLAB_BACKEND={env!r} is not a backend; expected {' or '.join(BACKENDS)}")
+    return env or None
+
+
 def resolve_backend(backend: str | None, x: torch.Tensor, op: str | None = None) -> str:
     """Return "torch" or "triton" for an op on input ``x``.
 
@@ -26,10 +34,7 @@ def resolve_backend(backend: str | None, x: torch.Tensor, op: str | None = None)
     to "torch"; an explicit ``backend="triton"`` is returned as asked (the op then raises).
     """
     if backend is None:
-        env = os.environ.get("MIXLAB_BACKEND", "")
-        if env and env not in BACKENDS:
-            raise ValueError(f"MIXLAB_BACKEND={env!r} is not a backend; expected {' or '.join(BACKENDS)}")
-        backend = env or ("triton" if x.is_cuda else "torch")
+        backend = env_backend() or ("triton" if x.is_cuda else "torch")
         if backend == "triton" and op is not None and op not in TRITON_OPS:
             backend = "torch"
         return backend

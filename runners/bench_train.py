@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-import os
 import time
 from typing import Any
 
 import torch
 
+import kernels.utils
 import models
 from runners.engine import train_runs_batched
 from runners.train import (
@@ -59,7 +59,7 @@ def _model_fields(model: str) -> dict[str, Any]:
 def kernel_backend_label(model_config: models.ModelConfig) -> str:
     """Which conv kernels the runs call: the model's kernel_backend, else MIXLAB_BACKEND, else auto (Triton on
     CUDA for the ops that have a kernel, including inside stacks; the plain-torch references otherwise)."""
-    return model_config.kernel_backend or os.environ.get("MIXLAB_BACKEND") or "auto"
+    return model_config.kernel_backend or kernels.utils.env_backend() or "auto"
 
 
 def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
