@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-import tasks
-from tasks.mad import mad_sweep_settings
+from mixlab import tasks
+from mixlab.tasks.mad import mad_sweep_settings
 
 MANIFEST = "sweep.json"
 RUNS = "runs"

@@ -9,8 +9,8 @@ whose keys have the same length and the same last W - 2 tokens are one key to th
 independently of keys, so among m such pairs any rule is right with probability 1 / m on average. The ceiling
 is the mean of 1 / m over every scored query. A conv of width >= longest key + 2, or a second layer, lifts it.
 
-    python -m analysis.ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
-    python -m analysis.ceilings --checkpoint runs/<run>.pt --windows 4       # a trained run's accuracy by m
+    python -m mixlab.analysis.ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
+    python -m mixlab.analysis.ceilings --checkpoint runs/<run>.pt --windows 4       # a trained run's accuracy by m
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from mixlab.tasks import get_task
+from mixlab.tasks.base import IGNORE, Role, TaskData
 from torch import nn
-
-from tasks import get_task
-from tasks.base import IGNORE, Role, TaskData
 
 
 def query_multiplicity(data: TaskData, window: int) -> torch.Tensor:
@@ -76,8 +75,8 @@ def accuracy_by_multiplicity(model: nn.Module, data: TaskData, window: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from analysis.representations import load_run
-    from runners.sweep import load_spec
+    from mixlab.analysis.representations import load_run
+    from mixlab.runners.sweep import load_spec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="mqar_varlen_fig2", help="a sweep preset whose tasks are mqar_varlen")

@@ -36,13 +36,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mixlab import kernels, models
+from mixlab.models.config import QKV_CONVS
+from mixlab.models.mixers.long_conv import GatedLongConv
+from mixlab.models.mixers.short_conv import HeadwiseDynamicConv, LowRankDynamicConv, StaticShortConv
 from torch import nn
-
-import kernels.utils
-import models
-from models.config import QKV_CONVS
-from models.mixers.long_conv import GatedLongConv
-from models.mixers.short_conv import HeadwiseDynamicConv, LowRankDynamicConv, StaticShortConv
 
 MixerFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 

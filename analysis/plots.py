@@ -20,9 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402 - seaborn's own dependency
 import seaborn as sns  # noqa: E402
-
-from analysis.aggregate import AVERAGE  # noqa: E402
-from analysis.tables import MAD_ROWS  # noqa: E402
+from mixlab.analysis.aggregate import AVERAGE  # noqa: E402
+from mixlab.analysis.tables import MAD_ROWS  # noqa: E402
 
 IQR = ("pi", 50)
 

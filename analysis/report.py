@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis import plots
-from analysis.aggregate import MANIFEST, METRIC_KEYS, RUNS, SweepData, best_of_grid, load_sweep
-from analysis.tables import (
+from mixlab.analysis import plots
+from mixlab.analysis.aggregate import MANIFEST, METRIC_KEYS, RUNS, SweepData, best_of_grid, load_sweep
+from mixlab.analysis.tables import (
     REFERENCE,
     grid_table,
     mad_budget_table,

@@ -35,6 +35,8 @@ import pandas as pd  # seaborn's own dependency
 import seaborn as sns
 import torch
 from matplotlib.figure import Figure
+from mixlab import models, tasks
+from mixlab.models.checkpoint import metadata as checkpoint_metadata
 from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -42,10 +44,6 @@ from sklearn.model_selection import GroupShuffleSplit, train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from torch import nn
-
-import models
-import tasks
-from models.checkpoint import metadata as checkpoint_metadata
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import models
-from analysis.aggregate import AVERAGE, MAD_TASK_NAMES, MadScores, Stats, SweepData, grid_summary, mad_scores
+from mixlab import models
+from mixlab.analysis.aggregate import AVERAGE, MAD_TASK_NAMES, MadScores, Stats, SweepData, grid_summary, mad_scores
 
 # SPEC 3.3 reference table (dynamic-conv paper), keyed by models.PRESETS name.
 REFERENCE: dict[str, dict[str, float]] = {

@@ -4,10 +4,10 @@ Every op takes ``cu_seqlens`` (int32 [n_docs + 1], see ``kernels.utils``) and a 
 plain-torch reference (``naive.py`` beside each op), "triton" the kernels of issues #4 and #5, None picks one.
 """
 
-from kernels.dynamic_conv import dynamic_conv_headwise, dynamic_conv_lowrank
-from kernels.rubiconv import rubiconv
-from kernels.short_conv import short_conv
-from kernels.utils import (
+from mixlab.kernels.dynamic_conv import dynamic_conv_headwise, dynamic_conv_lowrank
+from mixlab.kernels.rubiconv import rubiconv
+from mixlab.kernels.short_conv import short_conv
+from mixlab.kernels.utils import (
     cu_seqlens_to_doc_ids,
     doc_ids_to_cu_seqlens,
     positions_in_doc,

@@ -21,9 +21,8 @@ the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`
 """
 
 import torch
-
-from kernels._triton import HAS_TRITON, tl, triton
-from kernels.utils import resolve_backend
+from mixlab.kernels._triton import HAS_TRITON, tl, triton
+from mixlab.kernels.utils import resolve_backend
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tests set this to True: every buffer a launcher allocates then starts full of NaN, so an element a kernel

@@ -6,11 +6,11 @@
     save(model, "model.pt"); model = load("model.pt")   # weights + config in one file
 """
 
-from models.checkpoint import load, save
-from models.config import PRESETS, ModelConfig, preset_config
-from models.layers import Block, Mixer, RMSNorm, SwiGLU
-from models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
-from models.mixers import MIXERS, claims_document_blindness, mixer_origins, resolve_mixer
+from mixlab.models.checkpoint import load, save
+from mixlab.models.config import PRESETS, ModelConfig, preset_config
+from mixlab.models.layers import Block, Mixer, RMSNorm, SwiGLU
+from mixlab.models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
+from mixlab.models.mixers import MIXERS, claims_document_blindness, mixer_origins, resolve_mixer
 
 __all__ = [
     "MIXERS",

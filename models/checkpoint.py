@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mixlab.models.config import ModelConfig
+from mixlab.models.lm import build_model
 from torch import nn
-
-from models.config import ModelConfig
-from models.lm import build_model
 
 FORMAT = "mixlab-checkpoint"
 FORMAT_VERSION = 1

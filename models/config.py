@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from models.mixers import resolve_mixer
+from mixlab.models.mixers import resolve_mixer
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 
 class Mixer(nn.Module):

@@ -10,12 +10,11 @@ with zero biases; mixer-specific parameters (conv weights, long filters) keep th
 from __future__ import annotations
 
 import torch
+from mixlab import kernels
+from mixlab.models.config import ModelConfig
+from mixlab.models.layers import Block, RMSNorm, sincos_embedding
+from mixlab.models.mixers import resolve_mixer
 from torch import nn
-
-import kernels.utils
-from models.config import ModelConfig
-from models.layers import Block, RMSNorm, sincos_embedding
-from models.mixers import resolve_mixer
 
 
 def init_weights(model: nn.Module, std: float) -> None:

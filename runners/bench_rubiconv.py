@@ -19,12 +19,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import triton
-
-import kernels
-from kernels.rubiconv import gemm
-from kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
-from kernels.utils import compute_dtype
-from runners.bench_utils import median_time_ms, rel_rms
+from mixlab import kernels
+from mixlab.kernels.rubiconv import gemm
+from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
+from mixlab.kernels.utils import compute_dtype
+from mixlab.runners.bench_utils import median_time_ms, rel_rms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with

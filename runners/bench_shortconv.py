@@ -23,11 +23,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import triton
-
-import kernels
-from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from kernels.short_conv.naive import short_conv_ref
-from runners.bench_utils import median_time_ms, rel_rms
+from mixlab import kernels
+from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.short_conv.naive import short_conv_ref
+from mixlab.runners.bench_utils import median_time_ms, rel_rms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative RMS error the correctness gate allows, per activation dtype (the kernel tests' bounds).

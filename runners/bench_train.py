@@ -25,11 +25,9 @@ import time
 from typing import Any
 
 import torch
-
-import kernels.utils
-import models
-from runners.engine import train_runs_batched
-from runners.train import (
+from mixlab import kernels, models
+from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.train import (
     RunConfig,
     TrainConfig,
     device_info,

@@ -38,13 +38,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from mixlab import models
+from mixlab.analysis import leakage
+from mixlab.models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, claims_document_blindness
+from mixlab.models.mixers.external import error_line as _error
+from mixlab.runners.bench_utils import median_time_ms
 from torch import nn
-
-import models
-from analysis import leakage
-from models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, claims_document_blindness
-from models.mixers.external import error_line as _error
-from runners.bench_utils import median_time_ms
 
 ROWS, SEQ_LEN = 4, 64  # inputs of the checks: [ROWS, SEQ_LEN, d_model]
 HEAD_DIM = 8  # attention heads of the checks and the benchmark: d_model / 8 heads (MAD's head size)

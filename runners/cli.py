@@ -12,13 +12,11 @@ import sys
 import typing
 
 import typer
-
-import models
-import tasks
-from runners import cli_bench, cli_check, cli_leakage, cli_sweep
-from runners.train import RunConfig, TrainConfig, train_run
-from tasks.base import parse_value
-from tasks.show import render_example
+from mixlab import models, tasks
+from mixlab.runners import cli_bench, cli_check, cli_leakage, cli_sweep
+from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.tasks.base import parse_value
+from mixlab.tasks.show import render_example
 
 app = typer.Typer(
     name="mixlab",

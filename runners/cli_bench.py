@@ -27,7 +27,7 @@ def bench_shortconv_cmd(
     repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
 ) -> None:
     """Static, head-wise and low-rank short convs: fwd and fwd+bwd medians, bandwidth, byte floor, vs torch."""
-    from runners.bench_shortconv import bench_shortconv
+    from mixlab.runners.bench_shortconv import bench_shortconv
 
     typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats))
 
@@ -42,7 +42,7 @@ def bench_rubiconv_cmd(
     repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
 ) -> None:
     """RubiConv backends against a leaky single FFT, a per-document loop, pad-to-longest and pow2 buckets."""
-    from runners.bench_rubiconv import bench_rubiconv
+    from mixlab.runners.bench_rubiconv import bench_rubiconv
 
     extra = parse_shape(blocks, len(blocks.split(",")), "block sizes, e.g. 64,256") if blocks else ()
     typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed))
@@ -59,7 +59,7 @@ def bench_train_cmd(
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row."),
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
-    from runners.bench_train import bench_train
+    from mixlab.runners.bench_train import bench_train
 
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
                            cuda_graph=cuda_graph))

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 import typer
-
-from runners.check_mixer import check_mixer
-from runners.cli_bench import parse_shape
+from mixlab.runners.check_mixer import check_mixer
+from mixlab.runners.cli_bench import parse_shape
 
 
 def check_mixer_command(

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 import typer
-
-from analysis import leakage
+from mixlab.analysis import leakage
 
 
 def leakage_command(

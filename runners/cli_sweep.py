@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from analysis.aggregate import load_sweep
-from analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
-from runners import mad
-from runners.ray_backend import RayOptions
-from runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, preset_names, run_sweep
+from mixlab.analysis.aggregate import load_sweep
+from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
+from mixlab.runners import mad
+from mixlab.runners.ray_backend import RayOptions
+from mixlab.runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, preset_names, run_sweep
 
 WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
@@ -150,7 +149,7 @@ def report(
 ) -> None:
     """Write report.md, CSV tables and PNG figures for sweep folders."""
     # imported here: seaborn takes a second or two to import and only the report draws
-    from analysis.report import write_report
+    from mixlab.analysis.report import write_report
 
     written = write_report(folders, out)
     typer.echo(f"wrote {len(written)} files to {written[0].parent}: " + ", ".join(p.name for p in written))

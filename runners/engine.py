@@ -78,14 +78,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from tqdm.auto import tqdm
-
-import models
-import tasks
-from models.mixers.attention import stacked_runs
-from runners.metrics import EvalSums, scored_positions, sparse_width
-from runners.train import (
+from mixlab import models, tasks
+from mixlab.models.mixers.attention import stacked_runs
+from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width
+from mixlab.runners.train import (
     RunConfig,
     config_hash,
     device_info,
@@ -96,6 +92,8 @@ from runners.train import (
     train_run,
     write_json_atomic,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm.auto import tqdm
 
 # torch.optim.AdamW's default epsilon; TrainConfig does not set it.
 ADAM_EPS = 1e-8

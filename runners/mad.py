@@ -46,10 +46,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import models
-from runners.sweep import PlannedRun, Resolver, SweepPlan, parse_seeds
-from runners.train import config_hash
-from tasks.mad import MadSetting, mad_sweep_settings
+from mixlab import models
+from mixlab.runners.sweep import PlannedRun, Resolver, SweepPlan, parse_seeds
+from mixlab.runners.train import config_hash
+from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 
 LRS = (1e-4, 5e-4, 1e-3)
 WEIGHT_DECAYS = (0.0, 0.1)

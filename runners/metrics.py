@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from tasks import IGNORE
+from mixlab.tasks import IGNORE
 
 if TYPE_CHECKING:
-    from tasks import Task
+    from mixlab.tasks import Task
 
 
 def batch_counts(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -32,9 +32,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
-from runners.sweep import Job, is_record, run_job
-from runners.train import write_json_atomic
+from mixlab.runners.sweep import Job, is_record, run_job
+from mixlab.runners.train import write_json_atomic
 
 INSTALL_HINT = "pip install 'mixlab[ray]'"
 

@@ -67,17 +67,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
+from mixlab import models, tasks
+from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train import RunConfig, TrainConfig, config_hash, resolve, train_run, write_json_atomic
 from tqdm.auto import tqdm
-
-import models
-import tasks
-from runners.engine import group_key, train_runs_batched, unbatchable_reason
-from runners.train import RunConfig, TrainConfig, config_hash, resolve, train_run, write_json_atomic
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
 
-    from runners.ray_backend import RayOptions
+    from mixlab.runners.ray_backend import RayOptions
 
 MANIFEST = "sweep.json"
 RUNS = "runs"
@@ -255,7 +253,7 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
         if str(name_or_path) not in names:
             raise ValueError(f"unknown sweep preset {str(name_or_path)!r}; presets: {', '.join(names)} "
                              "(or give a .yaml path)")
-        text = importlib.resources.files("runners").joinpath("presets", f"{name_or_path}.yaml").read_text()
+        text = importlib.resources.files("mixlab.runners").joinpath("presets", f"{name_or_path}.yaml").read_text()
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -265,7 +263,7 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
 
 def preset_names() -> list[str]:
     """Names of the packaged sweep presets (``runners/presets/*.yaml``)."""
-    folder = importlib.resources.files("runners").joinpath("presets")
+    folder = importlib.resources.files("mixlab.runners").joinpath("presets")
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -595,7 +593,7 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, *, workers: int = 1, limit: 
                          "(batch=True)")
     if backend == "ray":
         # imported here: the backend is optional; checked before anything is written
-        from runners import ray_backend
+        from mixlab.runners import ray_backend
 
         ray_backend.import_ray()
     for label, chosen in (("task", tasks), ("model", models)):

@@ -22,11 +22,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from mixlab import models, tasks
+from mixlab.runners.metrics import EvalSums, scored_view
 from tqdm.auto import tqdm
-
-import models
-import tasks
-from runners.metrics import EvalSums, scored_view
 
 SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
 DEVICES = ("auto", "cpu", "cuda")

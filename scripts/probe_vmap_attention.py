@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-import runners.engine as engine
-from runners.bench_train import bench_train
+import mixlab.runners.engine as engine
+from mixlab.runners.bench_train import bench_train
 
 
 def main() -> None:

@@ -13,10 +13,9 @@ import argparse
 import time
 
 import torch
+from mixlab.runners.bench_train import bench_configs
+from mixlab.runners.engine import train_runs_batched
 from torch.profiler import ProfilerActivity, profile
-
-from runners.bench_train import bench_configs
-from runners.engine import train_runs_batched
 
 
 def main() -> None:

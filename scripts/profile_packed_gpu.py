@@ -18,10 +18,9 @@ import dataclasses
 import time
 
 import torch
+from mixlab.runners.sweep import load_spec
+from mixlab.runners.train import RunConfig, train_run
 from torch.profiler import ProfilerActivity, profile
-
-from runners.sweep import load_spec
-from runners.train import RunConfig, train_run
 
 
 def shortened(config: RunConfig, steps: int) -> RunConfig:

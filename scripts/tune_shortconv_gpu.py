@@ -19,13 +19,12 @@ import math
 import numpy as np
 import torch
 import triton
-
-import kernels
-from kernels import triton_utils as tu
-from kernels.dynamic_conv import op as dyn
-from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from kernels.short_conv import op as short
-from kernels.short_conv.naive import short_conv_ref
+from mixlab import kernels
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.dynamic_conv import op as dyn
+from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.short_conv import op as short
+from mixlab.kernels.short_conv.naive import short_conv_ref
 
 B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64
 DTYPE = torch.bfloat16

@@ -19,11 +19,10 @@ import time
 import numpy as np
 import torch
 import triton
-
-import kernels
-from kernels import triton_utils as tu
-from kernels.rubiconv import gemm
-from runners.bench_utils import rel_rms
+from mixlab import kernels
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.rubiconv import gemm
+from mixlab.runners.bench_utils import rel_rms
 
 DEVICE = "cuda"
 # (backend, precision) -> relative RMS bound: exact FFT, then the GEMM form (issue #5: fp32-level <= 1e-3)

@@ -20,12 +20,11 @@ import time
 import numpy as np
 import torch
 import triton
-
-import kernels
-from kernels import triton_utils as tu
-from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from kernels.short_conv.naive import short_conv_ref
-from runners.bench_utils import rel_rms
+from mixlab import kernels
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.short_conv.naive import short_conv_ref
+from mixlab.runners.bench_utils import rel_rms
 
 DEVICE = "cuda"
 LARGE = (4, 4096, 2048, 4)  # B, T, D, W of the targets

@@ -1,10 +1,10 @@
 """Seeded task generators and the task registry ``TASKS``."""
 
-from tasks.base import IGNORE, ROLE_TAGS, Role, Task, TaskData
-from tasks.mad import MAD_TASKS
-from tasks.mqar import MQAR
-from tasks.mqar_varlen import MQARVarlen
-from tasks.packed import PACKED_TASKS
+from mixlab.tasks.base import IGNORE, ROLE_TAGS, Role, Task, TaskData
+from mixlab.tasks.mad import MAD_TASKS
+from mixlab.tasks.mqar import MQAR
+from mixlab.tasks.mqar_varlen import MQARVarlen
+from mixlab.tasks.packed import PACKED_TASKS
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in [MQAR, MQARVarlen, *MAD_TASKS, *PACKED_TASKS]}
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
 
 
 def power_law_slots(rng: np.random.Generator, n_rows: int, n_slots: int, k: int, power_a: float) -> np.ndarray:

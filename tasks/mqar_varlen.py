@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tasks.base import IGNORE, ROLE_TAGS, Role, Task, TaskData
+from mixlab.tasks.base import IGNORE, ROLE_TAGS, Role, Task, TaskData
 
 WIDTH = 100
 

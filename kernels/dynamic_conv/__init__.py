@@ -1,7 +1,7 @@
 """Dynamic short causal convolutions (head-wise and low-rank weights) and their plain-torch references."""
 
-from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from kernels.dynamic_conv.op import dynamic_conv_headwise, dynamic_conv_lowrank
+from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.dynamic_conv.op import dynamic_conv_headwise, dynamic_conv_lowrank
 
 __all__ = [
     "dynamic_conv_headwise",

@@ -6,8 +6,7 @@ as [B, T, W, D], materialised here (the Triton kernel of issue #4 keeps them on 
 """
 
 import torch
-
-from kernels.utils import compute_dtype, doc_positions, shift_in_doc
+from mixlab.kernels.utils import compute_dtype, doc_positions, shift_in_doc
 
 
 def dynamic_conv_headwise_ref(

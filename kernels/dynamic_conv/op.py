@@ -24,11 +24,10 @@ so the [B, T, W, D] weights and their gradient never reach device memory either.
 """
 
 import torch
-
-from kernels import triton_utils as tu
-from kernels._triton import HAS_TRITON, tl, triton
-from kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import HAS_TRITON, tl, triton
+from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
 if HAS_TRITON:
     TRITON_OPS.update({"dynamic_conv_headwise", "dynamic_conv_lowrank"})

@@ -9,8 +9,7 @@ differentiable.
 """
 
 import torch
-
-from kernels.utils import compute_dtype
+from mixlab.kernels.utils import compute_dtype
 
 
 def _fft_size(n: int) -> int:

@@ -8,13 +8,12 @@ The GEMM backends share one ``gemm.RubiPlan`` per layout (cached), which also pi
 """
 
 import torch
-
-from kernels import triton_utils as tu
-from kernels._triton import HAS_TRITON
-from kernels.rubiconv.gemm import MAX_BLOCK, MIN_BLOCK, PRECISIONS, get_plan, rubiconv_gemm
-from kernels.rubiconv.naive import rubiconv_ref
-from kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton
-from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import HAS_TRITON
+from mixlab.kernels.rubiconv.gemm import MAX_BLOCK, MIN_BLOCK, PRECISIONS, get_plan, rubiconv_gemm
+from mixlab.kernels.rubiconv.naive import rubiconv_ref
+from mixlab.kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton
+from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
 if HAS_TRITON:
     TRITON_OPS.add("rubiconv")

@@ -26,10 +26,9 @@ spectra and DFT tables, fp32 accumulation. Twiddles, scales and the spectrum pro
 
 import numpy as np
 import torch
-
-from kernels import triton_utils as tu
-from kernels._triton import tl, triton
-from kernels.rubiconv.gemm import RubiPlan
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import tl, triton
+from mixlab.kernels.rubiconv.gemm import RubiPlan
 
 # F_k-stage modes (module docstring); constexpr globals so the kernel can compare against them
 MODE_CONV, MODE_SPECTRUM, MODE_CORRELATE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)

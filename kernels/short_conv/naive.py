@@ -1,8 +1,7 @@
 """Plain-torch reference of the static short causal convolution (lag order: tap k multiplies x[t - k])."""
 
 import torch
-
-from kernels.utils import compute_dtype, doc_positions, shift_in_doc
+from mixlab.kernels.utils import compute_dtype, doc_positions, shift_in_doc
 
 
 def short_conv_ref(

@@ -12,11 +12,10 @@ the custom ops.
 """
 
 import torch
-
-from kernels import triton_utils as tu
-from kernels._triton import HAS_TRITON, tl, triton
-from kernels.short_conv.naive import short_conv_ref
-from kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import HAS_TRITON, tl, triton
+from mixlab.kernels.short_conv.naive import short_conv_ref
+from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
 
 if HAS_TRITON:
     TRITON_OPS.add("short_conv")

@@ -11,9 +11,9 @@ name wins over an entry point of the same name.
 
 from collections.abc import Callable
 
-from models.layers import Mixer
-from models.mixers.attention import Attention
-from models.mixers.external import (
+from mixlab.models.layers import Mixer
+from mixlab.models.mixers.attention import Attention
+from mixlab.models.mixers.external import (
     ENTRY_POINT_GROUP,
     ExternalFactory,
     ExternalMixer,
@@ -24,9 +24,9 @@ from models.mixers.external import (
     is_import_path,
     load_target,
 )
-from models.mixers.identity import IdentityMixer
-from models.mixers.long_conv import GatedLongConv, LeakyFFTConv
-from models.mixers.short_conv import dynamic_conv, dynamic_conv_headwise, static_conv
+from mixlab.models.mixers.identity import IdentityMixer
+from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
+from mixlab.models.mixers.short_conv import dynamic_conv, dynamic_conv_headwise, static_conv
 
 MIXERS: dict[str, Callable[..., Mixer]] = {
     "attention": Attention,

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from mixlab.models.layers import Mixer, apply_rope, rope_cos_sin
+from mixlab.models.mixers.short_conv import make_conv_unit
 from torch import nn
 
-from models.layers import Mixer, apply_rope, rope_cos_sin
-from models.mixers.short_conv import make_conv_unit
-
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 
 # True inside ``stacked_runs()``: attention goes through ``causal_sdpa_stacked``, whose vmap rule folds the run

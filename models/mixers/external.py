@@ -31,12 +31,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from mixlab.models.layers import Mixer
 from torch import nn
 
-from models.layers import Mixer
-
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 ENTRY_POINT_GROUP = "mixlab.mixers"
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

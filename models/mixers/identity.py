@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-
-from models.layers import Mixer
+from mixlab.models.layers import Mixer
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 
 class IdentityMixer(Mixer):

@@ -15,13 +15,12 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+from mixlab import kernels
+from mixlab.models.layers import Mixer
 from torch import nn
 
-import kernels
-from models.layers import Mixer
-
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 
 def decaying_filter(channels: int, length: int) -> torch.Tensor:

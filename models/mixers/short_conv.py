@@ -19,13 +19,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from mixlab import kernels
+from mixlab.models.layers import Mixer
 from torch import nn
 
-import kernels
-from models.layers import Mixer
-
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from mixlab.models.config import ModelConfig
 
 CONV_INIT_STD = 0.02
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import Role, Task, TaskData, require
+from mixlab.tasks.base import Role, Task, TaskData, require
 
 
 class Compression(Task):

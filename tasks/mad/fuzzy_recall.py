@@ -28,9 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require
-from tasks.mad.in_context_recall import first_occurrence
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.mad.in_context_recall import first_occurrence
 
 # Rows are generated in blocks of about this many tokens, bounding the [rows, pairs, motif] work arrays
 # (12,800 rows at T=1024 would otherwise peak near 1.5 GB).

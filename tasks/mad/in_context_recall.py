@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 
 
 def first_occurrence(codes: np.ndarray) -> np.ndarray:

@@ -19,8 +19,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 
 DICTIONARY_SEED = 12345
 

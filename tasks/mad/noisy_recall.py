@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.base import require
-from tasks.mad.in_context_recall import InContextRecall
+from mixlab.tasks.base import require
+from mixlab.tasks.mad.in_context_recall import InContextRecall
 
 
 class NoisyRecall(InContextRecall):

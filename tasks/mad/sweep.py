@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.mad.compression import Compression
-from tasks.mad.fuzzy_recall import FuzzyRecall
-from tasks.mad.in_context_recall import InContextRecall
-from tasks.mad.memorization import Memorization
-from tasks.mad.noisy_recall import NoisyRecall
-from tasks.mad.selective_copy import SelectiveCopy
+from mixlab.tasks.mad.compression import Compression
+from mixlab.tasks.mad.fuzzy_recall import FuzzyRecall
+from mixlab.tasks.mad.in_context_recall import InContextRecall
+from mixlab.tasks.mad.memorization import Memorization
+from mixlab.tasks.mad.noisy_recall import NoisyRecall
+from mixlab.tasks.mad.selective_copy import SelectiveCopy
 
 NUM_TEST = 1280
 _TRAIN_SIZES = (6400, 3200, 1600, 800)

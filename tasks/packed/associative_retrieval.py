@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData, require
-from tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
 
 FILLER, BOS, QUERY, NONE = 0, 1, 2, 3
 FIRST_KEY = 4

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import require
+from mixlab.tasks.base import require
 
 
 @dataclass(frozen=True)

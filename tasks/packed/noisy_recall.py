@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.base import IGNORE, Role, Task, TaskData
-from tasks.mad.noisy_recall import NoisyRecall
-from tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
+from mixlab.tasks.base import IGNORE, Role, Task, TaskData
+from mixlab.tasks.mad.noisy_recall import NoisyRecall
+from mixlab.tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
 
 MIN_DOC = 4  # BOS, one pair, and the probe key
 

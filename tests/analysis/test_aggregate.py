@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
-import models
-from analysis.aggregate import (
+from mixlab import models
+from mixlab.analysis.aggregate import (
     AVERAGE,
     best_of_grid,
     derived_meta,
@@ -20,9 +19,9 @@ from analysis.aggregate import (
     run_rows,
     selected_metrics,
 )
-from analysis.report import write_report
-from analysis.tables import REFERENCE, grid_table, mad_budget_table, mad_entry, mad_table, mad_text
-from tasks.mad import mad_sweep_settings
+from mixlab.analysis.report import write_report
+from mixlab.analysis.tables import REFERENCE, grid_table, mad_budget_table, mad_entry, mad_table, mad_text
+from mixlab.tasks.mad import mad_sweep_settings
 
 SETTINGS = {(s.task, s.label): s for s in mad_sweep_settings()}
 MAD_TASKS = ["mad/compression", "mad/fuzzy_recall", "mad/in_context_recall", "mad/memorization",
@@ -162,7 +161,7 @@ def test_mad_scoring_by_hand():
 
 
 AVERAGE_OF_SIX = """
-from analysis.aggregate import mad_scores
+from mixlab.analysis.aggregate import mad_scores
 tasks = {tasks!r}
 values = [0.1, 0.7, 0.2, 0.3000000000000001, 0.9, 0.11]  # their float sum depends on the order
 rows = [{{"hash": str(i), "task": t, "setting": "baseline", "seed": 0, "acc_macro": v}}

@@ -1,11 +1,10 @@
 import pytest
 import torch
+from mixlab.analysis.ceilings import accuracy_by_multiplicity, main, mqar_varlen_window_ceiling, query_multiplicity
+from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.tasks import get_task
+from mixlab.tasks.base import IGNORE, Role, TaskData
 from torch import nn
-
-from analysis.ceilings import accuracy_by_multiplicity, main, mqar_varlen_window_ceiling, query_multiplicity
-from runners.train import RunConfig, TrainConfig, train_run
-from tasks import get_task
-from tasks.base import IGNORE, Role, TaskData
 
 
 def hand_row() -> TaskData:

@@ -7,13 +7,11 @@ import numpy as np
 import pytest
 import torch
 import typer
+from mixlab import kernels, models
+from mixlab.analysis import leakage
+from mixlab.kernels.utils import validate_cu_seqlens
+from mixlab.runners.cli_leakage import register
 from torch import nn
-
-import kernels.utils
-import models
-from analysis import leakage
-from kernels.utils import validate_cu_seqlens
-from runners.cli_leakage import register
 
 SMALL = {"rows": 3, "seq_len": 32, "d_model": 16}
 NAMES = leakage.mixer_names()

@@ -4,10 +4,9 @@ reports accuracy on present- and absent-key queries."""
 import math
 
 import pytest
-
-import models
-from runners.cli import main
-from runners.train import RunConfig, TrainConfig, train_run
+from mixlab import models
+from mixlab.runners.cli import main
+from mixlab.runners.train import RunConfig, TrainConfig, train_run
 
 # Short documents (8..64 tokens, widely spread lengths) of few keys, so a neighbour's keys are close by and
 # look like the document's own; absent queries are the minority.

@@ -2,10 +2,9 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
-
-import models
-from analysis import representations as rep
-from runners.train import RunConfig, TrainConfig, train_run
+from mixlab import models
+from mixlab.analysis import representations as rep
+from mixlab.runners.train import RunConfig, TrainConfig, train_run
 
 VOCAB = 20
 

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 from kernel_checks import cu_from_rows
-
-import kernels
-from kernels import utils as kutils
+from mixlab import kernels
+from mixlab.kernels import utils as kutils
 
 
 def _cu(rows: list[list[int]] | None, T: int) -> torch.Tensor | None:

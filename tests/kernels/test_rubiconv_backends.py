@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 from kernel_checks import assert_close, cu_from_rows, rel_rms_error
-
-import kernels
-from kernels import triton_utils as tu
-from kernels.rubiconv import gemm
-from kernels.rubiconv import triton as rubiconv_triton
+from mixlab import kernels
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.rubiconv import gemm
+from mixlab.kernels.rubiconv import triton as rubiconv_triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEVICE.type == "cuda"

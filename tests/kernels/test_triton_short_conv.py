@@ -9,12 +9,11 @@ import pytest
 import torch
 import triton
 from kernel_checks import cu_from_rows
-
-import kernels
-from kernels import triton_utils as tu
-from kernels import utils as kutils
-from kernels.dynamic_conv import op as dynamic_op
-from kernels.short_conv import op as short_op
+from mixlab import kernels
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels import utils as kutils
+from mixlab.kernels.dynamic_conv import op as dynamic_op
+from mixlab.kernels.short_conv import op as short_op
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -543,7 +542,7 @@ MODEL_MIXERS = [
 @pytest.mark.parametrize("fields", MODEL_MIXERS)
 def test_models_on_the_triton_backend_match_the_reference(fields, assert_rel_rms):
     """A packed batch through a small model: logits and every parameter gradient, Triton against torch."""
-    import models  # the one place the kernel tests reach up: the models' kernel_backend must reach the ops
+    from mixlab import models  # the one place the kernel tests reach up: the models' kernel_backend must reach the ops
 
     gen = torch.Generator().manual_seed(22)
     input_ids = torch.randint(0, 16, (2, 21), generator=gen).to(DEVICE)

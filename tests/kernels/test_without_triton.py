@@ -11,8 +11,8 @@ SCRIPT = textwrap.dedent(
     sys.modules["triton"] = None  # `import triton` now raises ImportError, as on a machine without it
     sys.modules["triton.language"] = None
     import torch
-    import kernels, models
-    from kernels.utils import TRITON_OPS
+    from mixlab import kernels, models
+    from mixlab.kernels.utils import TRITON_OPS
     assert not TRITON_OPS, TRITON_OPS
     ids = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
     doc_ids = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])

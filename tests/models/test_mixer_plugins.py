@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import models
-from analysis import leakage
-from models.mixers import ExternalFactory, ExternalMixer
+from mixlab import models
+from mixlab.analysis import leakage
+from mixlab.models.mixers import ExternalFactory, ExternalMixer
 
 HELPERS = Path(__file__).resolve().parent  # byo_mixers.py, byo_broken_mixer.py
 EXAMPLE = "gated_maxpool"

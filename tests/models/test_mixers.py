@@ -5,10 +5,9 @@ a variant built to fail it, so a probe that cannot fail is caught."""
 import pytest
 import torch
 import torch.nn.functional as F
+from mixlab.models import MIXERS, ModelConfig
+from mixlab.models.mixers.attention import causal_sdpa_stacked, document_slots
 from torch import nn
-
-from models import MIXERS, ModelConfig
-from models.mixers.attention import causal_sdpa_stacked, document_slots
 
 D, T = 16, 13
 # documents per row: several rows, a one-document row, documents of length 1 and shorter than the width W=4

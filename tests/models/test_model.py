@@ -6,9 +6,8 @@ import json
 
 import pytest
 import torch
-
-from models import MIXERS, PRESETS, ModelConfig, build_model, count_parameters, preset_config
-from models.lm import CompressionAutoencoder, LanguageModel
+from mixlab.models import MIXERS, PRESETS, ModelConfig, build_model, count_parameters, preset_config
+from mixlab.models.lm import CompressionAutoencoder, LanguageModel
 
 V, T = 11, 13
 # document lengths per row: several rows, documents of length 1 and shorter than the conv width 4

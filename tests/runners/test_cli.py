@@ -3,9 +3,8 @@ import subprocess
 import sys
 
 import pytest
-
-from runners.cli import main
-from tasks import TASKS, get_task
+from mixlab.runners.cli import main
+from mixlab.tasks import TASKS, get_task
 
 SMALL = {"packed/associative_retrieval": ["--set", "seq_len=256"], "packed/noisy_recall": ["--set", "seq_len=256"]}
 
@@ -95,7 +94,7 @@ def test_run_trains_writes_record_and_prints_summary(capsys, tmp_path):
 
 
 def test_mixers_list_names_every_mixer(capsys):
-    import models
+    from mixlab import models
 
     code, out, _ = run(capsys, "mixers", "list")
     assert code == 0
@@ -128,7 +127,7 @@ def test_run_bad_input_is_one_line_and_exit_2(capsys, argv, named):
 def test_readme_lists_every_mixer():
     from pathlib import Path
 
-    import models
+    from mixlab import models
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert all(f"| `{name}` |" in readme for name in models.MIXERS)

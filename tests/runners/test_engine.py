@@ -1,14 +1,13 @@
 import json
 import math
 
+import mixlab.runners.engine as engine
 import pytest
 import torch
-
-import models
-import runners.engine as engine
-from runners.bench_train import bench_train
-from runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
-from runners.train import RunConfig, TrainConfig, config_hash, train_run
+from mixlab import models
+from mixlab.runners.bench_train import bench_train
+from mixlab.runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train import RunConfig, TrainConfig, config_hash, train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")

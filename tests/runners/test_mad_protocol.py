@@ -3,12 +3,11 @@ import re
 
 import pytest
 import typer
+from mixlab import models
+from mixlab.runners import mad
+from mixlab.runners.cli_sweep import register
+from mixlab.tasks.mad import mad_sweep_settings
 from typer.testing import CliRunner
-
-import models
-from runners import mad
-from runners.cli_sweep import register
-from tasks.mad import mad_sweep_settings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

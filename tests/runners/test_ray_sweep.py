@@ -14,10 +14,9 @@ import time
 import pytest
 import ray
 import torch
-
-from runners.cli import main
-from runners.ray_backend import RayOptions, job_resources, store_records
-from runners.sweep import SweepSpec, plan_jobs, run_sweep
+from mixlab.runners.cli import main
+from mixlab.runners.ray_backend import RayOptions, job_resources, store_records
+from mixlab.runners.sweep import SweepSpec, plan_jobs, run_sweep
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
@@ -56,7 +55,7 @@ def kill_point(trigger, at_step=KILL_AT_STEP):
         import time
         from pathlib import Path
 
-        import runners.engine as engine
+        import mixlab.runners.engine as engine
 
         folder = Path(trigger)
         step = engine._Stack.step
@@ -216,12 +215,12 @@ def test_driver_writes_each_record_once(tmp_path, monkeypatch):
 
 NO_RAY = """
 import sys
-import runners.cli
+from mixlab.runners import cli
 assert "ray" not in sys.modules, "importing the CLI imported ray"
 sys.modules["ray"] = None  # `import ray` now fails as it does without the package
 for argv in sys.argv[1:]:
     try:
-        runners.cli.main(argv.split())
+        cli.main(argv.split())
     except SystemExit as exc:
         print(f"exit status {exc.code}")
 """

@@ -1,16 +1,15 @@
 """The head at scored positions only (runners.metrics.SPARSE_HEAD_MAX_SHARE) and the sync-free evaluation:
 same numbers as the full head and the boolean-selection counts they replace."""
 
+import mixlab.runners.metrics as metrics
 import pytest
 import torch
 import torch.nn.functional as F
-
-import runners.metrics as metrics
-import tasks
-from runners.engine import train_runs_batched
-from runners.metrics import batch_counts, scored_positions, sparse_width
-from runners.train import RunConfig, TrainConfig, train_run
-from tasks import IGNORE
+from mixlab import tasks
+from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.metrics import batch_counts, scored_positions, sparse_width
+from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.tasks import IGNORE
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
 

@@ -7,13 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+import mixlab.runners.sweep as sweep_module
 import pytest
 import torch
 import yaml
-
-import runners.sweep as sweep_module
-from analysis.aggregate import grid_summary, load_sweep
-from runners.sweep import (
+from mixlab.analysis.aggregate import grid_summary, load_sweep
+from mixlab.runners.sweep import (
     JobOutOfMemory,
     SweepSpec,
     finished_hashes,
@@ -268,7 +267,7 @@ def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
 
 SCRIPT = """
 import sys
-from runners.sweep import SweepSpec, run_sweep
+from mixlab.runners.sweep import SweepSpec, run_sweep
 spec = SweepSpec.from_dict({spec!r})
 run_sweep(spec.plan(), sys.argv[1], workers={workers}, progress=False)
 """

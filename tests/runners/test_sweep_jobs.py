@@ -6,12 +6,11 @@ import json
 
 import pytest
 import typer
+from mixlab.runners import sweep
+from mixlab.runners.cli_sweep import register
+from mixlab.runners.sweep import Job, PlannedRun, SweepSpec, job_key, plan_jobs, run_job, run_sweep
+from mixlab.runners.train import RunConfig, TrainConfig, config_hash
 from typer.testing import CliRunner
-
-from runners import sweep
-from runners.cli_sweep import register
-from runners.sweep import Job, PlannedRun, SweepSpec, job_key, plan_jobs, run_job, run_sweep
-from runners.train import RunConfig, TrainConfig, config_hash
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -129,7 +128,7 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
         def wrapped(configs, **kwargs):
             calls.append((name, len(configs) if name == "batched" else 1))
             return function(configs, **kwargs)
-        monkeypatch.setattr(f"runners.sweep.{function.__name__}", wrapped)
+        monkeypatch.setattr(f"mixlab.runners.sweep.{function.__name__}", wrapped)
 
     spy("batched", sweep.train_runs_batched)
     spy("alone", sweep.train_run)

@@ -3,11 +3,10 @@ import math
 
 import pytest
 import torch
-
-import models
-from runners.metrics import batch_counts, macro_accuracy
-from runners.train import RunConfig, TrainConfig, config_hash, lr_at, train_run
-from tasks import TASKS
+from mixlab import models
+from mixlab.runners.metrics import batch_counts, macro_accuracy
+from mixlab.runners.train import RunConfig, TrainConfig, config_hash, lr_at, train_run
+from mixlab.tasks import TASKS
 
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_hidden": 32}
 # Task parameters that keep every task small; packed rows default to 2048 tokens.

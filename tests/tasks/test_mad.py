@@ -6,10 +6,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-
-from tasks import TASKS, Role, get_task
-from tasks.mad import MAD_TASKS, MadSetting, fuzzy_recall, mad_sweep_settings
-from tasks.mad.memorization import memorization_dictionary
+from mixlab.tasks import TASKS, Role, get_task
+from mixlab.tasks.mad import MAD_TASKS, MadSetting, fuzzy_recall, mad_sweep_settings
+from mixlab.tasks.mad.memorization import memorization_dictionary
 
 N = 64
 IGN = -100

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-
-from tasks import IGNORE, Role, get_task
+from mixlab.tasks import IGNORE, Role, get_task
 
 
 def parse_pairs(inp, role):

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
-
-from tasks import IGNORE, Role, get_task
-from tasks.packed.associative_retrieval import BOS, NONE, QUERY
+from mixlab.tasks import IGNORE, Role, get_task
+from mixlab.tasks.packed.associative_retrieval import BOS, NONE, QUERY
 
 
 def documents(data, r):

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
-import tasks
-from tasks import IGNORE, TASKS, Role, get_task
+from mixlab import tasks
+from mixlab.tasks import IGNORE, TASKS, Role, get_task
 
 # Small but valid settings so the whole registry runs in seconds; tasks absent here use their defaults.
 SMALL = {
