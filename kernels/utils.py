@@ -12,7 +12,13 @@ import weakref
 
 import torch
 
+# Every op's backends: "torch" runs the plain-torch reference (``naive.py`` beside each op), "triton" its Triton
+# kernels. None picks one (``resolve_backend``); configs and command lines that need a name for that spell it
+# AUTO_BACKEND.
 BACKENDS = ("torch", "triton")
+AUTO_BACKEND = "auto"
+# RubiConv also runs its GEMM form in torch matmuls (``kernels.rubiconv.gemm``).
+RUBICONV_BACKENDS = (*BACKENDS, "gemm")
 # Ops whose Triton kernel exists; each op.py adds its name once its kernel lands (issues #4 and #5).
 TRITON_OPS: set[str] = set()
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

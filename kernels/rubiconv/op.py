@@ -13,11 +13,10 @@ from mixlab.kernels._triton import HAS_TRITON
 from mixlab.kernels.rubiconv.gemm import MAX_BLOCK, MIN_BLOCK, PRECISIONS, get_plan, rubiconv_gemm
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
 from mixlab.kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton
-from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+from mixlab.kernels.utils import RUBICONV_BACKENDS, TRITON_OPS, check_cu_seqlens, check_tensor
 
 if HAS_TRITON:
     TRITON_OPS.add("rubiconv")
-RUBICONV_BACKENDS = ("torch", "gemm", "triton")
 
 
 def _check_inputs(
