@@ -1,7 +1,9 @@
 """Document-aware sequence-mixing ops: short causal convolutions (static, head-wise, low-rank) and RubiConv.
 
 Every op takes ``cu_seqlens`` (int32 [n_docs + 1], see ``kernels.utils``) and a ``backend``: "torch" is the
-plain-torch reference (``naive.py`` beside each op), "triton" the kernels of issues #4 and #5, None picks one.
+plain-torch reference (``naive.py`` beside each op), "triton" the kernels of issues #4 and #5, None picks one
+(``kernels.utils.BACKENDS``). Each op's folder holds ``naive.py`` (the reference), its Triton modules (kernels,
+launchers, autograd; RubiConv also ``gemm.py``) and ``op.py`` (the input checks and the public function).
 """
 
 from mixlab.kernels.dynamic_conv import dynamic_conv_headwise, dynamic_conv_lowrank

@@ -1,5 +1,6 @@
 """Shared pieces of the short-convolution Triton kernels: document bounds found inside a kernel, the tile and
-chunk plans, output allocation and the backend/dtype gate.
+chunk plans, output allocation, the backend/dtype gate and the wiring of an op's launchers to autograd
+(``TritonOp``).
 
 Documents: a kernel gets ``cu_seqlens`` itself (int32 [n_docs + 1]) and binary-searches it for the tokens
 of its tile (``doc_bounds``), so no per-token tensor is built on the host: a packed call costs no extra
@@ -19,6 +20,8 @@ cover every layout); and the eager path of each op calls its launchers from a ``
 the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`` (stacked runs,
 ``runners.engine``), where its rule (``per_run_vmap``) launches the op once per run.
 """
+
+from functools import partial
 
 import torch
 from mixlab.kernels._triton import HAS_TRITON, tl, triton
@@ -59,6 +62,63 @@ def per_run_vmap(op):
     return rule
 
 
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    *tensors, residual = inputs  # the op's tensor inputs, then cu_seqlens
+    ctx.save_for_backward(*tensors)
+    ctx.residual = residual
+
+
+def _backward(bwd, ctx, dy: torch.Tensor) -> tuple:
+    *inputs, cu_seqlens = ctx.saved_tensors
+    grads = bwd(dy, *inputs, cu_seqlens, ctx.residual)
+    # an input passed as None gets no gradient (its launcher returns an empty placeholder for it)
+    return (*(None if t is None else g for t, g in zip(inputs, grads, strict=True)), None, None)
+
+
+def _fake_output(x: torch.Tensor, *args) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _fake_grads(dy: torch.Tensor, x: torch.Tensor, *args) -> tuple[torch.Tensor, ...]:
+    *rest, _cu_seqlens, _residual = args
+    return tuple(x.new_empty(0) if t is None else t.new_empty(t.shape) for t in (x, *rest))
+
+
+class TritonOp:
+    """One op of Triton launchers, its backward wired once for the eager path and the custom op.
+
+    ``fwd(*inputs, cu_seqlens, residual) -> y`` (y shaped like the first input x) and ``bwd(dy, *inputs,
+    cu_seqlens, residual)`` -> one gradient per input, each in its input's dtype (an empty tensor for an input
+    passed as None: a custom op cannot return None). Their type hints give the schemas of the custom ops
+    ``mixlab::<name>`` and ``mixlab::<name>_bwd``; every input is saved for the backward.
+
+    Calling the TritonOp runs the op on checked inputs: eager calls through a ``torch.autograd.Function`` straight
+    to the launchers (no custom-op dispatch on the host), torch.compile graphs and ``torch.func.vmap`` through
+    the custom op (``per_run_vmap`` its vmap rule), whose backward calls the backward custom op.
+    """
+
+    def __init__(self, name: str, fwd, bwd) -> None:
+        self.fwd, self.bwd = fwd, bwd
+        self.op = torch.library.custom_op(f"mixlab::{name}", fwd, mutates_args=())
+        self.bwd_op = torch.library.custom_op(f"mixlab::{name}_bwd", bwd, mutates_args=())
+        self.op.register_fake(_fake_output)
+        self.bwd_op.register_fake(_fake_grads)
+        self.op.register_autograd(partial(_backward, self.bwd_op), setup_context=_setup_context)
+        self.op.register_vmap(per_run_vmap(self.op))
+        body = {
+            "forward": staticmethod(fwd),
+            "setup_context": staticmethod(_setup_context),
+            "backward": staticmethod(partial(_backward, bwd)),
+        }
+        self.function = type(name, (torch.autograd.Function,), body)
+
+    def __call__(self, *args) -> torch.Tensor:
+        """args: (*inputs, cu_seqlens, residual), checked by the public op."""
+        if torch.compiler.is_compiling() or is_batched(args[0]):
+            return self.op(*args)
+        return self.function.apply(*args)
+
+
 def is_interpreted(kernel) -> bool:
     """True when ``kernel`` runs under the Triton interpreter (TRITON_INTERPRET=1 at import time)."""
     return type(kernel).__name__ == "InterpretedFunction"
@@ -97,6 +157,11 @@ def search_steps(cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
         return 0, 0
     n_cu = cu_seqlens.numel()
     return n_cu, -(-(n_cu - 2).bit_length() // 4) * 4
+
+
+def tiles(T: int, D: int, BT: int, BD: int) -> tuple[int, int]:
+    """(BT, BD) clamped to the shape: powers of two, at least 16 (tl.dot's smallest)."""
+    return max(16, min(triton.next_power_of_2(T), BT)), max(16, min(triton.next_power_of_2(D), BD))
 
 
 def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:

@@ -180,3 +180,10 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
         for k in [k for k, (r, _) in _VALIDATED.items() if r() is None]:
             del _VALIDATED[k]
     _VALIDATED[id(cu_seqlens)] = (weakref.ref(cu_seqlens), key)
+
+
+def check_cu_seqlens_eager(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
+    """``check_cu_seqlens`` for ops that torch.compile graphs call: validating reads the offsets on the host,
+    which would break the graph, so only eager calls validate them."""
+    if not torch.compiler.is_compiling():
+        check_cu_seqlens(cu_seqlens, x)

@@ -6,7 +6,7 @@ dynamic kernels; with and without 64 documents of random length (``runners.bench
 
 The candidates are groups of module-level constants (``GROUPS``); the groups are tuned one after the other,
 each at the best values of the groups before it (coordinate descent). A candidate is timed by calling its
-launcher directly (``_short_conv_fwd``, ``_short_conv_bwd``, ...: no autograd, no custom op, no input checks),
+launcher directly (a ``TritonOp``'s ``fwd`` and ``bwd``: no autograd, no custom op, no input checks),
 as the mean of the medians without and with documents, and checked against the fp32 torch reference (relative
 RMS of the output and every gradient, with documents). One line per candidate, the best marked ``*``; then
 the constants to set, and a table at the best constants of every path: raw launchers, the public op (eager
@@ -21,9 +21,10 @@ import torch
 import triton
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
-from mixlab.kernels.dynamic_conv import op as dyn
+from mixlab.kernels.dynamic_conv import triton_headwise as headwise
+from mixlab.kernels.dynamic_conv import triton_lowrank as lowrank
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
-from mixlab.kernels.short_conv import op as short
+from mixlab.kernels.short_conv import triton as short
 from mixlab.kernels.short_conv.naive import short_conv_ref
 
 B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64
@@ -38,17 +39,17 @@ GROUPS = [
     ("static bwd", ["static"], short, ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS"),
      [(32, 128, 8, 1, 4096), (32, 128, 8, 1, 2048), (64, 128, 8, 1, 4096), (64, 128, 8, 1, 2048),
       (16, 128, 4, 1, 8192), (32, 128, 8, 3, 1024), (64, 64, 4, 1, 4096), (16, 128, 4, 1, 4096)]),
-    ("head-wise fwd", ["hs1", "hs16"], dyn, ("HW_FWD_TILE", "HW_FWD_WARPS"),
+    ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS"),
      [(2048, 4), (1024, 4), (2048, 8), (4096, 8), (4096, 4)]),
-    ("head-wise bwd", ["hs1", "hs16"], dyn, ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS"),
+    ("head-wise bwd", ["hs1", "hs16"], headwise, ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS"),
      [(2048, 8, 1, 4096), (2048, 8, 1, 2048), (1024, 4, 1, 8192), (1024, 4, 1, 4096), (1024, 8, 1, 8192),
       (2048, 8, 3, 1024)]),
-    ("low-rank fwd", ["lowrank"], dyn, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
+    ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
-    ("low-rank bwd dx+dz", ["lowrank"], dyn, ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS"),
+    ("low-rank bwd dx+dz", ["lowrank"], lowrank, ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS"),
      [(32, 64, 4, 4), (32, 64, 4, 2), (32, 64, 4, 8), (16, 64, 4, 4), (16, 64, 4, 8), (64, 128, 8, 4),
       (64, 128, 8, 2), (32, 64, 4, 1)]),
-    ("low-rank bwd dU", ["lowrank"], dyn,
+    ("low-rank bwd dU", ["lowrank"], lowrank,
      ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS"),
      [(32, 32, 4, 1, 1024), (32, 32, 4, 1, 512), (64, 32, 8, 1, 1024), (32, 64, 8, 1, 1024),
       (64, 16, 4, 1, 2048), (32, 32, 4, 3, 1024), (16, 32, 4, 1, 2048)]),
@@ -79,16 +80,17 @@ class _Case:
         self.dy = randn(B, T, D)
         if name == "static":
             self.args, self.op, self.ref = [x, s], kernels.short_conv, short_conv_ref
-            self.fwd, self.bwd, self.custom = short._short_conv_fwd, short._short_conv_bwd, short._short_conv_op
+            triton_op = short.short_conv_triton
         elif name.startswith("hs"):
             hs = int(name[2:])
             self.args = [x, randn(B, T, D // hs, W, scale=W**-0.5), s]
             self.op, self.ref = kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref
-            self.fwd, self.bwd, self.custom = dyn._headwise_fwd, dyn._headwise_bwd, dyn._headwise_op
+            triton_op = headwise.headwise_triton
         else:
             self.args = [x, randn(B, T, R), randn(R, W * D, scale=(R * W) ** -0.5), s]
             self.op, self.ref = kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref
-            self.fwd, self.bwd, self.custom = dyn._lowrank_fwd, dyn._lowrank_bwd, dyn._lowrank_op
+            triton_op = lowrank.lowrank_triton
+        self.fwd, self.bwd, self.custom = triton_op.fwd, triton_op.bwd, triton_op.op
         self.cu = _doc_layout(device)
         leaves = [a.float().requires_grad_() for a in self.args]
         y = self.ref(*leaves, cu_seqlens=self.cu, residual=True)

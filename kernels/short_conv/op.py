@@ -1,215 +1,18 @@
-"""Static short causal convolution over packed documents: Triton kernels, host launchers, the custom op with
-its autograd, then the public op.
+"""The static short causal convolution ``short_conv``: its input checks, then the public op over two backends.
 
-Forward, one program per [BT, BD] tile of one row: ``y[t] = sum_k w[k] * x[t - k]`` with tap k masked
-off (read as zero) when ``t - k`` is before the start of t's document. Backward, one program per (channel
-block, chunk of token tiles):
-    dx[t] = sum_k w[k] * dy[t + k]            tap k of output t + k, valid when t + k is in t's document
-    dw[k] = sum_t dy[t] * x[t - k]            summed over the chunk into an fp32 partial [chunks, W, D]
-and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
-avoid waiting for the document search). Eager calls go through ``_ShortConv``; torch.compile graphs through
-the custom ops.
+- "torch": ``naive.short_conv_ref``, one shifted copy of x per tap.
+- "triton": ``triton.short_conv_triton``, a forward and a backward kernel.
 """
 
 import torch
 from mixlab.kernels import triton_utils as tu
-from mixlab.kernels._triton import HAS_TRITON, tl, triton
+from mixlab.kernels._triton import HAS_TRITON
 from mixlab.kernels.short_conv.naive import short_conv_ref
-from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens, check_tensor
+from mixlab.kernels.short_conv.triton import _short_conv_fwd_kernel, short_conv_triton
+from mixlab.kernels.utils import TRITON_OPS, check_cu_seqlens_eager, check_tensor
 
 if HAS_TRITON:
     TRITON_OPS.add("short_conv")
-
-
-# fmt: off
-@triton.jit
-def _short_conv_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, N_CU, N_SEARCH: tl.constexpr,  # sizes
-    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-):
-    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_t, m_d = o_t < T, o_d < D
-    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
-    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-    b_y = tl.zeros([BT, BD], dtype=tl.float32)
-    for k in tl.static_range(W):
-        # the load is masked by the row only; taps before the document start are zeroed after it
-        m_k = m_t & (o_t >= k)
-        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
-        if HAS_CU:
-            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
-        b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-        b_y += b_x * b_w[None, :]
-        if RESIDUAL and k == 0:
-            b_y += b_x
-    p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
-# fmt: on
-
-
-# fmt: off
-@triton.jit
-def _short_conv_bwd_kernel(
-    x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
-    T, D, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
-    W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-):
-    i_d, i_c = tl.program_id(0), tl.program_id(1)
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_d = o_d < D
-    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
-    for j in range(TPC):
-        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
-        o_t = o_g - i_b * T  # [BT] positions in the row
-        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-        m_td = m_t[:, None] & m_d[None, :]
-        p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-        b_dy = tl.load(p_dy, mask=m_td, other=0.0).to(tl.float32)  # [BT, BD]
-        b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
-        for k in tl.static_range(W):
-            b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-            # tap k of output t + k, which must lie in t's document (loads masked by the row only)
-            m_b = m_t & (o_t + k < T)
-            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            # tap k of output t reads x[t - k], zero before t's document start
-            m_f = m_t & (o_t >= k)
-            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            if HAS_CU:
-                b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
-                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
-            b_dx += b_dyk * b_w[None, :]
-            b_dwk = tl.sum(b_dy * b_xk, axis=0)  # [BD]
-            b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
-        p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
-    p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
-    tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
-# fmt: on
-
-
-# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
-# candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
-# chunk of BT-token tiles, about BWD_PROGRAMS programs.
-FWD_BT, FWD_BD, FWD_WARPS = 16, 128, 4
-BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
-
-
-def _tiles(T: int, D: int, BT: int | None = None, BD: int | None = None) -> tuple[int, int]:
-    """(BT, BD) of the forward (or those given) clamped to the shape: powers of two, at least 16."""
-    BT, BD = FWD_BT if BT is None else BT, FWD_BD if BD is None else BD
-    return max(16, min(triton.next_power_of_2(T), BT)), max(16, min(triton.next_power_of_2(D), BD))
-
-
-def _short_conv_fwd(
-    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
-) -> torch.Tensor:
-    """x: [B, T, D], weight: [W, D] -> y: [B, T, D] in x's dtype."""
-    B, T, D = x.shape
-    W = weight.shape[0]
-    if tuple(weight.shape) != (W, D):
-        raise ValueError(f"weight must be [W, D={D}], got {tuple(weight.shape)}")
-    x, weight = x.contiguous(), weight.contiguous()
-    y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, BD = _tiles(T, D)
-    n_cu, n_search = tu.search_steps(cu_seqlens)
-    grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
-    # fmt: off
-    _short_conv_fwd_kernel[grid](
-        x, weight, y, cu_seqlens, T, D, n_cu, n_search, W=W, BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
-        RESIDUAL=residual, num_warps=FWD_WARPS,
-    )
-    # fmt: on
-    return y
-
-
-def _short_conv_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, x: [B, T, D], weight: [W, D] -> (dx [B, T, D] in x's dtype, dw [W, D] in weight's dtype)."""
-    B, T, D = x.shape
-    W = weight.shape[0]
-    if tuple(dy.shape) != (B, T, D):
-        raise ValueError(f"dy must be [B={B}, T={T}, D={D}], got {tuple(dy.shape)}")
-    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
-    BT, BD = _tiles(T, D, BWD_BT, BWD_BD)
-    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, BWD_PROGRAMS)
-    dx = tu.empty((B, T, D), x.dtype, x.device)
-    dw_partial = tu.empty((n_chunks, W, D), torch.float32, x.device)
-    n_cu, n_search = tu.search_steps(cu_seqlens)
-    # fmt: off
-    _short_conv_bwd_kernel[(n_db, n_chunks)](
-        x, weight, dy, dx, dw_partial, cu_seqlens, T, D, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
-        WP=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        num_warps=BWD_WARPS, num_stages=BWD_STAGES,
-    )
-    # fmt: on
-    return dx, tu.sum_partials(dw_partial, weight.dtype)
-
-
-class _ShortConv(torch.autograd.Function):
-    """The eager path: the launchers without the custom op's dispatch (the op serves torch.compile)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, cu_seqlens, residual):
-        ctx.save_for_backward(x, weight, cu_seqlens)
-        ctx.residual = residual
-        return _short_conv_fwd(x, weight, cu_seqlens, residual)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, cu_seqlens = ctx.saved_tensors
-        dx, dw = _short_conv_bwd(dy, x, weight, cu_seqlens, ctx.residual)
-        return dx, dw, None, None
-
-
-@torch.library.custom_op("mixlab::short_conv", mutates_args=())
-def _short_conv_op(
-    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
-) -> torch.Tensor:
-    return _short_conv_fwd(x, weight, cu_seqlens, residual)
-
-
-@_short_conv_op.register_fake
-def _(x, weight, cu_seqlens, residual):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("mixlab::short_conv_bwd", mutates_args=())
-def _short_conv_bwd_op(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _short_conv_bwd(dy, x, weight, cu_seqlens, residual)
-
-
-@_short_conv_bwd_op.register_fake
-def _(dy, x, weight, cu_seqlens, residual):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, cu_seqlens, residual = inputs
-    ctx.save_for_backward(x, weight, cu_seqlens)
-    ctx.residual = residual
-
-
-def _backward(ctx, dy):
-    x, weight, cu_seqlens = ctx.saved_tensors
-    dx, dw = _short_conv_bwd_op(dy, x, weight, cu_seqlens, ctx.residual)
-    return dx, dw, None, None
-
-
-_short_conv_op.register_autograd(_backward, setup_context=_setup_context)
-_short_conv_op.register_vmap(tu.per_run_vmap(_short_conv_op))
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None) -> None:
@@ -217,9 +20,7 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tenso
     check_tensor("weight", weight, 2, x)
     if weight.shape[1] != x.shape[2]:
         raise ValueError(f"weight must be [W, D={x.shape[2]}], got {tuple(weight.shape)}")
-    # reading cu_seqlens' values would break a torch.compile graph; eager calls check them
-    if not torch.compiler.is_compiling():
-        check_cu_seqlens(cu_seqlens, x)
+    check_cu_seqlens_eager(cu_seqlens, x)
 
 
 def short_conv(
@@ -246,7 +47,5 @@ def short_conv(
     """
     _check_inputs(x, weight, cu_seqlens)
     if tu.use_triton(backend, "short_conv", _short_conv_fwd_kernel, x, weight):
-        if torch.compiler.is_compiling() or tu.is_batched(x):
-            return _short_conv_op(x, weight, cu_seqlens, residual)
-        return _ShortConv.apply(x, weight, cu_seqlens, residual)
+        return short_conv_triton(x, weight, cu_seqlens, residual)
     return short_conv_ref(x, weight, cu_seqlens=cu_seqlens, residual=residual)

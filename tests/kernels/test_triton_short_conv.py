@@ -12,8 +12,9 @@ from kernel_checks import cu_from_rows
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels import utils as kutils
-from mixlab.kernels.dynamic_conv import op as dynamic_op
+from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank
 from mixlab.kernels.short_conv import op as short_op
+from mixlab.kernels.short_conv import triton as short_triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -186,11 +187,11 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     gen = torch.Generator().manual_seed(14)
     T, D = 300, 8
     x, weight = _randn(gen, 1, T, D).float(), _randn(gen, 3, D).float()
-    BT, BD = short_op._tiles(T, D)
+    BT, BD = tu.tiles(T, D, short_triton.FWD_BT, short_triton.FWD_BD)
     assert BT < T, "the case needs two row tiles"
     y = tu.empty((1, T, D), x.dtype, x.device)
     assert torch.isnan(y).all()
-    short_op._short_conv_fwd_kernel[(1, 1, 1)](
+    short_triton._short_conv_fwd_kernel[(1, 1, 1)](
         x, weight, y, None, T, D, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
     )
     assert torch.isfinite(y[:, :BT]).all()
@@ -220,11 +221,11 @@ def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
     chunk part empty (the test shapes would otherwise give one tile per chunk). The low-rank dz walks 3
     channel blocks of 16 in 2 splits, the second one past D for its last block."""
-    monkeypatch.setattr(short_op, "BWD_PROGRAMS", 4)
-    monkeypatch.setattr(dynamic_op, "HW_BWD_PROGRAMS", 4)
-    monkeypatch.setattr(dynamic_op, "LOWRANK_BWD_PROGRAMS", 4)
-    monkeypatch.setattr(dynamic_op, "LR_DX_BD", 16)
-    monkeypatch.setattr(dynamic_op, "LR_DZ_SPLITS", 2)
+    monkeypatch.setattr(short_triton, "BWD_PROGRAMS", 4)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
+    monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
+    monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
 
 
 CHUNK_B, CHUNK_T, CHUNK_D = 5, 65, 40
@@ -249,9 +250,9 @@ def _chunk_inputs(gen) -> list[tuple]:
 
 
 def test_chunks_of_several_tiles(small_chunks, assert_rel_rms):
-    BT, BD = short_op._tiles(CHUNK_T, CHUNK_D, short_op.BWD_BT, short_op.BWD_BD)
+    BT, BD = tu.tiles(CHUNK_T, CHUNK_D, short_triton.BWD_BT, short_triton.BWD_BD)
     n_tiles = CHUNK_B * triton.cdiv(CHUNK_T, BT)
-    per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD), short_op.BWD_PROGRAMS)
+    per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD), short_triton.BWD_PROGRAMS)
     assert per_chunk > 1 and per_chunk * n_chunks > n_tiles, "the case needs long chunks with a ragged tail"
     gen = torch.Generator().manual_seed(16)
     for op, inputs in _chunk_inputs(gen):
@@ -468,16 +469,16 @@ def _opcheck_cases():
     )
     cu = _cu([[4, 5], [9]], T)
     # forward ops get inputs that require grad (their autograd is checked); backward ops have no autograd
+    short, headwise = short_triton.short_conv_triton, triton_headwise.headwise_triton
+    lowrank = triton_lowrank.lowrank_triton
     return [
-        pytest.param(short_op._short_conv_op, (x, static_w, cu, True), True, id="short_conv"),
-        pytest.param(short_op._short_conv_bwd_op, (dy, x, static_w, None, False), False, id="short_conv_bwd"),
-        pytest.param(dynamic_op._headwise_op, (x, weight, static_w, cu, False), True, id="headwise"),
-        pytest.param(dynamic_op._headwise_op, (x, weight, None, None, True), True, id="headwise-no-static"),
-        pytest.param(dynamic_op._headwise_bwd_op, (dy, x, weight, None, cu, True), False, id="headwise_bwd"),
-        pytest.param(dynamic_op._lowrank_op, (x, z, U, static_w, cu, True), True, id="lowrank"),
-        pytest.param(
-            dynamic_op._lowrank_bwd_op, (dy, x, z, U, static_w, None, False), False, id="lowrank_bwd"
-        ),
+        pytest.param(short.op, (x, static_w, cu, True), True, id="short_conv"),
+        pytest.param(short.bwd_op, (dy, x, static_w, None, False), False, id="short_conv_bwd"),
+        pytest.param(headwise.op, (x, weight, static_w, cu, False), True, id="headwise"),
+        pytest.param(headwise.op, (x, weight, None, None, True), True, id="headwise-no-static"),
+        pytest.param(headwise.bwd_op, (dy, x, weight, None, cu, True), False, id="headwise_bwd"),
+        pytest.param(lowrank.op, (x, z, U, static_w, cu, True), True, id="lowrank"),
+        pytest.param(lowrank.bwd_op, (dy, x, z, U, static_w, None, False), False, id="lowrank_bwd"),
     ]
 
 
@@ -511,7 +512,7 @@ def _count_calls(monkeypatch, module, name: str) -> list:
 
 def test_backend_choice(monkeypatch):
     """Auto follows the device, MIXLAB_BACKEND overrides it, float64 stays on the reference under auto."""
-    calls = _count_calls(monkeypatch, short_op, "_short_conv_fwd")
+    calls = _count_calls(monkeypatch, short_op, "short_conv_triton")
     x, weight = torch.ones(1, 5, 3, device=DEVICE), torch.ones(2, 3, device=DEVICE)
     monkeypatch.delenv("MIXLAB_BACKEND", raising=False)
     kernels.short_conv(x, weight)

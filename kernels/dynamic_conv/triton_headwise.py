@@ -1,0 +1,207 @@
+"""Head-wise dynamic short causal convolution over packed documents in Triton: the kernels, their launchers
+and the op with its backward (``kernels.dynamic_conv.op`` checks the inputs and picks the backend).
+
+As ``kernels.short_conv``, tap k of output t multiplies x[t - k] and reads zero before the start of t's
+document; the weights of every tap are those of the output token t.
+
+Weight [B, T, H, W], a channel's head is d // hs with hs = D / H. A tile is [BT, NH, HSP]: NH heads of hs
+channels (padded to the power of two HSP), so a head's channels are one axis of the tile and
+    dweight[t, h, k] = sum over the head's channels of dy[t, d] * x[t - k, d]
+is a sum along that axis. Backward programs own (a head block, a chunk of token tiles):
+    dx[t] = sum_k (weight[t + k, h, k] + static_w[k]) * dy[t + k]     for t + k in t's document
+and dstatic_w[k] = sum_t dy[t] * x[t - k] goes through fp32 partials per chunk (``kernels.triton_utils``).
+"""
+
+import torch
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import tl, triton
+
+# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
+# candidates on the GPU. Forward: about HW_FWD_TILE elements a [BT, NH, HSP] tile, up to 128 channels.
+HW_FWD_TILE, HW_FWD_WARPS = 1024, 4
+# Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
+HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS = 1024, 4, 1, 4096
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_headwise_fwd_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, H, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
+    BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    m_t = o_t < T
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    # the token's weights of every tap at once, [BT, NH, WP]: NH * W contiguous elements a token
+    p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+    m_w = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+    b_w3 = tl.load(p_w, mask=m_w, other=0.0)
+    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    b_y = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    for k in tl.static_range(W):
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
+        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        b_x = tl.load(p_x, mask=m_k[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None, None], b_x, 0.0)
+        b_w = tl.sum(tl.where(o_k[None, None, :] == k, b_w3, 0.0), axis=2).to(tl.float32)  # [BT, NH]
+        b_wk = b_w[:, :, None]  # [BT, NH, 1], shared by the head's channels
+        if HAS_STATIC:
+            b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
+            b_wk = b_wk + b_s[None, :, :]
+        b_y += b_wk * b_x
+        if RESIDUAL and k == 0:
+            b_y += b_x
+    p_y = y_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None, None] & m_hc[None, :, :])
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_headwise_bwd_kernel(
+    x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, H, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
+    BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_h, i_c = tl.program_id(0), tl.program_id(1)
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
+    b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    for j in range(TPC):
+        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        o_t = o_g - i_b * T  # [BT] positions in the row
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        m_tc = m_t[:, None, None] & m_hc[None, :, :]
+        p_dy = dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        b_dy = tl.load(p_dy, mask=m_tc, other=0.0).to(tl.float32)  # [BT, NH, HSP]
+        b_dx = b_dy if RESIDUAL else tl.zeros([BT, NH, HSP], dtype=tl.float32)
+        b_dw3 = tl.zeros([BT, NH, WP], dtype=tl.float32)  # dweight of the tile's tokens, stored once
+        for k in tl.static_range(W):
+            # tap k of output t + k, which must lie in t's document (loads masked by the row only)
+            m_b = m_t & (o_t + k < T)
+            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+            b_dyk = tl.load(p_dyk, mask=m_b[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+            p_wk = w_ptr + ((o_g + k).to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+            b_wk = tl.load(p_wk, mask=m_b[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
+            b_wk3 = b_wk[:, :, None]  # [BT, NH, 1]
+            if HAS_STATIC:
+                b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
+                b_wk3 = b_wk3 + b_s[None, :, :]
+            b_dxk = b_wk3 * b_dyk
+            if HAS_CU:
+                b_dxk = tl.where((o_g + k < end)[:, None, None], b_dxk, 0.0)
+            b_dx += b_dxk
+            # tap k of output t reads x[t - k], zero before t's document start
+            m_f = m_t & (o_t >= k)
+            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+            b_xk = tl.load(p_xk, mask=m_f[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
+            if HAS_CU:
+                b_xk = tl.where((o_g - k >= start)[:, None, None], b_xk, 0.0)
+            b_g = b_dy * b_xk  # [BT, NH, HSP]
+            b_dw = tl.sum(b_g, axis=2)  # [BT, NH], the head's channels summed
+            b_dw3 = tl.where(o_k[None, None, :] == k, b_dw[:, :, None], b_dw3)
+            if HAS_STATIC:
+                b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
+                b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
+        p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+        m_dw = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+        tl.store(p_dw, b_dw3.to(dw_ptr.dtype.element_ty), mask=m_dw)
+        p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
+    if HAS_STATIC:
+        p_ds = dsp_ptr + (i_c * W + o_k[:, None, None]).to(tl.int64) * D + o_d[None, :, :]
+        tl.store(p_ds, b_ds, mask=(o_k < W)[:, None, None] & m_hc[None, :, :])
+# fmt: on
+
+
+def _head_tiles(T: int, H: int, hs: int, tile: int | None = None) -> tuple[int, int, int]:
+    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about ``tile`` (default
+    HW_FWD_TILE) elements."""
+    tile = HW_FWD_TILE if tile is None else tile
+    HSP = triton.next_power_of_2(hs)
+    NH = min(triton.next_power_of_2(H), max(1, 128 // HSP))
+    BT = max(1, min(triton.next_power_of_2(T), tile // (NH * HSP)))
+    return BT, NH, HSP
+
+
+
+def _headwise_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    """x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    B, T, D = x.shape
+    H, W = weight.shape[2], weight.shape[3]
+    x, weight = x.contiguous(), weight.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    y = tu.empty((B, T, D), x.dtype, x.device)
+    BT, NH, HSP = _head_tiles(T, H, D // H)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
+    # fmt: off
+    _dynamic_conv_headwise_fwd_kernel[grid](
+        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search, W=W, WP=triton.next_power_of_2(W),
+        HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
+        RESIDUAL=residual, num_warps=HW_FWD_WARPS,
+    )
+    # fmt: on
+    return y
+
+
+def _headwise_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy, x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> (dx [B, T, D], dweight
+    [B, T, H, W], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
+    B, T, D = x.shape
+    H, W = weight.shape[2], weight.shape[3]
+    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
+    n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb, HW_BWD_PROGRAMS)
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
+    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    # fmt: off
+    _dynamic_conv_headwise_bwd_kernel[(n_hb, n_chunks)](
+        x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, n_tb, B * T, per_chunk, n_cu,
+        n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
+        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
+    )
+    # fmt: on
+    if static_w is None:
+        return dx, dweight, x.new_empty(0)
+    return dx, dweight, tu.sum_partials(ds_partial, static_w.dtype)
+
+
+# headwise_triton(x, weight, static_w, cu_seqlens, residual) -> y, inputs as ``_headwise_fwd`` takes them
+headwise_triton = tu.TritonOp("dynamic_conv_headwise", _headwise_fwd, _headwise_bwd)

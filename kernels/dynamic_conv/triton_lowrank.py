@@ -1,0 +1,276 @@
+"""Low-rank dynamic short causal convolution over packed documents in Triton: the kernels, their launchers
+and the op with its backward (``kernels.dynamic_conv.op`` checks the inputs and picks the backend).
+
+As ``kernels.short_conv``, tap k of output t multiplies x[t - k] and reads zero before the start of t's
+document; the weights of every tap are those of the output token t.
+
+w[t, k, d] = sum_r z[t, r] U[r, k * D + d] (+ static_w[k, d]): the forward forms each tap's [BT, BD] weights
+with one tl.dot (R padded to RP >= 16 with masked loads; in the inputs' own half type when z and U share it,
+as the products are exact in the fp32 sum) and never writes them. The backward, with
+g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
+    dx[t]  = sum_k (z[t + k] @ U[:, k*D + d] + static_w[k]) * dy[t + k]     the weights again formed on chip
+    dz[t]  = sum_(k, d) g[t, (k, d)] U[:, (k, d)]       one program per token tile and split of the channel
+             blocks, walking its blocks; LR_DZ_SPLITS fp32 partials summed in a fixed order
+and, one program per channel block (all taps) and chunk of token tiles,
+    dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
+so the [B, T, W, D] weights and their gradient never reach device memory either.
+"""
+
+import torch
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import tl, triton
+
+# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
+# candidates on the GPU. Forward: [BT, BD] tiles (both >= 16 for tl.dot).
+LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
+# Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
+# BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
+# sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
+LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 128, 8, 1, 4
+# Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
+# about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
+LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1
+LOWRANK_BWD_PROGRAMS = 2048
+
+
+@triton.jit
+def _lowrank_taps(z_ptr, u_ptr, o_zt, m_zt, o_r, m_r, k, o_d, m_d, R, D, W: tl.constexpr,
+                  NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """Tap k's weights of the tokens o_zt, [BT, BD] = z[o_zt] @ U[:, k * D + o_d], in fp32, and U's block
+    [RP, BD] (fp32 unless NATIVE_DOT: z and U of one half type, whose products are exact in fp32)."""
+    b_z = tl.load(z_ptr + o_zt.to(tl.int64)[:, None] * R + o_r[None, :], mask=m_zt[:, None] & m_r[None, :],
+                  other=0.0)  # [BT, RP]
+    p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+    b_u = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)  # [RP, BD]
+    if NATIVE_DOT:
+        b_wk = tl.dot(b_z, b_u)
+    else:
+        b_u = b_u.to(tl.float32)
+        b_wk = tl.dot(b_z.to(tl.float32), b_u, input_precision=PRECISION)
+    return b_wk, b_u
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_lowrank_fwd_kernel(
+    x_ptr, z_ptr, u_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, R, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_t, m_d, m_r = o_t < T, o_d < D, o_r < R
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    b_y = tl.zeros([BT, BD], dtype=tl.float32)
+    for k in tl.static_range(W):
+        # [BT, BD] weights of tap k, on chip only
+        b_w, _ = _lowrank_taps(z_ptr, u_ptr, o_g, m_t, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
+        if HAS_STATIC:
+            b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+            b_w += b_s[None, :]
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
+        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
+        b_y += b_w * b_x
+        if RESIDUAL and k == 0:
+            b_y += b_x
+    p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_lowrank_bwd_dx_kernel(
+    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, cu_ptr,  # pointers
+    T, D, R, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_t, m_r = o_t < T, o_r < R
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    b_dz = tl.zeros([BT, RP], dtype=tl.float32)  # sum over this split's channels of g[t] @ U^T
+    for j in range(NDB):
+        o_d = (i_s * NDB + j) * BD + tl.arange(0, BD)  # [BD]
+        m_d = o_d < D
+        p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
+        for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
+            # dx: tap k of output t + k, which must lie in t's document (loads masked by the row only)
+            m_b = m_t & (o_t + k < T)
+            b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
+                                       PRECISION)
+            if HAS_STATIC:
+                b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+                b_wk += b_s[None, :]
+            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            b_dxk = b_wk * b_dyk
+            if HAS_CU:
+                b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
+            b_dx += b_dxk
+            # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
+            m_f = m_t & (o_t >= k)
+            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            if HAS_CU:
+                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+            b_g = b_dy * b_xk  # [BT, BD]
+            b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
+        p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    p_dz = dzp_ptr + (i_s.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
+    tl.store(p_dz, b_dz.to(dzp_ptr.dtype.element_ty), mask=m_t[:, None] & m_r[None, :])
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_lowrank_bwd_du_kernel(
+    x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
+    m_r = o_r < R
+    # tap-channel columns j = k * BD + (d - d0) of this channel block
+    o_j = tl.arange(0, WP * BD)  # [WP * BD]
+    k_j = o_j // BD
+    d_j = i_d * BD + o_j % BD
+    m_j = (k_j < W) & (d_j < D)
+    b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
+    b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
+    for j in range(TPC):
+        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        o_t = o_g - i_b * T  # [BT] positions in the row
+        start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
+        m_tj = m_t[:, None] & m_j[None, :]
+        p_x2 = x_ptr + (o_g[:, None] - k_j[None, :]).to(tl.int64) * D + d_j[None, :]
+        b_x2 = tl.load(p_x2, mask=m_tj & (o_t[:, None] >= k_j[None, :]), other=0.0).to(tl.float32)
+        if HAS_CU:
+            b_x2 = tl.where(o_g[:, None] - k_j[None, :] >= start[:, None], b_x2, 0.0)  # [BT, WP * BD]
+        p_dy2 = dy_ptr + o_g.to(tl.int64)[:, None] * D + d_j[None, :]
+        b_dy2 = tl.load(p_dy2, mask=m_tj, other=0.0).to(tl.float32)  # [BT, WP * BD]
+        b_g = b_dy2 * b_x2
+        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
+        if HAS_STATIC:
+            b_ds += tl.sum(b_g, axis=0)
+    p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
+    tl.store(p_du, b_du, mask=m_r[:, None] & m_j[None, :])
+    if HAS_STATIC:
+        p_ds = dsp_ptr + (i_c * W + k_j).to(tl.int64) * D + d_j
+        tl.store(p_ds, b_ds, mask=m_j)
+# fmt: on
+
+
+def _native_dot(z: torch.Tensor, U: torch.Tensor) -> bool:
+    """z @ U on the tensor cores in their own half type: their products are exact in the fp32 sum. Not bf16
+    under the interpreter, whose bf16 tl.dot returns garbage (Triton 3.9); the fp16 tests cover the path."""
+    if z.dtype != U.dtype:
+        return False
+    return z.dtype == torch.float16 or (
+        z.dtype == torch.bfloat16 and not tu.is_interpreted(_dynamic_conv_lowrank_fwd_kernel)
+    )
+
+
+
+def _lowrank_fwd(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> torch.Tensor:
+    """x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    B, T, D = x.shape
+    R, W = z.shape[2], U.shape[1] // D
+    x, z, U = x.contiguous(), z.contiguous(), U.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    y = tu.empty((B, T, D), x.dtype, x.device)
+    BT, BD = tu.tiles(T, D, LR_FWD_BT, LR_FWD_BD)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
+    # fmt: off
+    _dynamic_conv_lowrank_fwd_kernel[grid](
+        x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search, W=W, RP=max(16, triton.next_power_of_2(R)),
+        BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        NATIVE_DOT=_native_dot(z, U), PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
+    )
+    # fmt: on
+    return y
+
+
+def _lowrank_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    U: torch.Tensor,
+    static_w: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy, x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> (dx [B, T, D], dz [B, T, R],
+    dU [R, W * D], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
+    B, T, D = x.shape
+    R, W = z.shape[2], U.shape[1] // D
+    dy, x, z, U = dy.contiguous(), x.contiguous(), z.contiguous(), U.contiguous()
+    static_w = None if static_w is None else static_w.contiguous()
+    WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))
+    # dx and dz: the split count is a function of the shape only, so dz sums its partials in a fixed order
+    BT, BD = tu.tiles(T, D, LR_DX_BT, LR_DX_BD)
+    n_db = triton.cdiv(D, BD)
+    n_split = max(1, min(LR_DZ_SPLITS, n_db))
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    dz = tu.empty((B, T, R), z.dtype, x.device)
+    dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
+    # fmt: off
+    _dynamic_conv_lowrank_bwd_dx_kernel[(triton.cdiv(T, BT), n_split, B)](
+        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, B * T, triton.cdiv(n_db, n_split), n_cu,
+        n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
+        num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES,
+    )
+    # fmt: on
+    if n_split > 1:
+        dz = tu.sum_partials(dz_partial, z.dtype)
+    # dU and dstatic_w: fp32 partials per chunk of token tiles
+    BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
+    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
+    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
+    du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
+    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    # fmt: off
+    _dynamic_conv_lowrank_bwd_du_kernel[(n_db, n_chunks)](
+        x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
+        WP=WP, RP=RP, BT=BT, BD=BD, **flags, num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+    )
+    # fmt: on
+    dU = tu.sum_partials(du_partial, U.dtype)
+    if static_w is None:
+        return dx, dz, dU, x.new_empty(0)
+    return dx, dz, dU, tu.sum_partials(ds_partial, static_w.dtype)
+
+
+# lowrank_triton(x, z, U, static_w, cu_seqlens, residual) -> y, inputs as ``_lowrank_fwd`` takes them
+lowrank_triton = tu.TritonOp("dynamic_conv_lowrank", _lowrank_fwd, _lowrank_bwd)
