@@ -9,15 +9,19 @@ whose keys have the same length and the same last W - 2 tokens are one key to th
 independently of keys, so among m such pairs any rule is right with probability 1 / m on average. The ceiling
 is the mean of 1 / m over every scored query. A conv of width >= longest key + 2, or a second layer, lifts it.
 
-    python -m mixlab.analysis.ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
-    python -m mixlab.analysis.ceilings --checkpoint runs/<run>.pt --windows 4       # a trained run's accuracy by m
+The tables take plain task parameters; ``mixlab ceilings`` (runners/cli_ceilings.py) reads them from a sweep
+preset::
+
+    mixlab ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
+    mixlab ceilings --checkpoint runs/<run>.pt --windows 4       # a trained run's accuracy by m
 """
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,44 +78,33 @@ def accuracy_by_multiplicity(model: nn.Module, data: TaskData, window: int,
             for k in torch.unique(m[m > 0]).tolist()]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def ceiling_table(label: str, settings: Sequence[Mapping[str, Any]], windows: Sequence[int], rows: int,
+                  seeds: int) -> str:
+    """A markdown table of ``mqar_varlen_window_ceiling``: a row per (``mqar_varlen`` parameters of ``settings``,
+    window) with the ceiling on ``rows`` test rows of each data seed 0..seeds-1; ``label`` (e.g. the sweep preset
+    the settings come from) fills the first column."""
+    lines = [f"| preset | task params | W | ceiling per seed ({rows} test rows each) |", "|---|---|---|---|"]
+    for params in settings:
+        task = get_task("mqar_varlen", **params)
+        splits = [task.generate(rows, seed=seed, split="test") for seed in range(seeds)]
+        for w in windows:
+            values = ", ".join(f"{mqar_varlen_window_ceiling(d, w):.4f}" for d in splits)
+            lines.append(f"| {label} | {dict(params)} | {w} | {values} |")
+    return "\n".join(lines)
+
+
+def multiplicity_table(checkpoint: str | Path, window: int) -> str:
+    """A run saved by ``mixlab run --save``: its test accuracy split by ``query_multiplicity`` at ``window``, on
+    its own test set, as a markdown table under a line giving the checkpoint and its ceiling."""
+    # imported here: representations imports seaborn and scikit-learn, which only this table needs
     from mixlab.analysis.representations import load_run
-    from mixlab.runners.sweep import load_spec
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="mqar_varlen_fig2", help="a sweep preset whose tasks are mqar_varlen")
-    parser.add_argument("--windows", default="2,3,4,5", help="comma-separated conv widths")
-    parser.add_argument("--rows", type=int, default=3000, help="test rows drawn per seed")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--checkpoint", help="a run saved by `mixlab run --save`: its test accuracy split by m, "
-                        "at the first of --windows, on its own test set")
-    args = parser.parse_args(argv)
-    windows = [int(w) for w in args.windows.split(",")]
-    if args.checkpoint:
-        model, task, meta = load_run(args.checkpoint)
-        train = meta["config"]["train"]
-        data = task.generate(train["num_test"], seed=train["data_seed"], split="test")
-        print(f"{args.checkpoint}: test accuracy by m at W={windows[0]} "
-              f"(ceiling {mqar_varlen_window_ceiling(data, windows[0]):.4f})")
-        print("| m | queries | accuracy | best possible (1/m) |")
-        print("|---|---|---|---|")
-        for row in accuracy_by_multiplicity(model, data, windows[0]):
-            print(f"| {row['m']} | {row['n']} | {row['acc']:.4f} | {row['best']:.4f} |")
-        return
-    spec = load_spec(args.preset)
-    print(f"| preset | task params | W | ceiling per seed ({args.rows} test rows each) |")
-    print("|---|---|---|---|")
-    for entry in spec.tasks:
-        if entry.task != "mqar_varlen":
-            continue
-        for point in entry.grid:
-            params = {**entry.params, **point}
-            task = get_task(entry.task, **params)
-            splits = [task.generate(args.rows, seed=seed, split="test") for seed in range(args.seeds)]
-            for w in windows:
-                values = ", ".join(f"{mqar_varlen_window_ceiling(d, w):.4f}" for d in splits)
-                print(f"| {args.preset} | {params} | {w} | {values} |")
-
-
-if __name__ == "__main__":
-    main()
+    model, task, meta = load_run(checkpoint)
+    train = meta["config"]["train"]
+    data = task.generate(train["num_test"], seed=train["data_seed"], split="test")
+    lines = [f"{checkpoint}: test accuracy by m at W={window} "
+             f"(ceiling {mqar_varlen_window_ceiling(data, window):.4f})",
+             "| m | queries | accuracy | best possible (1/m) |", "|---|---|---|---|"]
+    lines += [f"| {row['m']} | {row['n']} | {row['acc']:.4f} | {row['best']:.4f} |"
+              for row in accuracy_by_multiplicity(model, data, window)]
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ import typing
 
 import typer
 from mixlab import models, tasks
-from mixlab.runners import cli_bench, cli_check, cli_leakage, cli_sweep
+from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
 from mixlab.runners.train import RunConfig, TrainConfig, train_run
 from mixlab.tasks.base import parse_value
 from mixlab.tasks.show import render_example
@@ -177,7 +177,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-for _module in (cli_bench, cli_check, cli_leakage, cli_sweep):
+for _module in (cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep):
     _module.register(app)
 
 

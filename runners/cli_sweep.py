@@ -1,8 +1,12 @@
 """``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles`` and ``mixlab report``: thin commands over
-runners.sweep, runners.mad and analysis. ``register(app)`` adds them to the typer app of runners/cli.py."""
+runners.sweep, runners.sweep_spec, runners.mad and analysis. ``register(app)`` adds them to the typer app of
+runners/cli.py."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
@@ -10,7 +14,9 @@ from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
 from mixlab.runners import mad
 from mixlab.runners.ray_backend import RayOptions
-from mixlab.runners.sweep import BACKENDS, DEFAULT_MAX_STACK, SweepResult, load_spec, preset_names, run_sweep
+from mixlab.runners.sweep import BACKENDS, SweepOptions, SweepResult, run_sweep
+from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
+from mixlab.runners.sweep_spec import load_spec, preset_names
 
 WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
@@ -32,37 +38,70 @@ CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the wor
                      "seeing only its own (at least one worker per device).")
 
 
+# The options of `sweep` and `mad run` that say how the runs train: (name, type, default, help), declared once;
+# ``_with_sweep_options`` adds them to a command, which gets them as one SweepOptions.
+SWEEP_OPTIONS = (
+    ("workers", int, 1, WORKERS_HELP),
+    ("limit", int, None, LIMIT_HELP),
+    ("tasks", str, None, TASKS_HELP),
+    ("models", str, None, MODELS_HELP),
+    ("stop_after", float, None, STOP_AFTER_HELP),
+    ("progress", bool, True, "Show progress bars."),
+    ("max_stack", int, DEFAULT_MAX_STACK, MAX_STACK_HELP),
+    ("batch", bool, True, BATCH_HELP),
+    ("compile", bool, False, COMPILE_HELP),
+    ("cuda_graph", bool, False, CUDA_GRAPH_HELP),
+    ("backend", str, "local", BACKEND_HELP),
+    ("address", str, None, ADDRESS_HELP),
+    ("cpus_per_job", int, 1, CPUS_HELP),
+    ("gpus_per_job", float, 1.0, GPUS_HELP),
+    ("max_retries", int, 3, RETRIES_HELP),
+    ("cuda_devices", str, None, CUDA_DEVICES_HELP),
+)
+
+
+def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the options of SWEEP_OPTIONS but ``omit``, after its own: typer reads them from the
+    signature, and the command gets their values as one ``options: SweepOptions`` (``_sweep_options``)."""
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, help=text),
+                                annotation=kind)
+              for name, kind, default, text in SWEEP_OPTIONS if name not in omit]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "options"]
+
+        @functools.wraps(command)
+        def with_options(**values: object) -> None:
+            options = _sweep_options(**{p.name: values.pop(p.name) for p in shared})
+            command(**values, options=options)
+
+        with_options.__signature__ = inspect.Signature([*own, *shared])
+        return with_options
+
+    return decorate
+
+
+def _sweep_options(*, tasks: str | None, models: str | None = None, cuda_devices: str | None, address: str | None,
+                   cpus_per_job: int, gpus_per_job: float, max_retries: int, **fields: object) -> SweepOptions:
+    """SweepOptions from the values of SWEEP_OPTIONS: comma-separated lists split, Ray's options gathered."""
+    return SweepOptions(**fields, tasks=_names(tasks), models=_names(models), cuda_devices=_indices(cuda_devices),
+                        ray=_ray_options(fields["backend"], address, cpus_per_job, gpus_per_job, max_retries))
+
+
+@_with_sweep_options()
 def sweep(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
-    workers: int = typer.Option(1, help=WORKERS_HELP),
     device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
-    limit: int = typer.Option(None, help=LIMIT_HELP),
-    tasks: str = typer.Option(None, help=TASKS_HELP),
-    models: str = typer.Option(None, help=MODELS_HELP),
-    stop_after: float = typer.Option(None, help=STOP_AFTER_HELP),
-    progress: bool = typer.Option(True, help="Show progress bars."),
-    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
-    batch: bool = typer.Option(True, help=BATCH_HELP),
-    compile: bool = typer.Option(False, help=COMPILE_HELP),
-    cuda_graph: bool = typer.Option(False, help=CUDA_GRAPH_HELP),
-    backend: str = typer.Option("local", help=BACKEND_HELP),
-    address: str = typer.Option(None, help=ADDRESS_HELP),
-    cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
-    gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
-    max_retries: int = typer.Option(3, help=RETRIES_HELP),
-    cuda_devices: str = typer.Option(None, help=CUDA_DEVICES_HELP),
+    *,
+    options: SweepOptions,
 ) -> None:
     """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
     grid = load_spec(spec)
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
-    ray_options = _ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries)
-    _echo_result(run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), models=_names(models),
-                           stop_after=stop_after, progress=progress, max_stack=max_stack, batch=batch,
-                           compile=compile, cuda_graph=cuda_graph, backend=backend,
-                           ray_options=ray_options, cuda_devices=_indices(cuda_devices)))
+    _echo_result(run_sweep(plan, folder, options))
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -87,36 +126,21 @@ def sweep_presets() -> None:
         typer.echo(f"{name:20s} {load_spec(name).description}")
 
 
+@_with_sweep_options(omit=("models",))
 def mad_run(
     model: str = typer.Option(..., help="A preset of models.PRESETS or a mixer of models.MIXERS."),
     profile: str = typer.Option(..., help="smoke, quick or paper (see `mixlab mad profiles`)."),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 (default: the profile's)."),
     out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),
-    workers: int = typer.Option(1, help=WORKERS_HELP),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    limit: int = typer.Option(None, help=LIMIT_HELP),
-    tasks: str = typer.Option(None, help=TASKS_HELP),
-    stop_after: float = typer.Option(None, help=STOP_AFTER_HELP),
-    progress: bool = typer.Option(True, help="Show progress bars."),
-    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help=MAX_STACK_HELP),
-    batch: bool = typer.Option(True, help=BATCH_HELP),
-    compile: bool = typer.Option(False, help=COMPILE_HELP),
-    cuda_graph: bool = typer.Option(False, help=CUDA_GRAPH_HELP),
-    backend: str = typer.Option("local", help=BACKEND_HELP),
-    address: str = typer.Option(None, help=ADDRESS_HELP),
-    cpus_per_job: int = typer.Option(1, help=CPUS_HELP),
-    gpus_per_job: float = typer.Option(1.0, help=GPUS_HELP),
-    max_retries: int = typer.Option(3, help=RETRIES_HELP),
-    cuda_devices: str = typer.Option(None, help=CUDA_DEVICES_HELP),
+    *,
+    options: SweepOptions,
 ) -> None:
     """Run the MAD protocol for one model (resumable), then print its MAD table."""
     plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
     folder = Path(out) if out else mad.default_out(model, profile)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, workers=workers, limit=limit, tasks=_names(tasks), stop_after=stop_after,
-                       progress=progress, max_stack=max_stack, batch=batch, compile=compile, cuda_graph=cuda_graph,
-                       backend=backend, cuda_devices=_indices(cuda_devices),
-                       ray_options=_ray_options(backend, address, cpus_per_job, gpus_per_job, max_retries))
+    result = run_sweep(plan, folder, options)
     _echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from mixlab import models
-from mixlab.runners.sweep import PlannedRun, Resolver, SweepPlan, parse_seeds
+from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
 from mixlab.runners.train import config_hash
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 

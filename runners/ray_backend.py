@@ -32,7 +32,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from mixlab.runners.sweep import Job, is_record, run_job
+from mixlab.runners.manifest import is_record
+from mixlab.runners.sweep_jobs import Job, run_job
 from mixlab.runners.train import write_json_atomic
 
 INSTALL_HINT = "pip install 'mixlab[ray]'"

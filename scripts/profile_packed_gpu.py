@@ -18,7 +18,7 @@ import dataclasses
 import time
 
 import torch
-from mixlab.runners.sweep import load_spec
+from mixlab.runners.sweep_spec import load_spec
 from mixlab.runners.train import RunConfig, train_run
 from torch.profiler import ProfilerActivity, profile
 

@@ -1,6 +1,12 @@
 import pytest
 import torch
-from mixlab.analysis.ceilings import accuracy_by_multiplicity, main, mqar_varlen_window_ceiling, query_multiplicity
+from mixlab.analysis.ceilings import (
+    accuracy_by_multiplicity,
+    ceiling_table,
+    mqar_varlen_window_ceiling,
+    multiplicity_table,
+    query_multiplicity,
+)
 from mixlab.runners.train import RunConfig, TrainConfig, train_run
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
@@ -77,19 +83,19 @@ def test_rejects_a_bad_window():
         mqar_varlen_window_ceiling(hand_row(), 0)
 
 
-def test_main_prints_a_row_per_window(capsys):
-    main(["--preset", "mqar_varlen_small", "--windows", "4,5", "--rows", "50", "--seeds", "1"])
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4 and lines[-1].endswith("| 5 | 1.0000 |")
+def test_ceiling_table_has_a_row_per_setting_and_window():
+    settings = [{"vocab_size": 64, "seq_len": 64, "num_kv_pairs": n} for n in (3, 4)]
+    lines = ceiling_table("small", settings, [4, 5], rows=50, seeds=2).splitlines()
+    assert len(lines) == 2 + 2 * 2 and all(line.startswith("| small | {'vocab_size': 64") for line in lines[2:])
+    assert lines[-1].endswith("| 5 | 1.0000, 1.0000 |")
 
 
-def test_main_splits_a_saved_run_by_multiplicity(tmp_path, capsys):
+def test_multiplicity_table_splits_a_saved_run(tmp_path):
     config = RunConfig(task="mqar_varlen", task_params={"vocab_size": 64, "seq_len": 64, "num_kv_pairs": 4},
                        model={"d_model": 16, "n_heads": 1, "n_layers": 1, "mlp_hidden": 32, "qkv_conv": "static",
                               "conv_width": 4},
                        train=TrainConfig(steps=1, epochs=None, batch_size=4, num_train=4, num_test=40, device="cpu"))
     train_run(config, out_dir=tmp_path, run_name="r", progress=False, save=True)
-    main(["--checkpoint", str(tmp_path / "r.pt"), "--windows", "4"])
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = multiplicity_table(tmp_path / "r.pt", 4).splitlines()
     assert "ceiling" in lines[0] and lines[3].startswith("| 1 | ")
     assert sum(int(line.split("|")[2]) for line in lines[3:]) == 40 * 4  # every query of the 40 test rows

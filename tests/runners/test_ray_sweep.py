@@ -16,7 +16,9 @@ import ray
 import torch
 from mixlab.runners.cli import main
 from mixlab.runners.ray_backend import RayOptions, job_resources, store_records
-from mixlab.runners.sweep import SweepSpec, plan_jobs, run_sweep
+from mixlab.runners.sweep import SweepOptions, run_sweep
+from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.runners.sweep_spec import SweepSpec
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
@@ -107,7 +109,7 @@ def local_reference(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run_sweep(SweepSpec.from_dict(GRID).plan(), folder, progress=False, max_stack=MAX_STACK)
+        run_sweep(SweepSpec.from_dict(GRID).plan(), folder, SweepOptions(progress=False, max_stack=MAX_STACK))
     finally:
         torch.set_num_threads(threads)
     reference = records(folder)
@@ -147,8 +149,8 @@ def test_killed_worker_job_is_retried_without_duplicates(tmp_path, trigger, loca
     killer = threading.Thread(target=kill_first_waiting_worker, daemon=True)
     killer.start()
     try:
-        result = run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path, progress=False, backend="ray",
-                           max_stack=MAX_STACK)
+        result = run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path,
+                           SweepOptions(progress=False, backend="ray", max_stack=MAX_STACK))
     finally:
         killer.join(timeout=60)
         (trigger / "armed").unlink()
@@ -163,13 +165,14 @@ def test_killed_worker_job_is_retried_without_duplicates(tmp_path, trigger, loca
 
 def test_training_error_in_a_task_stops_the_sweep_with_its_message(tmp_path, local_ray):
     with pytest.raises(ValueError, match="cuda_graph=True needs runs on a CUDA device"):
-        run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path, progress=False, backend="ray", cuda_graph=True)
+        run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path,
+                  SweepOptions(progress=False, backend="ray", cuda_graph=True))
     assert not list((tmp_path / "runs").iterdir())
 
 
 def test_cuda_runs_on_a_cluster_without_gpus_are_refused(tmp_path, local_ray):
     with pytest.raises(ValueError, match="device 'cuda'.*has none"):
-        run_sweep(SweepSpec.from_dict(GRID).plan(device="cuda"), tmp_path, progress=False, backend="ray")
+        run_sweep(SweepSpec.from_dict(GRID).plan(device="cuda"), tmp_path, SweepOptions(progress=False, backend="ray"))
 
 
 def job_on(device):

@@ -7,21 +7,16 @@ import sys
 import time
 from pathlib import Path
 
-import mixlab.runners.sweep as sweep_module
 import pytest
 import torch
 import yaml
 from mixlab.analysis.aggregate import grid_summary, load_sweep
-from mixlab.runners.sweep import (
-    JobOutOfMemory,
-    SweepSpec,
-    finished_hashes,
-    load_spec,
-    plan_jobs,
-    preset_names,
-    run_sweep,
-    write_manifest,
-)
+from mixlab.runners import local_backend
+from mixlab.runners.local_backend import JobOutOfMemory
+from mixlab.runners.manifest import finished_hashes, write_manifest
+from mixlab.runners.sweep import SweepOptions, run_sweep
+from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names
 
 # A grid of tiny CPU runs (a fraction of a second each).
 TINY = {
@@ -165,16 +160,16 @@ def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, monkeypatch):
 
 def test_resume_skips_finished_runs(tmp_path):
     plan = tiny(seeds=1).plan()
-    first = run_sweep(plan, tmp_path, limit=3, progress=False)
+    first = run_sweep(plan, tmp_path, SweepOptions(limit=3, progress=False))
     assert (first.total, first.skipped, first.ran) == (8, 0, 3)
     before = records_by_hash(tmp_path)
     assert set(before) == {r.hash for r in plan.runs[:3]}
-    second = run_sweep(plan, tmp_path, progress=False)
+    second = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     assert (second.skipped, second.ran) == (3, 5)
     after = records_by_hash(tmp_path)
     assert set(after) == {r.hash for r in plan.runs}
     assert all(after[h] == before[h] for h in before), "finished records are not rerun"
-    assert run_sweep(plan, tmp_path, progress=False).ran == 0
+    assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 0
 
 
 def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
@@ -194,22 +189,22 @@ def test_tasks_option_trains_only_those_tasks(tmp_path):
     spec = tiny(seeds=1, tasks=[*TINY["tasks"], {"task": "mad/in_context_recall", "params": {"seq_len": 16}}])
     plan = spec.plan()
     with pytest.raises(ValueError, match="'mad/bogus'"):
-        run_sweep(plan, tmp_path, tasks=["mad/bogus"], progress=False)
-    first = run_sweep(plan, tmp_path, tasks=["mqar"], progress=False)
+        run_sweep(plan, tmp_path, SweepOptions(tasks=["mad/bogus"], progress=False))
+    first = run_sweep(plan, tmp_path, SweepOptions(tasks=["mqar"], progress=False))
     assert first.ran == 8 and {r["config"]["task"] for r in records_by_hash(tmp_path).values()} == {"mqar"}
     assert load_sweep(tmp_path).missing == 8, "the manifest keeps the whole plan"
-    assert run_sweep(plan, tmp_path, progress=False).ran == 8
+    assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 8
 
 
 def test_models_option_trains_only_those_models(tmp_path):
     plan = tiny(seeds=1).plan()
     with pytest.raises(ValueError, match="model 'bogus' is not in this sweep; its models: attn, conv"):
-        run_sweep(plan, tmp_path, models=["bogus"], progress=False)
-    first = run_sweep(plan, tmp_path, models=["conv"], progress=False)
+        run_sweep(plan, tmp_path, SweepOptions(models=["bogus"], progress=False))
+    first = run_sweep(plan, tmp_path, SweepOptions(models=["conv"], progress=False))
     trained = records_by_hash(tmp_path).values()
     assert first.ran == 4 and {r["config"]["model"].get("qkv_conv") for r in trained} == {"static"}
-    assert run_sweep(plan, tmp_path, models=["conv"], progress=False).ran == 0
-    assert run_sweep(plan, tmp_path, progress=False).ran == 4
+    assert run_sweep(plan, tmp_path, SweepOptions(models=["conv"], progress=False)).ran == 0
+    assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 4
 
 
 def out_of_memory_once(job, runs_dir, engine):
@@ -221,17 +216,17 @@ def out_of_memory_once(job, runs_dir, engine):
         if (out / "oom-always").exists() or not tried.exists():
             tried.touch()
             raise JobOutOfMemory("CUDA out of memory. Tried to allocate 9.00 GiB (test)")
-    return sweep_module._run_in_worker(job, runs_dir, engine)
+    return local_backend.run_in_worker(job, runs_dir, engine)
 
 
 def test_a_worker_reports_out_of_memory_in_one_line(monkeypatch, tmp_path):
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.50 GiB.\nthe allocator's advice")
 
-    monkeypatch.setattr(sweep_module, "run_job", out_of_memory)
+    monkeypatch.setattr(local_backend, "run_job", out_of_memory)
     job = plan_jobs(tiny(seeds=1).plan().runs, 8)[0]
     with pytest.raises(JobOutOfMemory) as caught:
-        sweep_module._run_in_worker(job, str(tmp_path), {"batch": True})
+        local_backend.run_in_worker(job, str(tmp_path), {"batch": True})
     assert str(caught.value) == "CUDA out of memory. Tried to allocate 4.50 GiB."
 
 
@@ -247,7 +242,7 @@ def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
     done = []
 
     def pool():
-        sweep_module._run_pool(jobs, runs_dir, 2, {"batch": True, "compile": False, "cuda_graph": False},
+        local_backend.run_pool(jobs, runs_dir, 2, {"batch": True, "compile": False, "cuda_graph": False},
                                lambda job, trained: done.append((job, trained)), lambda: True,
                                run=out_of_memory_once)
 
@@ -267,9 +262,10 @@ def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
 
 SCRIPT = """
 import sys
-from mixlab.runners.sweep import SweepSpec, run_sweep
+from mixlab.runners.sweep import SweepOptions, run_sweep
+from mixlab.runners.sweep_spec import SweepSpec
 spec = SweepSpec.from_dict({spec!r})
-run_sweep(spec.plan(), sys.argv[1], workers={workers}, progress=False)
+run_sweep(spec.plan(), sys.argv[1], SweepOptions(workers={workers}, progress=False))
 """
 
 
@@ -299,12 +295,12 @@ def test_kill_9_mid_sweep_loses_nothing(tmp_path):
     assert 1 <= len(partial) < len(plan.runs)
     assert set(partial) <= {r.hash for r in plan.runs}
 
-    resumed = run_sweep(plan, killed, progress=False)
+    resumed = run_sweep(plan, killed, SweepOptions(progress=False))
     assert resumed.skipped == len(partial) and resumed.ran == len(plan.runs) - len(partial)
     assert sorted(p.stem for p in (killed / "runs").glob("*.json")) == sorted(r.hash for r in plan.runs)
     assert {h: r for h, r in records_by_hash(killed).items() if h in partial} == partial
 
-    run_sweep(plan, clean, progress=False)
+    run_sweep(plan, clean, SweepOptions(progress=False))
     assert metrics(killed) == metrics(clean)
     assert grid_summary(load_sweep(killed)) == grid_summary(load_sweep(clean))
 
@@ -350,35 +346,35 @@ def test_pool_stops_on_ctrl_c_and_on_kill_9_and_resumes(tmp_path):
     done = finished_hashes(folder)
     assert set(records_by_hash(folder)) == done
 
-    result = run_sweep(plan, folder, workers=2, progress=False)
+    result = run_sweep(plan, folder, SweepOptions(workers=2, progress=False))
     assert (result.skipped, result.ran) == (len(done), len(plan.runs) - len(done))
-    run_sweep(plan, clean, progress=False)
+    run_sweep(plan, clean, SweepOptions(progress=False))
     assert metrics(folder) == metrics(clean), "runs in worker processes give the in-process results"
 
 
 def test_bad_runner_arguments(tmp_path):
     with pytest.raises(ValueError, match="workers"):
-        run_sweep(tiny().plan(), tmp_path, workers=0)
+        run_sweep(tiny().plan(), tmp_path, SweepOptions(workers=0))
     with pytest.raises(ValueError, match="limit"):
-        run_sweep(tiny().plan(), tmp_path, limit=-1)
+        run_sweep(tiny().plan(), tmp_path, SweepOptions(limit=-1))
     with pytest.raises(ValueError, match="stop_after"):
-        run_sweep(tiny().plan(), tmp_path, stop_after=-1.0)
+        run_sweep(tiny().plan(), tmp_path, SweepOptions(stop_after=-1.0))
     with pytest.raises(ValueError, match="stop_after"):
-        run_sweep(tiny().plan(), tmp_path, stop_after=5, backend="ray")
+        run_sweep(tiny().plan(), tmp_path, SweepOptions(stop_after=5, backend="ray"))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stop_after_starts_no_job_past_the_deadline_and_resumes(tmp_path, workers):
     plan = tiny(seeds=1).plan()
-    past = run_sweep(plan, tmp_path, workers=workers, stop_after=0, progress=False)
+    past = run_sweep(plan, tmp_path, SweepOptions(workers=workers, stop_after=0, progress=False))
     assert (past.ran, past.not_started) == (0, 8) and not records_by_hash(tmp_path)
-    rest = run_sweep(plan, tmp_path, workers=workers, stop_after=600, progress=False)
+    rest = run_sweep(plan, tmp_path, SweepOptions(workers=workers, stop_after=600, progress=False))
     assert (rest.ran, rest.not_started) == (8, 0) and len(records_by_hash(tmp_path)) == 8
 
 
 def test_smoke_preset_runs(tmp_path):
     plan = load_spec("smoke").plan(seeds=[0])
-    result = run_sweep(plan, tmp_path, progress=False)
+    result = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     assert result.ran == len(plan.runs) == 12
     summary = grid_summary(load_sweep(tmp_path))
     assert {(r["model"], r["model_grid"]) for r in summary} == {
@@ -394,12 +390,12 @@ def report_device(job, runs_dir, engine):
 
 def test_workers_take_the_devices_round_robin():
     started = multiprocessing.get_context("spawn").Value("i", 0)
-    assert [sweep_module._take_device(["3", "5"], started) for _ in range(5)] == ["3", "5", "3", "5", "3"]
+    assert [local_backend._take_device(["3", "5"], started) for _ in range(5)] == ["3", "5", "3", "5", "3"]
 
 
 def test_pool_workers_see_only_their_device(tmp_path):
     jobs = plan_jobs(tiny(seeds=1).plan().runs, 8)
-    sweep_module._run_pool(jobs, tmp_path, 2, {"batch": True}, lambda job, trained: None, lambda: True,
+    local_backend.run_pool(jobs, tmp_path, 2, {"batch": True}, lambda job, trained: None, lambda: True,
                            run=report_device, device_ids=["5", "7"])
     seen = [p.read_text() for p in tmp_path.glob("*.device")]
     assert len(seen) == len(jobs) and set(seen) <= {"5", "7"}
@@ -408,11 +404,11 @@ def test_pool_workers_see_only_their_device(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="maps indices without a GPU to count them")
 def test_device_indices_map_through_this_process_visible_devices(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert sweep_module._device_ids([0, 3]) == ["0", "3"]
+    assert local_backend.visible_device_ids([0, 3]) == ["0", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert sweep_module._device_ids([1]) == ["6"]
+    assert local_backend.visible_device_ids([1]) == ["6"]
     with pytest.raises(ValueError, match=r"does not see \(2 visible\)"):
-        sweep_module._device_ids([2])
+        local_backend.visible_device_ids([2])
 
 
 @pytest.mark.parametrize("kwargs,named", [
@@ -424,5 +420,5 @@ def test_device_indices_map_through_this_process_visible_devices(monkeypatch):
 ], ids=["repeated", "negative", "empty", "too-few-workers", "ray"])
 def test_bad_cuda_devices_are_refused_before_anything_runs(tmp_path, kwargs, named):
     with pytest.raises(ValueError, match=named):
-        run_sweep(tiny(seeds=1).plan(), tmp_path / "out", progress=False, **kwargs)
+        run_sweep(tiny(seeds=1).plan(), tmp_path / "out", SweepOptions(progress=False, **kwargs))
     assert not (tmp_path / "out").exists()

@@ -6,9 +6,12 @@ import json
 
 import pytest
 import typer
-from mixlab.runners import sweep
+from mixlab.runners import sweep_jobs
 from mixlab.runners.cli_sweep import register
-from mixlab.runners.sweep import Job, PlannedRun, SweepSpec, job_key, plan_jobs, run_job, run_sweep
+from mixlab.runners.sweep import SweepOptions, run_sweep
+from mixlab.runners.sweep_jobs import Job, job_key, plan_jobs, run_job
+from mixlab.runners.sweep_plan import PlannedRun
+from mixlab.runners.sweep_spec import SweepSpec
 from mixlab.runners.train import RunConfig, TrainConfig, config_hash
 from typer.testing import CliRunner
 
@@ -128,18 +131,18 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
         def wrapped(configs, **kwargs):
             calls.append((name, len(configs) if name == "batched" else 1))
             return function(configs, **kwargs)
-        monkeypatch.setattr(f"mixlab.runners.sweep.{function.__name__}", wrapped)
+        monkeypatch.setattr(sweep_jobs, function.__name__, wrapped)
 
-    spy("batched", sweep.train_runs_batched)
-    spy("alone", sweep.train_run)
+    spy("batched", sweep_jobs.train_runs_batched)
+    spy("alone", sweep_jobs.train_run)
     plan = grid()
-    batched = run_sweep(plan, tmp_path / "batched", progress=False)
+    batched = run_sweep(plan, tmp_path / "batched", SweepOptions(progress=False))
     assert calls == [("batched", 4)] * 4
     calls.clear()
-    alone = run_sweep(plan, tmp_path / "alone", progress=False, batch=False)
+    alone = run_sweep(plan, tmp_path / "alone", SweepOptions(progress=False, batch=False))
     assert calls == [("alone", 1)] * 16
     calls.clear()
-    chunked = run_sweep(plan, tmp_path / "chunked", progress=False, max_stack=3)
+    chunked = run_sweep(plan, tmp_path / "chunked", SweepOptions(progress=False, max_stack=3))
     assert calls == [("batched", 3)] * 4 + [("batched", 1)] * 4
     assert batched.ran == alone.ran == chunked.ran == 16
     reference = records(tmp_path / "alone")
@@ -168,19 +171,19 @@ def test_a_job_skips_runs_that_have_records(tmp_path):
 def test_resume_after_a_partial_job(tmp_path):
     plan = grid()
     folder = tmp_path / "resumed"
-    first = run_sweep(plan, folder, progress=False, limit=6)  # half of each of the first three jobs
+    first = run_sweep(plan, folder, SweepOptions(progress=False, limit=6))  # half of each of the first three jobs
     assert (first.ran, set(records(folder))) == (6, {r.hash for r in plan.runs[:6]})
     partial = records(folder)
-    second = run_sweep(plan, folder, progress=False)
+    second = run_sweep(plan, folder, SweepOptions(progress=False))
     assert (second.skipped, second.ran) == (6, 10)
     resumed = records(folder)
     assert {h: resumed[h] for h in partial} == partial, "finished runs are not trained again"
-    run_sweep(plan, tmp_path / "clean", progress=False)
+    run_sweep(plan, tmp_path / "clean", SweepOptions(progress=False))
     assert resumed == records(tmp_path / "clean")
 
 
 def test_progress_bar_counts_runs(tmp_path, capsys):
-    run_sweep(grid(seeds=1), tmp_path, limit=5, progress=True)
+    run_sweep(grid(seeds=1), tmp_path, SweepOptions(limit=5, progress=True))
     bar = capsys.readouterr().err
     assert "5/8" in bar and "8/8" not in bar
 
@@ -193,7 +196,7 @@ def test_progress_bar_counts_runs(tmp_path, capsys):
 )
 def test_bad_execution_options_name_the_value(tmp_path, kwargs, named):
     with pytest.raises(ValueError, match=named):
-        run_sweep(grid(), tmp_path, progress=False, **kwargs)
+        run_sweep(grid(), tmp_path, SweepOptions(progress=False, **kwargs))
     assert not list(tmp_path.glob("runs/*.json"))
 
 

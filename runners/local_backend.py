@@ -1,0 +1,161 @@
+"""The local backend of a sweep: its jobs in this process, or in worker processes on this machine.
+
+``run_jobs`` trains the jobs one after another in this process, or keeps ``workers`` spawned processes busy
+(``run_pool``), each pinned to one CUDA device when the sweep names several. A job that runs out of device
+memory beside others runs again alone after them; Ctrl-C or a failed run ends every worker at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from mixlab.runners.sweep_jobs import Job, run_job
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+
+
+def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, bool], job_done: Callable[[Job, int], None],
+             may_start: Callable[[], bool], *, workers: int = 1, device_ids: Sequence[str] | None = None) -> None:
+    """Train ``jobs`` in order, ``job_done(job, runs trained)`` after each; a job starts only while
+    ``may_start()``. One worker and no pinned devices: in this process; else in worker processes (``run_pool``).
+    ``engine``: ``run_job``'s options."""
+    if workers == 1 and device_ids is None:
+        for job in jobs:
+            if not may_start():
+                return
+            job_done(job, len(run_job(job, runs_dir, **engine)))
+        return
+    run_pool(jobs, runs_dir, workers, engine, job_done, may_start, device_ids=device_ids)
+
+
+def visible_device_ids(cuda_devices: Sequence[int]) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entry of each of this process's device indices (its own list maps them when
+    set, as in a sweep pinned to some GPUs of a host); an index it does not see raises ValueError."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",")] if visible else None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else len(ids) if ids else None
+    if count is not None and max(cuda_devices) >= count:
+        raise ValueError(f"cuda_devices {list(cuda_devices)} names a device this process does not see "
+                         f"({count} visible)")
+    return [ids[d] if ids else str(d) for d in cuda_devices]
+
+
+def _take_device(device_ids: Sequence[str], started: Synchronized) -> str:
+    """The device of the next worker to start: round-robin over ``device_ids`` by ``started``, a counter
+    shared by the pool's workers."""
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    return device_ids[index % len(device_ids)]
+
+
+def _init_worker(threads: int, parent: int, device_ids: Sequence[str] | None = None,
+                 started: Synchronized | None = None) -> None:
+    # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    if device_ids:
+        # before this process touches CUDA: its one device becomes "cuda" (cuda:0) for every run it trains
+        os.environ["CUDA_VISIBLE_DEVICES"] = _take_device(device_ids, started)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the sweep process is gone (kill -9): it would otherwise wait for work forever,
+    holding its memory and GPU context."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+class JobOutOfMemory(RuntimeError):
+    """A job of a sweep ran out of device memory (its message: the allocator's first line)."""
+
+
+def run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
+    """A worker's body: train ``job`` (``run_job``); return how many runs it trained. Out of device memory, it
+    raises JobOutOfMemory, which the pool tells from other failures."""
+    try:
+        return len(run_job(job, runs_dir, **engine))
+    except torch.OutOfMemoryError as exc:
+        message = str(exc).splitlines()[0]
+    # out of the except block, the failed job's frames and tensors are gone: give their cached blocks back to
+    # the device, for the other workers that share it
+    torch.cuda.empty_cache()
+    raise JobOutOfMemory(message)
+
+
+def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
+             job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
+             run: Callable[[Job, str, dict[str, bool]], int] = run_in_worker,
+             device_ids: Sequence[str] | None = None) -> None:
+    """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
+    job starts only while ``may_start()``. With ``device_ids`` (``visible_device_ids``) worker k sees only device
+    ``device_ids[k % len(device_ids)]``.
+
+    A job that runs out of device memory beside others (jobs share a GPU) does not stop the sweep: it runs
+    again after the other jobs, alone (it keeps the records its early-stopped runs wrote); out of memory
+    alone, it stops the sweep like any failure. ``run`` trains a job in a worker (tests replace it)."""
+    before = set(multiprocessing.active_children())
+    # the cores this process may use (taskset, cgroup cpusets), not the machine's: sweeps pinned side by side
+    # must not each start a thread per core
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // workers)
+    context = multiprocessing.get_context("spawn")
+    executor = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_init_worker,
+        initargs=(threads, os.getpid(), device_ids, context.Value("i", 0)))
+    pending = iter(jobs)
+    in_flight: dict[concurrent.futures.Future, Job] = {}
+    deferred: list[Job] = []  # ran out of memory beside other jobs: again, alone, once the rest is done
+    alone: set[concurrent.futures.Future] = set()
+
+    def submit(n: int) -> None:
+        for _ in range(n):
+            if not may_start():
+                return
+            job = next(pending, None)
+            if job is None:
+                if deferred and not in_flight:  # the rest is done: a deferred job, alone
+                    job = deferred.pop(0)
+                    alone.add(future := executor.submit(run, job, str(runs_dir), engine))
+                    in_flight[future] = job
+                return
+            in_flight[executor.submit(run, job, str(runs_dir), engine)] = job
+
+    try:
+        submit(workers)
+        while in_flight:
+            finished, _ = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
+            for future in finished:
+                job = in_flight.pop(future)
+                try:
+                    trained = future.result()
+                except JobOutOfMemory as exc:
+                    if future in alone:
+                        raise
+                    deferred.append(job)
+                    tqdm.write(f"out of memory beside other jobs ({exc}); the job of {len(job)} runs runs again "
+                               "alone after the others")
+                else:
+                    job_done(job, trained)
+                submit(1)
+    except BaseException:
+        # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
+        executor.shutdown(wait=False, cancel_futures=True)
+        for child in set(multiprocessing.active_children()) - before:
+            child.terminate()
+        executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
+        raise
+    executor.shutdown(wait=True)

@@ -1,0 +1,76 @@
+"""The sweep folder on disk: its manifest (``sweep.json``) and which runs have a finished record.
+
+An output folder holds::
+
+    <out>/sweep.json          manifest: the sweep's spec and every planned run (hash, config, labels),
+                              written atomically when the sweep starts
+    <out>/runs/<hash>.json    one record per finished run, written atomically by the run itself
+
+A record appears whole or not at all (temporary file, fsync, rename), so a crash, ``kill -9`` or Ctrl-C loses
+only the runs in flight; a run is finished iff its ``<hash>.json`` is a record. A folder holds one sweep:
+starting a different one there (another spec, seeds aside) is refused; adding seeds is fine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mixlab.runners.sweep_plan import SweepPlan
+from mixlab.runners.train import write_json_atomic
+
+MANIFEST = "sweep.json"
+RUNS = "runs"
+MANIFEST_FORMAT = 1
+
+
+def finished_hashes(out_dir: str | Path) -> set[str]:
+    """Hashes with a complete record under ``<out_dir>/runs`` (a file that parses as a JSON record)."""
+    return {path.stem for path in (Path(out_dir) / RUNS).glob("*.json") if is_record(path)}
+
+
+def is_record(path: Path) -> bool:
+    """Whether ``path`` holds a finished run's record (a JSON object with ``final``): a run is finished iff
+    its ``<hash>.json`` is one."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "final" in record
+
+
+def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
+    """Write ``<out_dir>/sweep.json`` atomically; refuse a folder that holds a different sweep.
+
+    Runs that an earlier manifest of the same sweep listed (other seeds) stay listed.
+    """
+    path = Path(out_dir) / MANIFEST
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    spec = json.loads(json.dumps(plan.spec))
+    runs = [{"hash": r.hash, "config": r.config.to_dict(), "meta": r.meta} for r in plan.runs]
+    created = now
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            raise ValueError(f"{str(path)!r} is not a readable manifest") from None
+        if old.get("kind") != plan.kind or _identity(old.get("spec", {})) != _identity(spec):
+            raise ValueError(f"{str(out_dir)!r} holds a different sweep ({old.get('name')!r}, "
+                             f"{old.get('kind')}); choose another output folder")
+        new = {r["hash"] for r in runs}
+        runs = [r for r in old.get("runs", []) if r["hash"] not in new] + runs
+        created = old.get("created", now)
+    manifest = {"format": MANIFEST_FORMAT, "name": plan.name, "kind": plan.kind, "spec": spec, "runs": runs,
+                "created": created, "updated": now, "argv": sys.argv}
+    write_json_atomic(path, manifest)
+    return path
+
+
+def _identity(spec: Mapping[str, Any]) -> str:
+    """What makes two specs the same sweep: everything but the seeds and the words around it."""
+    return json.dumps({k: v for k, v in spec.items() if k not in ("seeds", "description", "reference")},
+                      sort_keys=True)

@@ -1,0 +1,97 @@
+"""Jobs: the runs of a sweep that one call of the engine trains, and ``run_job``, which trains one.
+
+``plan_jobs`` groups the missing runs of a sweep: runs that the batched engine (``runners.engine``) can stack,
+at most ``max_stack`` of them, make one job; a run that cannot stack is a job alone. A stacked run's record
+equals the one it would get alone (on the CPU bitwise, time fields aside), so the grouping changes no result.
+Both backends (``local_backend``, ``ray_backend``) run these jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.manifest import is_record
+from mixlab.runners.sweep_plan import PlannedRun
+from mixlab.runners.train import RunConfig, train_run
+
+# Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
+DEFAULT_MAX_STACK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Runs trained by one call of the engine: one stack (runs of equal ``job_key``, at most ``max_stack``) or
+    one run that cannot stack. Plain data, (hash, config dict) pairs, so it pickles to a spawned process or to
+    a Ray task."""
+
+    runs: tuple[tuple[str, dict[str, Any]], ...]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def hashes(self) -> list[str]:
+        return [name for name, _ in self.runs]
+
+    @property
+    def device(self) -> str:
+        """The runs' ``device`` setting as written (``auto``, ``cpu`` or ``cuda``; equal within a job)."""
+        return self.runs[0][1]["train"]["device"]
+
+    @property
+    def label(self) -> str:
+        """``<task> <mixer> x<runs>`` of the first run, for progress and task names."""
+        config = self.runs[0][1]
+        return f"{config['task']} {config['model']['mixer']} x{len(self)}"
+
+
+def job_key(config: RunConfig) -> tuple:
+    """Runs with equal keys may share a job: ``engine.group_key`` as on the CPU, plus the device and precision
+    as written, which fix the rest of the engine's key wherever the job runs. A planner without a GPU can so
+    group runs for ``cuda`` (a driver of a Ray cluster); the engine groups them the same on the worker."""
+    on_cpu = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cpu"))
+    return group_key(on_cpu), config.train.device, config.train.precision
+
+
+def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK) -> list[Job]:
+    """Runs of equal ``job_key`` in plan order, ``max_stack`` to a job; a run the engine cannot stack
+    (``engine.unbatchable_reason``: packed tasks, Triton kernels) is a job of its own. Jobs are ordered by
+    their first run, so the first jobs hold the plan's first runs (its first seeds)."""
+    if isinstance(max_stack, bool) or not isinstance(max_stack, int) or max_stack < 1:
+        raise ValueError(f"max_stack must be a positive integer, got {max_stack!r}")
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
+        groups.setdefault(key, []).append(i)
+    chunks = [members[lo : lo + max_stack] for members in groups.values()
+              for lo in range(0, len(members), max_stack)]
+    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in sorted(chunks)]
+
+
+def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compile: bool = False,
+            cuda_graph: bool = False) -> list[dict[str, Any]]:
+    """Train the runs of ``job`` that have no record in ``runs_dir`` yet; return their records.
+
+    Each record goes to ``<runs_dir>/<hash>.json`` (atomically) as soon as its run ends, so a job run again
+    (resumed after a crash, or retried) trains only its missing runs and never writes a run twice. runs_dir
+    None: nothing is skipped or written (the Ray backend's tasks; the driver writes). batch: the runs
+    trained stacked by ``engine.train_runs_batched`` (with its ``compile`` and ``cuda_graph`` options);
+    False: one at a time by ``train_run``.
+    """
+    if not batch and (compile or cuda_graph):
+        raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} are options of the batched engine; "
+                         "they need batch=True")
+    todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
+            if runs_dir is None or not is_record(Path(runs_dir) / f"{name}.json")]
+    if not todo:
+        return []
+    names, configs = [name for name, _ in todo], [config for _, config in todo]
+    if batch:
+        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, compile=compile,
+                                  cuda_graph=cuda_graph)
+    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False)
+            for name, config in zip(names, configs)]
