@@ -38,27 +38,17 @@ import numpy as np
 import torch
 from mixlab import kernels, models
 from mixlab.models.config import QKV_CONVS
-from mixlab.models.mixers.long_conv import GatedLongConv
-from mixlab.models.mixers.short_conv import HeadwiseDynamicConv, LowRankDynamicConv, StaticShortConv
 from torch import nn
 
 MixerFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 PACKING_TOL = 1e-5  # fp32: a document alone and packed differ by rounding only (FFT sizes, summation order)
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", *kernels.utils.BACKENDS)
 DEVICES = ("cpu", "cuda")
 LEVELS = ("mixer", "model")
 QKV_PREFIX = "+qkv_"
 VOCAB_SIZE = 16  # token ids of the small LM of level "model"
 VMAP_CHUNK = 64  # cotangents per vmapped VJP call: bounds memory when every token is a group
-# The kernel op each conv module calls. Under backend "triton" a module whose op has no Triton kernel yet (not
-# in kernels.utils.TRITON_OPS) runs "torch", the fallback resolve_backend applies under auto.
-MODULE_OPS = (
-    (StaticShortConv, "short_conv"),
-    (LowRankDynamicConv, "dynamic_conv_lowrank"),
-    (HeadwiseDynamicConv, "dynamic_conv_headwise"),
-    (GatedLongConv, "rubiconv"),
-)
 
 
 # --- layouts
@@ -404,8 +394,10 @@ def probe_model(model: nn.Module, input_ids: torch.Tensor, doc_ids: torch.Tensor
 
 
 def mixer_names() -> list[str]:
-    """The rows of ``--mixer all``: every registered mixer, then attention with each qkv conv."""
-    return list(models.MIXERS) + [f"attention{QKV_PREFIX}{q}" for q in QKV_CONVS if q != "none"]
+    """The rows of ``--mixer all``: every registered mixer, then each one that takes a qkv conv (attention)
+    with each qkv conv."""
+    with_qkv = [name for name, cls in models.MIXERS.items() if cls.takes_qkv_conv]
+    return list(models.MIXERS) + [f"{name}{QKV_PREFIX}{q}" for name in with_qkv for q in QKV_CONVS if q != "none"]
 
 
 def parse_mixer_name(name: str) -> tuple[str, str]:
@@ -446,16 +438,19 @@ def pick_device(device: str | torch.device) -> torch.device:
 
 
 def use_backend(module: nn.Module, backend: str) -> None:
-    """Set the kernel backend of every conv module inside ``module``: None for "auto", "torch", or for
-    "triton" "triton" where the op has a Triton kernel and "torch" where it has none yet."""
+    """Set the kernel backend of every module inside ``module`` that calls a kernel op (its class names the op
+    in ``kernel_op``, ``models.layers.Mixer``): None for "auto", "torch", or for "triton" "triton" where the op
+    has a Triton kernel and "torch" where it has none yet (not in ``kernels.utils.TRITON_OPS``), the fallback
+    ``resolve_backend`` applies under auto."""
     _check_choice("backend", backend, BACKENDS)
     for sub in module.modules():
-        for cls, op in MODULE_OPS:
-            if isinstance(sub, cls):
-                if backend == "triton":
-                    sub.backend = "triton" if op in kernels.utils.TRITON_OPS else "torch"
-                else:
-                    sub.backend = None if backend == "auto" else backend
+        op = getattr(sub, "kernel_op", None)
+        if op is None:
+            continue
+        if backend == "triton":
+            sub.backend = "triton" if op in kernels.utils.TRITON_OPS else "torch"
+        else:
+            sub.backend = None if backend == "auto" else backend
 
 
 def build_probe_module(name: str, *, level: str = "mixer", backend: str = "auto", d_model: int = 32,

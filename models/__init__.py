@@ -10,7 +10,7 @@ from mixlab.models.checkpoint import load, save
 from mixlab.models.config import PRESETS, ModelConfig, preset_config
 from mixlab.models.layers import Block, Mixer, RMSNorm, SwiGLU
 from mixlab.models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
-from mixlab.models.mixers import MIXERS, claims_document_blindness, mixer_origins, resolve_mixer
+from mixlab.models.mixers import MIXERS, claims_document_blindness, mixer_class, mixer_origins, resolve_mixer
 
 __all__ = [
     "MIXERS",
@@ -26,6 +26,7 @@ __all__ = [
     "claims_document_blindness",
     "count_parameters",
     "load",
+    "mixer_class",
     "mixer_origins",
     "preset_config",
     "resolve_mixer",

@@ -2,6 +2,8 @@
 
 The dataclass refuses unknown keys (the constructor raises TypeError; `from_dict` raises ValueError naming
 them) and checks every value in `__post_init__`, so a misspelled or impossible setting fails before training.
+What depends on the mixer (attention's head count, a qkv conv only for a mixer that takes one) comes from the
+declarations of the mixer's class (`models.layers.Mixer`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from mixlab.models.mixers import resolve_mixer
+from mixlab.kernels.utils import BACKENDS
+from mixlab.models.mixers import MIXERS, mixer_class
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
-KERNEL_BACKENDS = (None, "torch", "triton")
+KERNEL_BACKENDS = (None, *BACKENDS)  # None: auto
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,27 +76,16 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
             object.__setattr__(self, name, float(value))
         try:
-            resolve_mixer(self.mixer)
+            mixer = mixer_class(self.mixer)
         except ValueError as exc:
             raise ValueError(f"ModelConfig.mixer: {exc}") from exc
         _check_choice("qkv_conv", self.qkv_conv, QKV_CONVS)
         _check_choice("objective", self.objective, OBJECTIVES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
-        if self.qkv_conv != "none" and self.mixer != "attention":
-            raise ValueError(f"ModelConfig.qkv_conv={self.qkv_conv!r} needs mixer='attention', "
-                             f"got mixer={self.mixer!r}")
-        if self.mixer == "attention":
-            if self.d_model % self.n_heads:
-                raise ValueError(f"ModelConfig.d_model={self.d_model} is not divisible by "
-                                 f"n_heads={self.n_heads}")
-            if (self.d_model // self.n_heads) % 2:
-                raise ValueError(f"ModelConfig.n_heads={self.n_heads} gives an odd head size "
-                                 f"{self.d_model // self.n_heads}; rotary embedding needs an even one")
-        if (self.mixer == "dynamic_conv_headwise" or self.qkv_conv == "dynamic_headwise") and (
-            self.d_model % self.conv_head_size
-        ):
-            raise ValueError(f"ModelConfig.conv_head_size={self.conv_head_size} does not divide "
-                             f"d_model={self.d_model}")
+        if self.qkv_conv != "none" and not mixer.takes_qkv_conv:
+            takers = " or ".join(f"mixer={name!r}" for name, cls in MIXERS.items() if cls.takes_qkv_conv)
+            raise ValueError(f"ModelConfig.qkv_conv={self.qkv_conv!r} needs {takers}, got mixer={self.mixer!r}")
+        mixer.check_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (JSON-ready)."""

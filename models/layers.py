@@ -1,38 +1,79 @@
-"""Building blocks shared by the mixers and the models: the Mixer base, RMSNorm, SwiGLU, rotary and sin-cos
-position features, and the pre-norm Block."""
+"""Building blocks shared by the mixers and the models: the Mixer base (with what every mixer declares about
+itself), the stacked-runs switch, RMSNorm, SwiGLU, rotary and sin-cos position features, and the pre-norm Block."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from mixlab.kernels.utils import BACKENDS
 from torch import nn
 
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
+
+class MixerConfig(Protocol):
+    """A ``models.ModelConfig`` as the mixers and the Block see it: they read its fields by name. A protocol, so
+    neither this module nor the mixers import ``models.config``, which imports them to check its ``mixer``."""
 
 
 class Mixer(nn.Module):
     """Base of every sequence mixer: `forward(x [B, T, D], cu_seqlens=None) -> [B, T, D]`.
 
     `cu_seqlens` (int32 [n_docs + 1], offsets into the flattened B*T axis, every row end included) marks the
-    packed documents; without it each row is one document. Two class flags state what a mixer is tested for:
+    packed documents; without it each row is one document.
+
+    A mixer states what it is on its class, the one place ModelConfig, ``runners.engine`` and
+    ``analysis.leakage`` read it from (before any module is built), so a new built-in mixer is its module plus
+    one line of the registry ``models.mixers.MIXERS``:
         leaks_across_documents: False means each document's outputs are exactly (bitwise, NaN-proof)
             independent of every other document when cu_seqlens is given.
         bitwise_causal: True means outputs before t are bitwise independent of the input at t; FFT-based
             convolutions are causal only up to rounding, so they set it False.
-    A third says how runs of it stack (``runners.engine``, ``torch.func.vmap``):
-        stacks_on_triton: its kernels run under vmap with ``kernel_backend="triton"`` (the short convs' custom
-            ops have vmap rules); False for RubiConv, whose Triton path has none (under auto it stacks on the
-            reference).
+        stacks_on: the ``kernel_backend`` values (None: auto) under which runs of it train stacked in
+            ``runners.engine`` (``torch.func.vmap``); every one unless a kernel it calls has no vmap rule there
+            (RubiConv's Triton path); empty for a mixer whose forward is not known to run under vmap.
+        takes_qkv_conv: it reads ``ModelConfig.qkv_conv`` (attention); the config refuses a qkv conv for any
+            other mixer.
+        check_config(config): ValueError, one line naming the field, for a config it cannot be built from
+            (attention's head count).
+    A submodule that calls an op of ``mixlab.kernels`` passes its attribute ``backend`` to the call and names
+    the op in its class attribute ``kernel_op``, so a caller can pick the backend per op
+    (``analysis.leakage.use_backend``).
     """
 
     leaks_across_documents = False
     bitwise_causal = True
-    stacks_on_triton = True
+    stacks_on: tuple[str | None, ...] = (None, *BACKENDS)
+    takes_qkv_conv = False
+
+    @classmethod
+    def check_config(cls, config: MixerConfig) -> None:
+        """Nothing to check beyond ModelConfig's own checks."""
+
+
+# True inside ``stacked_runs()``; read through ``running_stacked()``.
+_stacked = False
+
+
+@contextlib.contextmanager
+def stacked_runs() -> Iterator[None]:
+    """Mixers whose kernels need another path when runs are stacked under ``torch.func.vmap``
+    (``runners.engine``) take it inside this context: ``running_stacked()`` is True there (attention folds the
+    run axis into the batch axis, ``models.mixers.attention``)."""
+    global _stacked
+    previous, _stacked = _stacked, True
+    try:
+        yield
+    finally:
+        _stacked = previous
+
+
+def running_stacked() -> bool:
+    """True inside ``stacked_runs()``."""
+    return _stacked
 
 
 class RMSNorm(nn.Module):
@@ -100,7 +141,7 @@ class Block(nn.Module):
     new mixer needs no change here. With `config.mlp_hidden` 0 or None the MLP sublayer is left out.
     """
 
-    def __init__(self, config: ModelConfig, layer_idx: int, mixer_factory: Callable[..., Mixer]) -> None:
+    def __init__(self, config: MixerConfig, layer_idx: int, mixer_factory: Callable[..., Mixer]) -> None:
         super().__init__()
         self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mixer = mixer_factory(config, layer_idx)

@@ -79,7 +79,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from mixlab import models, tasks
-from mixlab.models.mixers.attention import stacked_runs
+from mixlab.models.layers import stacked_runs
 from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width
 from mixlab.runners.train import (
     RunConfig,
@@ -132,13 +132,12 @@ def unbatchable_reason(config: RunConfig) -> str | None:
     if task.generate(1, seed=0).doc_ids is not None:
         return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
                 f"which vmap cannot batch")
-    if model_config.mixer not in models.MIXERS:
-        return (f"mixer {model_config.mixer!r} is not built in: nothing says its forward runs under vmap "
+    mixer, backend = models.mixer_class(model_config.mixer), model_config.kernel_backend
+    if not mixer.stacks_on:
+        return (f"mixer {model_config.mixer!r} does not stack: nothing says its forward runs under vmap "
                 f"(data-dependent control flow or .item() would fail there)")
-    # a registry entry is a Mixer class or a factory function of one (the short convs', which stack)
-    if model_config.kernel_backend == "triton" and not getattr(models.MIXERS[model_config.mixer],
-                                                                 "stacks_on_triton", True):
-        return f"kernel_backend='triton': the Triton kernel of mixer {model_config.mixer!r} has no vmap rule"
+    if backend not in mixer.stacks_on:
+        return f"kernel_backend={backend!r}: a kernel of mixer {model_config.mixer!r} has no vmap rule there"
     return None
 
 

@@ -1,7 +1,11 @@
-"""The MIXERS registry: name -> factory(config, layer_idx) -> Mixer, and the resolution of every mixer name.
+"""The MIXERS registry: name -> Mixer class, called as factory(config, layer_idx), and the resolution of every
+mixer name.
 
-The CLI choices, the parametrised tests and the docs all read this dict, so a new built-in mixer is one module
-plus one line here. Wherever a mixer name is accepted (``ModelConfig.mixer``, ``mixlab run --mixer``, sweeps,
+The CLI choices, the parametrised tests and the docs all read this dict, and ModelConfig, the engine and the
+leakage probes read what each class declares about itself (``models.layers.Mixer``), so a new built-in mixer is
+one module plus one line here.
+
+Wherever a mixer name is accepted (``ModelConfig.mixer``, ``mixlab run --mixer``, sweeps,
 ``mixlab mad run --model``, ``mixlab leakage``, ``mixlab check-mixer``), ``resolve_mixer`` also takes
 - the name of an entry point of the group ``mixlab.mixers`` in an installed package, and
 - an import path ``package.module:Factory``,
@@ -26,13 +30,13 @@ from mixlab.models.mixers.external import (
 )
 from mixlab.models.mixers.identity import IdentityMixer
 from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
-from mixlab.models.mixers.short_conv import dynamic_conv, dynamic_conv_headwise, static_conv
+from mixlab.models.mixers.short_conv import DynamicConvMixer, HeadwiseDynamicConvMixer, StaticConvMixer
 
-MIXERS: dict[str, Callable[..., Mixer]] = {
+MIXERS: dict[str, type[Mixer]] = {
     "attention": Attention,
-    "static_conv": static_conv,
-    "dynamic_conv": dynamic_conv,
-    "dynamic_conv_headwise": dynamic_conv_headwise,
+    "static_conv": StaticConvMixer,
+    "dynamic_conv": DynamicConvMixer,
+    "dynamic_conv_headwise": HeadwiseDynamicConvMixer,
     "rubiconv": GatedLongConv,
     "fft_conv_leaky": LeakyFFTConv,
     "none": IdentityMixer,
@@ -81,6 +85,13 @@ def resolve_mixer(name: str) -> Callable[..., Mixer]:
     return ExternalFactory(name, origin, load_target(eps[0].value, f"{name!r} ({origin})"))
 
 
+def mixer_class(name: str) -> type[Mixer]:
+    """The class whose attributes declare what mixer ``name`` is (``models.layers.Mixer``): a built-in's own,
+    ``ExternalMixer`` for a plugin or import path. Resolves the name: ValueError as ``resolve_mixer``."""
+    factory = resolve_mixer(name)
+    return factory if name in MIXERS else ExternalMixer
+
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "MIXERS",
@@ -88,6 +99,7 @@ __all__ = [
     "ExternalMixer",
     "accepts_cu_seqlens",
     "claims_document_blindness",
+    "mixer_class",
     "mixer_origins",
     "resolve_mixer",
 ]

@@ -12,37 +12,17 @@ serialised on the GPU (4.3 of 4.6 s of CUDA time in 20 packed steps, scripts/pro
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
-from mixlab.models.layers import Mixer, apply_rope, rope_cos_sin
-from mixlab.models.mixers.short_conv import make_conv_unit
+from mixlab.models.layers import Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
+from mixlab.models.mixers.short_conv import check_conv_unit, make_conv_unit
 from torch import nn
 
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
-
-
-# True inside ``stacked_runs()``: attention goes through ``causal_sdpa_stacked``, whose vmap rule folds the run
-# axis into the batch axis and calls the fused kernels on plain tensors.
-_STACKED = False
-
-
-@contextlib.contextmanager
-def stacked_runs() -> Iterator[None]:
-    """Attention under ``torch.func.vmap`` over stacked runs (``runners.engine``) without the fused SDPA batch
-    rules, which failed in backward on an H200 (torch 2.11, "LSE is not correctly aligned") and whose only
-    alternative, the math backend, made a stack of runs 3x slower. Gradients are unchanged: the fold only
-    reshapes, so every run's rows meet the same kernels as when it trains alone."""
-    global _STACKED
-    previous, _STACKED = _STACKED, True
-    try:
-        yield
-    finally:
-        _STACKED = previous
+# Runs stacked under ``torch.func.vmap`` (``models.layers.stacked_runs``) call ``causal_sdpa_stacked``, whose vmap
+# rule folds the run axis into the batch axis and calls the fused kernels on plain tensors, instead of the fused
+# SDPA batch rules, which failed in backward on an H200 (torch 2.11, "LSE is not correctly aligned") and whose
+# only alternative, the math backend, made a stack of runs 3x slower. Gradients are unchanged: the fold only
+# reshapes, so every run's rows meet the same kernels as when it trains alone.
 
 
 @torch.library.custom_op("mixlab::causal_sdpa_stacked", mutates_args=())
@@ -110,7 +90,20 @@ class Attention(Mixer):
     after the projection and before RoPE; dynamic weights are generated from the mixer's input x.
     """
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    takes_qkv_conv = True
+
+    @classmethod
+    def check_config(cls, config: MixerConfig) -> None:
+        """D must divide by n_heads into an even head size (rotary embedding), and the qkv conv must fit D."""
+        if config.d_model % config.n_heads:
+            raise ValueError(f"ModelConfig.d_model={config.d_model} is not divisible by "
+                             f"n_heads={config.n_heads}")
+        if (config.d_model // config.n_heads) % 2:
+            raise ValueError(f"ModelConfig.n_heads={config.n_heads} gives an odd head size "
+                             f"{config.d_model // config.n_heads}; rotary embedding needs an even one")
+        check_conv_unit(config.qkv_conv, config)
+
+    def __init__(self, config: MixerConfig, layer_idx: int) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.head_dim = config.d_model // config.n_heads
@@ -143,6 +136,6 @@ class Attention(Mixer):
         cos, sin = rope_cos_sin(qkv.shape[1], self.head_dim, self.rope_base, qkv.device)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
-        if _STACKED:
+        if running_stacked():
             return causal_sdpa_stacked(q, k, v).transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)

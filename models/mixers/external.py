@@ -28,14 +28,11 @@ import importlib.metadata
 import inspect
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from mixlab.models.layers import Mixer
+from mixlab.models.layers import Mixer, MixerConfig
 from torch import nn
-
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
 
 ENTRY_POINT_GROUP = "mixlab.mixers"
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -115,7 +112,7 @@ class ExternalFactory:
         self.target = target
         self.__doc__ = target.__doc__
 
-    def arguments(self, config: ModelConfig, layer_idx: int) -> tuple[tuple, dict[str, Any]]:
+    def arguments(self, config: MixerConfig, layer_idx: int) -> tuple[tuple, dict[str, Any]]:
         """(args, kwargs) of the call: d_model first, then the extras the target's signature names."""
         try:
             params = list(inspect.signature(self.target).parameters.values())
@@ -130,7 +127,7 @@ class ExternalFactory:
             kwargs.pop(positional[0].name, None)  # the first positional parameter receives d_model
         return (config.d_model,), kwargs
 
-    def build(self, config: ModelConfig, layer_idx: int = 0) -> nn.Module:
+    def build(self, config: MixerConfig, layer_idx: int = 0) -> nn.Module:
         """The target's module for ``config``; ValueError naming the mixer when the call raises or returns
         something other than an ``nn.Module``."""
         args, kwargs = self.arguments(config, layer_idx)
@@ -146,7 +143,7 @@ class ExternalFactory:
                              "not a torch.nn.Module")
         return module
 
-    def __call__(self, config: ModelConfig, layer_idx: int) -> ExternalMixer:
+    def __call__(self, config: MixerConfig, layer_idx: int) -> ExternalMixer:
         return ExternalMixer(self.build(config, layer_idx), self.name)
 
     def __repr__(self) -> str:
@@ -156,7 +153,10 @@ class ExternalFactory:
 class ExternalMixer(Mixer):
     """An external module as a Block's mixer: hands ``cu_seqlens`` only to a forward that takes it, refuses
     packed inputs otherwise, checks that the output has the input's shape, and carries the module's
-    ``leaks_across_documents`` and ``bitwise_causal`` declarations."""
+    ``leaks_across_documents`` and ``bitwise_causal`` declarations. Runs of it never stack in
+    ``runners.engine``: nothing says its forward runs under ``torch.func.vmap``."""
+
+    stacks_on = ()
 
     def __init__(self, module: nn.Module, name: str) -> None:
         super().__init__()

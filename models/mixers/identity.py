@@ -5,19 +5,14 @@ The block still adds its output, so a block computes x + norm(x) then the MLP: a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-from mixlab.models.layers import Mixer
-
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
+from mixlab.models.layers import Mixer, MixerConfig
 
 
 class IdentityMixer(Mixer):
     """Returns its input unchanged; has no parameters."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: MixerConfig, layer_idx: int) -> None:
         super().__init__()
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:

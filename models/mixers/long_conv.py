@@ -12,15 +12,11 @@ the documents before it in the row. Both are causal, but only up to rounding (FF
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from mixlab import kernels
-from mixlab.models.layers import Mixer
+from mixlab.models.layers import Mixer, MixerConfig
 from torch import nn
-
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
 
 
 def decaying_filter(channels: int, length: int) -> torch.Tensor:
@@ -37,9 +33,10 @@ class GatedLongConv(Mixer):
     """Registry `rubiconv`: gated long conv, exact per document. Filter length L_F = config.max_seq_len."""
 
     bitwise_causal = False
-    stacks_on_triton = False  # kernels.rubiconv's Triton path has no vmap rule
+    stacks_on = (None, "torch")  # kernels.rubiconv's Triton path has no vmap rule (under auto vmap runs torch)
+    kernel_op = "rubiconv"
 
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: MixerConfig, layer_idx: int) -> None:
         super().__init__()
         d = config.d_model
         self.backend = config.kernel_backend

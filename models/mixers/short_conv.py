@@ -16,21 +16,18 @@ normalised input).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from mixlab import kernels
-from mixlab.models.layers import Mixer
+from mixlab.models.layers import Mixer, MixerConfig
 from torch import nn
-
-if TYPE_CHECKING:
-    from mixlab.models.config import ModelConfig
 
 CONV_INIT_STD = 0.02
 
 
 class StaticShortConv(nn.Module):
     """u + depthwise causal conv(u) + bias on C channels, width W."""
+
+    kernel_op = "short_conv"
 
     def __init__(self, channels: int, width: int, backend: str | None = None) -> None:
         super().__init__()
@@ -49,6 +46,8 @@ class StaticShortConv(nn.Module):
 
 class LowRankDynamicConv(nn.Module):
     """u + conv(u) with per-token weights ((x A + a) U).view(W, C) + S (module docstring)."""
+
+    kernel_op = "dynamic_conv_lowrank"
 
     def __init__(self, source_dim: int, channels: int, width: int, rank: int,
                  backend: str | None = None) -> None:
@@ -71,6 +70,8 @@ class HeadwiseDynamicConv(nn.Module):
     """u + conv(u) with per-token, per-head weights (x G).view(H, W) plus a per-channel static S (module
     docstring); H = C / head_size."""
 
+    kernel_op = "dynamic_conv_headwise"
+
     def __init__(self, source_dim: int, channels: int, width: int, head_size: int,
                  backend: str | None = None) -> None:
         super().__init__()
@@ -91,7 +92,15 @@ class HeadwiseDynamicConv(nn.Module):
                                              residual=True, backend=self.backend)
 
 
-def make_conv_unit(kind: str, config: ModelConfig, channels: int) -> nn.Module:
+def check_conv_unit(kind: str, config: MixerConfig) -> None:
+    """ValueError when conv unit ``kind`` cannot be built on D = config.d_model channels (or a multiple): the
+    head-wise conv needs a head size that divides D."""
+    if kind == "dynamic_headwise" and config.d_model % config.conv_head_size:
+        raise ValueError(f"ModelConfig.conv_head_size={config.conv_head_size} does not divide "
+                         f"d_model={config.d_model}")
+
+
+def make_conv_unit(kind: str, config: MixerConfig, channels: int) -> nn.Module:
     """Conv unit `kind` (static, dynamic_lowrank, dynamic_headwise) on `channels` channels whose dynamic
     weights read a source of width config.d_model."""
     if kind == "static":
@@ -106,29 +115,39 @@ def make_conv_unit(kind: str, config: ModelConfig, channels: int) -> nn.Module:
 
 
 class ShortConvMixer(Mixer):
-    """Standalone short-conv mixer: out(x + conv(x) [+ bias]), the conv unit depthwise on the D channels of
-    the mixer input (which is also the source of dynamic weights), then a D x D output projection so the mixer
-    mixes channels like the others do. No input projection: the block's norm output is convolved directly."""
+    """Standalone short-conv mixer: out(x + conv(x) [+ bias]), the conv unit ``conv_kind`` depthwise on the D
+    channels of the mixer input (which is also the source of dynamic weights), then a D x D output projection so
+    the mixer mixes channels like the others do. No input projection: the block's norm output is convolved
+    directly."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, kind: str) -> None:
+    conv_kind: str
+
+    @classmethod
+    def check_config(cls, config: MixerConfig) -> None:
+        check_conv_unit(cls.conv_kind, config)
+
+    def __init__(self, config: MixerConfig, layer_idx: int) -> None:
         super().__init__()
-        self.conv = make_conv_unit(kind, config, config.d_model)
+        self.conv = make_conv_unit(self.conv_kind, config, config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         return self.out(self.conv(x, x, cu_seqlens=cu_seqlens))
 
 
-def static_conv(config: ModelConfig, layer_idx: int) -> ShortConvMixer:
-    """Registry factory `static_conv`: static depthwise conv mixer, weight and bias N(0, 0.02)."""
-    return ShortConvMixer(config, layer_idx, "static")
+class StaticConvMixer(ShortConvMixer):
+    """Registry `static_conv`: static depthwise conv mixer, weight and bias N(0, 0.02)."""
+
+    conv_kind = "static"
 
 
-def dynamic_conv(config: ModelConfig, layer_idx: int) -> ShortConvMixer:
-    """Registry factory `dynamic_conv`: low-rank (R = conv_rank) dynamic conv mixer."""
-    return ShortConvMixer(config, layer_idx, "dynamic_lowrank")
+class DynamicConvMixer(ShortConvMixer):
+    """Registry `dynamic_conv`: low-rank (R = conv_rank) dynamic conv mixer."""
+
+    conv_kind = "dynamic_lowrank"
 
 
-def dynamic_conv_headwise(config: ModelConfig, layer_idx: int) -> ShortConvMixer:
-    """Registry factory `dynamic_conv_headwise`: head-wise (head size conv_head_size) dynamic conv mixer."""
-    return ShortConvMixer(config, layer_idx, "dynamic_headwise")
+class HeadwiseDynamicConvMixer(ShortConvMixer):
+    """Registry `dynamic_conv_headwise`: head-wise (head size conv_head_size) dynamic conv mixer."""
+
+    conv_kind = "dynamic_headwise"

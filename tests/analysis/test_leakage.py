@@ -39,6 +39,13 @@ class IgnoresDocuments(nn.Module):
         return self.inner(x, cu_seqlens=None)
 
 
+class StaticConvIgnoringDocuments(models.MIXERS["static_conv"]):
+    """A registered mixer that claims exact blindness but convolves as if every row were one document."""
+
+    def forward(self, x, cu_seqlens=None):
+        return super().forward(x, cu_seqlens=None)
+
+
 class ReadsNextToken(nn.Module):
     """y[t] = x[t] + x[t + 1] across boundaries: leaks into the previous document (non-causal)."""
 
@@ -336,8 +343,7 @@ def test_cli_prints_one_row_per_mixer_and_exits_0(capsys, tmp_path):
 
 
 def test_cli_exits_1_when_a_mixer_claiming_blindness_leaks(capsys, monkeypatch):
-    monkeypatch.setitem(models.MIXERS, "leaky_conv",
-                        lambda config, idx: IgnoresDocuments(models.MIXERS["static_conv"](config, idx)))
+    monkeypatch.setitem(models.MIXERS, "leaky_conv", StaticConvIgnoringDocuments)
     code = invoke("--mixer", "leaky_conv", *SMALL_ARGS)
     out = capsys.readouterr().out
     assert code == 1

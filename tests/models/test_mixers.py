@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mixlab.models import MIXERS, ModelConfig
+from mixlab.models.layers import running_stacked, stacked_runs
+from mixlab.models.mixers import attention
 from mixlab.models.mixers.attention import causal_sdpa_stacked, document_slots
 from torch import nn
 
@@ -220,3 +222,25 @@ def test_stacked_attention_op_registration():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 9, 8, generator=g, requires_grad=True) for _ in range(3))
     torch.library.opcheck(causal_sdpa_stacked, (q, k, v))
+
+
+def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
+    """Inside stacked_runs (runners.engine) attention calls causal_sdpa_stacked: the same outputs per run."""
+    calls = []
+
+    def spy(q, k, v):
+        calls.append(q.shape)
+        return causal_sdpa_stacked(q, k, v)
+
+    monkeypatch.setattr(attention, "causal_sdpa_stacked", spy)
+    mixer = make_mixer("attention")
+    x = randn(2, B, T, D)  # two runs
+    with stacked_runs():
+        assert running_stacked()
+        out = torch.func.vmap(mixer)(x)
+    assert not running_stacked()
+    assert calls and calls[-1][0] == 2 * B  # [R * B, H, T, hd]: the op's vmap rule folded the runs
+    inside = len(calls)
+    expected = torch.stack([mixer(x[0]), mixer(x[1])])
+    assert len(calls) == inside  # plain SDPA outside the context
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
