@@ -77,7 +77,7 @@ def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *
     return out
 
 
-def _rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+def rel_loss_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Largest relative difference of test loss over two histories (inf when their evaluations differ)."""
     if [h["step"] for h in a["history"]] != [h["step"] for h in b["history"]]:
         return math.inf
@@ -85,7 +85,7 @@ def _rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
                for x, y in zip(a["history"], b["history"]))
 
 
-def _timed(fn) -> tuple[list[dict[str, Any]], float]:
+def timed(fn) -> tuple[list[dict[str, Any]], float]:
     start = time.perf_counter()
     records = fn()
     return records, time.perf_counter() - start
@@ -122,14 +122,14 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         modes.append(("batched, compiled + CUDA graph", {"compile": True, "cuda_graph": True}))
 
     train_run(warm[0], progress=False)
-    solo, solo_total = _timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
+    solo, solo_total = timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
     rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
                  seq_len, full_steps, None, "reference")]
     base_rate = rows[0][1]
     for label, options in modes:
         train_runs_batched(warm, progress=False, **options)
-        batched, total = _timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
-        diff = max(_rel_diff(b, a) for b, a in zip(batched, solo))
+        batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
+        diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
         gate = "bitwise" if diff == 0 else f"{diff:.1e}"
         exact = dev.type == "cpu" and not bf16 and not options.get("compile")
         passed = diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
