@@ -12,7 +12,7 @@ Labels come from the manifest; a record it does not list (or a folder without on
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
 its qkv conv), d_model, lr and weight decay, and init_seed.
 
-Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.train`` stores
+Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
 
 MAD score (SPEC 3.3), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each

@@ -26,16 +26,11 @@ from typing import Any
 
 import torch
 from mixlab import kernels, models
+from mixlab.runners.config import RunConfig, TrainConfig, resolve
 from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.train import (
-    RunConfig,
-    TrainConfig,
-    device_info,
-    package_versions,
-    pick_device,
-    resolve,
-    train_run,
-)
+from mixlab.runners.precision import pick_device, uses_bf16
+from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.train import train_run
 
 # The MAD protocol's grid (SPEC 3.3): lr x weight decay.
 MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]
@@ -110,7 +105,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     tc = configs[0].train
     _, model_config = resolve(configs[0])
     seq_len = model_config.max_seq_len
-    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and dev.type == "cuda")
+    bf16 = uses_bf16(tc.precision, dev)
     full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
 
     modes: list[tuple[str, dict[str, Any]]] = [("batched", {})]

@@ -14,7 +14,8 @@ import typing
 import typer
 from mixlab import models, tasks
 from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
-from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.runners.config import RunConfig, TrainConfig
+from mixlab.runners.train import train_run
 from mixlab.tasks.base import parse_value
 from mixlab.tasks.show import render_example
 
