@@ -40,8 +40,8 @@ from typing import Any
 
 import yaml
 from mixlab import models, tasks
+from mixlab.runners.config import TrainConfig, config_hash
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.runners.train import TrainConfig, config_hash
 
 # TrainConfig fields the seeds set.
 SEED_FIELDS = ("init_seed", "data_seed")
