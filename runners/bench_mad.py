@@ -29,10 +29,13 @@ from mixlab import models
 from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench_train import GATE_BOUND, WARMUP_STEPS, kernel_backend_label, rel_loss_diff, timed
 from mixlab.runners.bench_utils import median_time_ms
+from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.mad import get_profile, mad_plan
+from mixlab.runners.precision import pick_device, uses_bf16
+from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
-from mixlab.runners.train import RunConfig, device_info, package_versions, pick_device, resolve, train_run
+from mixlab.runners.train import train_run
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -128,7 +131,7 @@ def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alon
     solo = train_run(configs[0], progress=False)
     shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
     device = pick_device(configs[0].train.device)
-    bf16 = configs[0].train.precision == "bf16" or (configs[0].train.precision == "auto" and device.type == "cuda")
+    bf16 = uses_bf16(configs[0].train.precision, device)
     exact = device.type == "cpu" and not bf16 and not compile
     diff = rel_loss_diff(stacked[0], solo)
     bound = GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
@@ -175,7 +178,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
     floor_min = (sum(s.tokens * s.flop_per_token for s in shapes) / (peak * 1e12) / 60) if peak else None
     first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
     _, model_config = resolve(first)
-    bf16 = first.train.precision == "bf16" or (first.train.precision == "auto" and dev.type == "cuda")
+    bf16 = uses_bf16(first.train.precision, dev)
     info, versions = device_info(dev), package_versions()
     prof = get_profile(profile)
     mode = "compiled + CUDA graph" if compile and cuda_graph else "compiled" if compile else \
