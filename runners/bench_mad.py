@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from mixlab import models
 from mixlab.models.mixers.attention import Attention
-from mixlab.runners.bench_train import GATE_BOUND, WARMUP_STEPS, kernel_backend_label, rel_loss_diff, timed
+from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
 from mixlab.runners.bench_utils import median_time_ms
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.engine import train_runs_batched
@@ -132,10 +132,7 @@ def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alon
     shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
     device = pick_device(configs[0].train.device)
     bf16 = uses_bf16(configs[0].train.precision, device)
-    exact = device.type == "cpu" and not bf16 and not compile
-    diff = rel_loss_diff(stacked[0], solo)
-    bound = GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
-    shape.gate = ("bitwise" if diff == 0 else f"{diff:.1e}") if diff <= bound else f"FAILED {diff:.1e}"
+    shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
 
 
 def _minutes(tokens: float, rate: float | None) -> float | None:

@@ -80,6 +80,14 @@ def rel_loss_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
                for x, y in zip(a["history"], b["history"]))
 
 
+def gate_text(diff: float, device: torch.device, bf16: bool, *, compiled: bool) -> str:
+    """The gate's verdict on a relative test-loss difference: ``bitwise``, the difference, or ``FAILED ...``
+    past the bound of the precision (eager fp32 on the CPU must be bitwise)."""
+    exact = device.type == "cpu" and not bf16 and not compiled
+    text = "bitwise" if diff == 0 else f"{diff:.1e}"
+    return text if diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"] else f"FAILED {text}"
+
+
 def timed(fn) -> tuple[list[dict[str, Any]], float]:
     start = time.perf_counter()
     records = fn()
@@ -125,12 +133,10 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         train_runs_batched(warm, progress=False, **options)
         batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
-        gate = "bitwise" if diff == 0 else f"{diff:.1e}"
-        exact = dev.type == "cpu" and not bf16 and not options.get("compile")
-        passed = diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
+        gate = gate_text(diff, dev, bf16, compiled=options.get("compile", False))
         loop = max(r["wall_time_s"] for r in batched)
         rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
-                         base_rate if passed else None, gate if passed else f"FAILED {gate}"))
+                         None if gate.startswith("FAILED") else base_rate, gate))
 
     info = device_info(dev)
     versions = package_versions()

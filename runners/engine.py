@@ -189,7 +189,7 @@ def _template(model_config: models.ModelConfig, device: torch.device) -> torch.n
 
 def _vmap_attention(device: torch.device):
     """How attention runs under vmap (``VMAP_ATTENTION``): "fold" folds the run axis into the batch and calls
-    the fused kernels outside vmap (``models.mixers.attention.stacked_runs``); "math" uses the math SDPA
+    the fused kernels outside vmap (``models.layers.stacked_runs``); "math" uses the math SDPA
     backend on CUDA; "native" leaves it to torch's batch rules (their backward failed on an H200 with torch
     2.11: "LSE is not correctly aligned"; on the CPU they loop over the runs). None: fold on CUDA; native on
     the CPU, where the loop keeps records bitwise equal to train_run's (the CPU flash kernel's sums depend on
