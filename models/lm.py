@@ -102,12 +102,17 @@ class CompressionAutoencoder(_BlockStack):
         x, cu_seqlens = self.encode(input_ids, doc_ids)
         B, T, D = x.shape
         if cu_seqlens is None:
-            cu_seqlens = torch.arange(0, B * T + 1, T, device=x.device)  # each row one document
-        cu = cu_seqlens.long()
-        token = torch.arange(B * T, device=x.device)
-        doc = torch.searchsorted(cu[1:], token, right=True)  # [B*T]: the document holding each token
-        code = x.reshape(B * T, D)[cu[1:][doc] - 1]  # [B*T, D]: state at its document's last position
-        h = code + sincos_embedding(token - cu[:-1][doc], D).to(code.dtype)
+            # Each row is one document: its code is the row's last state. No searchsorted here: inductor cannot
+            # lower it on a sliced boundary tensor, and the MAD stacks compile this path.
+            code = x[:, -1:].expand(B, T, D).reshape(B * T, D)  # [B*T, D]
+            position = torch.arange(T, device=x.device).repeat(B)  # [B*T]
+        else:
+            cu = cu_seqlens.long()
+            token = torch.arange(B * T, device=x.device)
+            doc = torch.searchsorted(cu[1:], token, right=True)  # [B*T]: the document holding each token
+            code = x.reshape(B * T, D)[cu[1:][doc] - 1]  # [B*T, D]: state at its document's last position
+            position = token - cu[:-1][doc]
+        h = code + sincos_embedding(position, D).to(code.dtype)
         logits = self.decoder(h).view(B, T, -1)  # [B, T, V]
         if positions is None:
             return logits
