@@ -1,6 +1,6 @@
 """Read a sweep folder's records and reduce them: best of a grid per seed, median / IQR / n over seeds, MAD.
 
-A sweep folder (``runners.sweep``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
+A sweep folder (``runners.manifest``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
 labels) and ``runs/<hash>.json`` (one record per finished run). Each record becomes one flat row::
 
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
@@ -12,7 +12,7 @@ Labels come from the manifest; a record it does not list (or a folder without on
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
 its qkv conv), d_model, lr and weight decay, and init_seed.
 
-Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.train`` stores
+Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
 
 MAD score (SPEC 3.3), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
@@ -200,7 +200,7 @@ def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] |
 
 
 def point_label(point: Mapping[str, Any]) -> str:
-    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep labels)."""
+    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep_spec labels)."""
     return " ".join(f"{k}={v}" for k, v in point.items()) or "default"
 
 

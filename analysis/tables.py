@@ -210,7 +210,7 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
     metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), how many seeds' best
     runs were still improving when training ended, and the paper's value for that (task, model) when the
-    sweep's spec gives a reference (``runners.sweep`` ``reference``)."""
+    sweep's spec gives a reference (``runners.sweep_spec`` ``reference``)."""
     summary = grid_summary(data)
     groups = sorted({k[: -len("_median")] for r in summary for k in r if k.endswith("_median")})
     papers = {(v["task"], v["model"]): v for v in data.spec.get("reference", {}).get("values", [])}

@@ -26,16 +26,11 @@ from typing import Any
 
 import torch
 from mixlab import kernels, models
+from mixlab.runners.config import RunConfig, TrainConfig, resolve
 from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.train import (
-    RunConfig,
-    TrainConfig,
-    device_info,
-    package_versions,
-    pick_device,
-    resolve,
-    train_run,
-)
+from mixlab.runners.precision import pick_device, uses_bf16
+from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.train import train_run
 
 # The MAD protocol's grid (SPEC 3.3): lr x weight decay.
 MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]
@@ -77,7 +72,7 @@ def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *
     return out
 
 
-def _rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+def rel_loss_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Largest relative difference of test loss over two histories (inf when their evaluations differ)."""
     if [h["step"] for h in a["history"]] != [h["step"] for h in b["history"]]:
         return math.inf
@@ -85,7 +80,15 @@ def _rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
                for x, y in zip(a["history"], b["history"]))
 
 
-def _timed(fn) -> tuple[list[dict[str, Any]], float]:
+def gate_text(diff: float, device: torch.device, bf16: bool, *, compiled: bool) -> str:
+    """The gate's verdict on a relative test-loss difference: ``bitwise``, the difference, or ``FAILED ...``
+    past the bound of the precision (eager fp32 on the CPU must be bitwise)."""
+    exact = device.type == "cpu" and not bf16 and not compiled
+    text = "bitwise" if diff == 0 else f"{diff:.1e}"
+    return text if diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"] else f"FAILED {text}"
+
+
+def timed(fn) -> tuple[list[dict[str, Any]], float]:
     start = time.perf_counter()
     records = fn()
     return records, time.perf_counter() - start
@@ -110,7 +113,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     tc = configs[0].train
     _, model_config = resolve(configs[0])
     seq_len = model_config.max_seq_len
-    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and dev.type == "cuda")
+    bf16 = uses_bf16(tc.precision, dev)
     full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
 
     modes: list[tuple[str, dict[str, Any]]] = [("batched", {})]
@@ -122,20 +125,18 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         modes.append(("batched, compiled + CUDA graph", {"compile": True, "cuda_graph": True}))
 
     train_run(warm[0], progress=False)
-    solo, solo_total = _timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
+    solo, solo_total = timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
     rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
                  seq_len, full_steps, None, "reference")]
     base_rate = rows[0][1]
     for label, options in modes:
         train_runs_batched(warm, progress=False, **options)
-        batched, total = _timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
-        diff = max(_rel_diff(b, a) for b, a in zip(batched, solo))
-        gate = "bitwise" if diff == 0 else f"{diff:.1e}"
-        exact = dev.type == "cpu" and not bf16 and not options.get("compile")
-        passed = diff <= GATE_BOUND["exact" if exact else "bf16" if bf16 else "fp32"]
+        batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
+        diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
+        gate = gate_text(diff, dev, bf16, compiled=options.get("compile", False))
         loop = max(r["wall_time_s"] for r in batched)
         rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
-                         base_rate if passed else None, gate if passed else f"FAILED {gate}"))
+                         None if gate.startswith("FAILED") else base_rate, gate))
 
     info = device_info(dev)
     versions = package_versions()

@@ -43,6 +43,7 @@ from mixlab.analysis import leakage
 from mixlab.models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, claims_document_blindness
 from mixlab.models.mixers.external import error_line as _error
 from mixlab.runners.bench_utils import median_time_ms
+from mixlab.runners.precision import bf16_autocast, uses_bf16
 from torch import nn
 
 ROWS, SEQ_LEN = 4, 64  # inputs of the checks: [ROWS, SEQ_LEN, d_model]
@@ -336,7 +337,7 @@ def bench_mixer(name: str, shape: tuple[int, int, int], device: torch.device, *,
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=generator).to(device).requires_grad_()
     cotangent = torch.randn(shape, generator=generator).to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = bf16_autocast(device, uses_bf16("auto", device))
 
     def forward() -> None:
         with torch.no_grad(), autocast:

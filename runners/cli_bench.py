@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
 
 bench_app = typer.Typer(help="Benchmarks: kernels and training throughput (tables for BENCHMARKS.md).",
                         no_args_is_help=True)
@@ -63,6 +64,27 @@ def bench_train_cmd(
 
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
                            cuda_graph=cuda_graph))
+
+
+@bench_app.command("mad")
+def bench_mad_cmd(
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    profile: str = typer.Option("paper", help="MAD profile: paper, quick or smoke."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    seeds: int = typer.Option(3, help="Seeds planned, as the sweep would stack them (the grid times the seeds)."),
+    steps: int = typer.Option(30, help="Timed optimizer steps per step shape."),
+    tasks: str = typer.Option("", help="Only these MAD tasks, comma-separated (e.g. mad/fuzzy_recall)."),
+    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help="Runs per job, as the sweep's --max-stack."),
+    compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs."),
+    alone: bool = typer.Option(True, "--alone/--no-alone", help="Also time one run at a time in the plain loop."),
+) -> None:
+    """The MAD protocol's train tokens/s per step shape, stacked as a sweep stacks it, and its GPU-minutes."""
+    from mixlab.runners.bench_mad import bench_mad
+
+    typer.echo(bench_mad(model, profile, device=device, seeds=seeds, steps=steps,
+                         tasks=[t for t in tasks.split(",") if t] or None, max_stack=max_stack, compile=compile,
+                         cuda_graph=cuda_graph, alone=alone))
 
 
 def register(app: typer.Typer) -> None:

@@ -7,16 +7,14 @@ one batched model: every parameter becomes ``[N, *shape]``, the forward is ``tor
 runs on one flat ``[N, P]`` buffer of all parameters with a per-run learning rate and weight decay. Each
 run keeps what ``runners.train.train_run`` would give it:
 
-- its own data: ``task.generate(num_train, seed=data_seed)`` (runs with equal task, parameters and data
-  seed share one copy), its own shuffling (``torch.Generator().manual_seed(init_seed + 1)``, one
-  permutation an epoch) and its own initialisation (the model built under ``torch.manual_seed(init_seed)``
-  in a forked RNG);
-- its own loss (``cross_entropy`` of its logits, as train_run computes it), learning-rate schedule
-  (``runners.train.lr_at`` with its own TrainConfig) and AdamW moments;
-- its own evaluations (per-run sums of ``runners.metrics`` counts, batch by batch, as ``evaluate``),
-  history, best-perplexity ``final`` and early stop. A run that stops early is written at once and dropped
-  from the stack (its rows of the parameters, moments and data indices are removed), so the others go on
-  unslowed (with ``compile``, see below, a finished run may stay a while, frozen).
+- its own data, shuffling and initialisation from its seeds (``runners.seeds``; runs with equal task,
+  parameters and data seed share one copy of the data), and the same step plan (``runners.schedule``);
+- its own loss (``runners.metrics.training_loss`` of its logits), learning-rate schedule
+  (``runners.schedule.lr_at`` with its own TrainConfig) and AdamW moments;
+- its own evaluations (per-run sums of ``runners.metrics`` counts over ``runners.evaluation``'s batches),
+  history, best-perplexity ``final`` and early stop (``runners.record``). A run that stops early is written
+  at once and dropped from the stack (its rows of the parameters, moments and data indices are removed), so
+  the others go on unslowed (with ``compile``, see below, a finished run may stay a while, frozen).
 
 Equality (``tests/runners/test_engine.py``): on the CPU every record equals train_run's bitwise (time
 fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch.optim.AdamW``'s arithmetic
@@ -68,7 +66,6 @@ import dataclasses
 import functools
 import json
 import math
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -77,21 +74,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from mixlab import models, tasks
 from mixlab.models.layers import stacked_runs
-from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width
-from mixlab.runners.train import (
-    RunConfig,
-    config_hash,
-    device_info,
-    lr_at,
-    package_versions,
-    pick_device,
-    resolve,
-    train_run,
-    write_json_atomic,
-)
+from mixlab.runners.config import RunConfig, resolve
+from mixlab.runners.evaluation import eval_batches
+from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width, training_loss
+from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
+from mixlab.runners.record import RunLog, TrainClock, write_record
+from mixlab.runners.schedule import StepPlan
+from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
+from mixlab.runners.train import train_run
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
@@ -109,11 +101,6 @@ RECOMPILE_LIMIT = 256
 VMAP_ATTENTION: str | None = None
 
 
-def _autocast(config: RunConfig, device: torch.device) -> bool:
-    precision = config.train.precision
-    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
-
-
 def group_key(config: RunConfig) -> tuple:
     """Runs with equal keys can be stacked: resolved model config, data shape and every training setting
     that fixes shapes or the step/evaluation schedule (module docstring lists what may differ)."""
@@ -123,7 +110,7 @@ def group_key(config: RunConfig) -> tuple:
     device = pick_device(tc.device)
     return (model_config, tuple(sample.inputs.shape[1:]), sample.doc_ids is not None, tc.epochs, tc.steps,
             tc.batch_size, tc.num_train, tc.num_test, tc.eval_batch_size, tc.eval_every, tc.beta1, tc.beta2,
-            device.type, _autocast(config, device))
+            device.type, uses_bf16(tc.precision, device))
 
 
 def unbatchable_reason(config: RunConfig) -> str | None:
@@ -181,21 +168,13 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     return records
 
 
-@dataclasses.dataclass(eq=False)
-class _Run:
-    """One run of a stack: its settings, and what train_run keeps while it trains."""
+@dataclasses.dataclass(eq=False, kw_only=True)
+class _Run(RunLog):
+    """One run of a stack: what train_run logs for its record, and its place in the stack's loop."""
 
-    config: RunConfig
-    name: str | None
-    task: tasks.Task
-    model_config: models.ModelConfig
     shuffle: torch.Generator
-    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    best: dict[str, Any] | None = None
-    stopped_early: bool = False
     done: bool = False  # record written; the run may still sit in the stack, frozen, until compaction
-    train_time: float = 0.0
-    lr: float = 0.0
+    lr: float = 0.0  # of its latest step
 
 
 @functools.lru_cache(maxsize=16)
@@ -210,7 +189,7 @@ def _template(model_config: models.ModelConfig, device: torch.device) -> torch.n
 
 def _vmap_attention(device: torch.device):
     """How attention runs under vmap (``VMAP_ATTENTION``): "fold" folds the run axis into the batch and calls
-    the fused kernels outside vmap (``models.mixers.attention.stacked_runs``); "math" uses the math SDPA
+    the fused kernels outside vmap (``models.layers.stacked_runs``); "math" uses the math SDPA
     backend on CUDA; "native" leaves it to torch's batch rules (their backward failed on an H200 with torch
     2.11: "LSE is not correctly aligned"; on the CPU they loop over the runs). None: fold on CUDA; native on
     the CPU, where the loop keeps records bitwise equal to train_run's (the CPU flash kernel's sums depend on
@@ -239,13 +218,10 @@ def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     """Per-run training losses [N] of params {name: [N, *shape]} on inputs [N, B, T]; targets [N, B, T], or
     [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.metrics)."""
 
-    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache), \
-            _vmap_attention(inputs.device):
+    with bf16_autocast(inputs.device, autocast, cache), _vmap_attention(inputs.device):
         logits = _stacked_logits(template, params, inputs, positions)  # [N, B, T or S, V]
-    # One cross_entropy a run, as train_run: a vmapped mean reduction sums in another order (last bits).
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
-    return torch.stack([F.cross_entropy(lg.flatten(0, 1), tg.flatten(), ignore_index=tasks.IGNORE)
-                        for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
+    return torch.stack([training_loss(lg, tg) for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
 
 
 def _stacked_logits(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
@@ -299,10 +275,8 @@ class _Stack:
 
         flat = []
         for run in runs:
-            # the init of train_run: build under init_seed in a forked RNG, on the CPU, then move
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(run.config.train.init_seed)
-                model = models.build_model(run.model_config)
+            # the init of train_run, on the CPU; the stack moves to the device
+            model = initial_model(run.model_config, run.config.train.init_seed, torch.device("cpu"))
             named = dict(model.named_parameters())
             flat.append(torch.cat([named[name].detach().reshape(-1) for name in self.names]))
         self.params = torch.stack(flat).to(device)  # [N, P]
@@ -318,8 +292,9 @@ class _Stack:
                              default=str)
             if key not in data_keys:
                 data_keys[key] = len(train_sets)
-                train_sets.append(run.task.generate(tc.num_train, seed=seed, split="train"))
-                test_sets.append(run.task.generate(tc.num_test, seed=seed, split="test"))
+                train_data, test_data = run_data(run.task, run.config.train)
+                train_sets.append(train_data)
+                test_sets.append(test_data)
             index.append(data_keys[key])
         self.train_inputs = torch.stack([d.inputs for d in train_sets]).to(device)  # [U, num_train, T]
         # sparse tasks: as train_run, the head and the loss see only the scored positions [U, num_train, S]
@@ -414,7 +389,7 @@ class _Stack:
     @torch.no_grad()
     def evaluate(self, run_tasks: list[tasks.Task], rows: list[int],
                  batch_size: int) -> list[dict[str, float]]:
-        """Test metrics of the runs in these rows (of these tasks), as ``runners.train.evaluate`` computes
+        """Test metrics of the runs in these rows (of these tasks), as ``runners.evaluation.evaluate`` computes
         them; one forward serves the whole stack. With cuda_graph the whole evaluation (every test batch and
         every run's sums) is captured once per set of rows and replayed: eager, its few thousand small
         launches cost more than the training steps between two evaluations (MAD evaluates every epoch)."""
@@ -431,14 +406,11 @@ class _Stack:
         """Each run's sums over the test set, still on the device."""
         sums = [EvalSums(task) for task in run_tasks]
         params = dict(zip(self.names, self._views(self.params)))
-        for start in range(0, self.test_inputs.shape[1], batch_size):
-            inputs = self.test_inputs[self.data_index, start : start + batch_size]  # [N, B, T]
-            targets = self.test_targets[self.data_index, start : start + batch_size]  # [N, B, T or S]
-            positions = (None if self.test_positions is None
-                         else self.test_positions[self.data_index, start : start + batch_size])
-            # no autocast cache under capture: cached casts would outlive the graph's memory
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast,
-                                cache_enabled=not self.cuda_graph), _vmap_attention(self.device):
+        for batch in eval_batches(self.test_inputs.shape[1], batch_size):
+            inputs = self.test_inputs[self.data_index, batch]  # [N, B, T]
+            targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
+            positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
+            with bf16_autocast(self.device, self.autocast, not self.cuda_graph), _vmap_attention(self.device):
                 logits = _stacked_logits(self.template, params, inputs, positions)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
@@ -475,16 +447,15 @@ class _Stack:
         self.graph_pool = None
 
 
-def _epoch_schedule(runs: list[_Run], first_step: int, n_steps: int, epoch: int, total_steps: int,
-                    total_epochs: int, device: torch.device
+def _epoch_schedule(runs: list[_Run], plan: StepPlan, first_step: int, device: torch.device
                     ) -> tuple[list[list[float]], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-step AdamW scalars of n_steps steps from first_step: lrs [S][N] (floats), decay [S, N],
+    """Per-step AdamW scalars of the epoch's steps from first_step: lrs [S][N] (floats), decay [S, N],
     step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW does, stored as fp32."""
     tc = runs[0].config.train  # betas are equal within a stack
     lrs, decay, step_size, bc2_sqrt = [], [], [], []
-    for s in range(first_step, first_step + n_steps):
+    for s in range(first_step, first_step + plan.steps_from(first_step)):
         t = float(s + 1)  # AdamW's step count after this step
-        row = [lr_at(run.config.train, s, epoch, total_steps, total_epochs) for run in runs]
+        row = [plan.lr(run.config.train, s) for run in runs]
         lrs.append(row)
         decay.append([1 - lr * run.config.train.weight_decay for lr, run in zip(row, runs)])
         step_size.append([-(lr / (1 - tc.beta1**t)) for lr in row])
@@ -493,103 +464,63 @@ def _epoch_schedule(runs: list[_Run], first_step: int, n_steps: int, epoch: int,
     return (lrs, *tensors)
 
 
-def _record(run: _Run, n_params: int, device: torch.device, step: int, wall: float,
-            out_dir: str | Path | None) -> dict[str, Any]:
-    """The run's record in train_run's format; written to out_dir (atomically) when given."""
-    tc, best = run.config.train, run.best
-    record = {
-        "name": run.name,
-        "config": run.config.to_dict(),
-        "resolved": {"task_params": dataclasses.asdict(run.task.params), "model": run.model_config.to_dict()},
-        "versions": package_versions(),
-        "device": device_info(device),
-        "seeds": {"data_seed": tc.data_seed, "init_seed": tc.init_seed},
-        "n_params": n_params,
-        "history": run.history,
-        "final": {**best, "best_step": best["step"], "best_epoch": best["epoch"]},
-        "steps": step,
-        "stopped_early": run.stopped_early,
-        "wall_time_s": wall,
-        "train_time_s": run.train_time,
-        "steps_per_s": step / run.train_time if run.train_time > 0 else float("nan"),
-        "argv": sys.argv,
-    }
-    if out_dir is not None:
-        task = run.config.task.replace("/", "-")
-        name = run.name or f"{task}_{run.model_config.mixer}_{config_hash(run.config)}"
-        record["name"] = name
-        write_json_atomic(Path(out_dir) / f"{name}.json", record)
-    return record
-
-
 def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: str | Path | None,
                  progress: bool, compile: bool, cuda_graph: bool, compact_at: float) -> list[dict[str, Any]]:
     """Train runs of one group_key together; records in the order given. Finished runs leave the stack
     once at most ``compact_at`` of its rows still train (1.0: at once)."""
     tc = configs[0].train
     device = pick_device(tc.device)
-    autocast = _autocast(configs[0], device)
+    autocast = uses_bf16(tc.precision, device)
     runs = []
     for config, name in zip(configs, names):
         task, model_config = resolve(config)
         runs.append(_Run(config=config, name=name, task=task, model_config=model_config,
-                         shuffle=torch.Generator().manual_seed(config.train.init_seed + 1)))
+                         shuffle=shuffle_generator(config.train.init_seed)))
     stack = _Stack(runs, device, autocast, compile, cuda_graph)
     records: dict[int, dict[str, Any]] = {}
     position = {id(run): i for i, run in enumerate(runs)}
 
-    steps_per_epoch = math.ceil(tc.num_train / tc.batch_size)
-    total_steps = tc.steps if tc.steps is not None else tc.epochs * steps_per_epoch
-    total_epochs = tc.epochs if tc.epochs is not None else math.ceil(total_steps / steps_per_epoch)
-    eval_every = tc.eval_every or steps_per_epoch
-
+    plan = StepPlan.of(tc)  # equal for every run of a stack (group_key)
     rows = list(runs)  # the stack's runs, row by row; finished runs stay (frozen) until the next compaction
     live = list(runs)
     step = 0
     loss_count = 0
-    bar = tqdm(total=total_steps, disable=not progress, unit="step", dynamic_ncols=True, leave=False,
+    bar = tqdm(total=plan.total_steps, disable=not progress, unit="step", dynamic_ncols=True, leave=False,
                desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(runs)}")
     start_wall = time.perf_counter()
-    interval_start = start_wall
+    clock = TrainClock(device)
     try:
-        while step < total_steps and live:
-            epoch = step // steps_per_epoch
+        while step < plan.total_steps and live:
+            epoch = plan.epoch_of(step)
             orders = torch.stack([torch.randperm(tc.num_train, generator=run.shuffle) for run in rows])
             orders = orders.to(device)  # [N, num_train]
-            n_steps = min(steps_per_epoch, total_steps - step)
-            lrs, decay, step_size, bc2_sqrt = _epoch_schedule(rows, step, n_steps, epoch, total_steps,
-                                                              total_epochs, device)
-            for i in range(n_steps):
-                stack.step(orders[:, i * tc.batch_size : (i + 1) * tc.batch_size], decay[i], step_size[i],
-                           bc2_sqrt[i])
+            lrs, decay, step_size, bc2_sqrt = _epoch_schedule(rows, plan, step, device)
+            for i in range(plan.steps_from(step)):
+                stack.step(orders[:, plan.batch(i)], decay[i], step_size[i], bc2_sqrt[i])
                 for run, lr in zip(rows, lrs[i]):
                     run.lr = lr
                 loss_count += 1
                 step += 1
                 bar.update(1)
-                if step % eval_every != 0 and step != total_steps:
+                if not plan.evaluates_after(step):
                     continue
 
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                share = (time.perf_counter() - interval_start) / len(live)
+                share = clock.lap() / len(live)
                 train_losses = stack.take_train_losses()
                 live_rows = [n for n, run in enumerate(rows) if not run.done]
                 metrics = stack.evaluate([rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
                 for n, row_metrics in zip(live_rows, metrics):
                     run = rows[n]
                     run.train_time += share
-                    entry = {"epoch": epoch + 1, "step": step, "lr": run.lr,
-                             "train_loss": train_losses[n] / max(loss_count, 1), **row_metrics}
-                    run.history.append(entry)
-                    if run.best is None or entry["test_ppl"] < run.best["test_ppl"]:
-                        run.best = entry
-                    stop = run.config.train.early_stop_acc
-                    run.stopped_early = stop is not None and entry["acc_macro"] >= stop
-                    run.done = run.stopped_early or step == total_steps
+                    run.add_evaluation(row_metrics, epoch=epoch, step=step, lr=run.lr, loss_sum=train_losses[n],
+                                       loss_steps=loss_count)
+                    run.done = run.stopped_early or step == plan.total_steps
                     if run.done:
-                        records[position[id(run)]] = _record(run, stack.n_params, device, step,
-                                                             time.perf_counter() - start_wall, out_dir)
+                        record = run.record(n_params=stack.n_params, device=device, steps=step,
+                                            start_wall=start_wall, named=out_dir is not None)
+                        if out_dir is not None:
+                            write_record(out_dir, record)
+                        records[position[id(run)]] = record
                 loss_count = 0
                 live = [run for run in rows if not run.done]
                 if not live:
@@ -603,7 +534,7 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
                     lrs = [[row[n] for n in keep] for row in lrs]
                     rows = live
                 bar.set_postfix(runs=len(live))
-                interval_start = time.perf_counter()
+                clock.restart()
             if not live:
                 break
     finally:

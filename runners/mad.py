@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from mixlab import models
+from mixlab.runners.config import config_hash
 from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.runners.train import config_hash
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 
 LRS = (1e-4, 5e-4, 1e-3)

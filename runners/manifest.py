@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mixlab.runners.atomic import write_json_atomic
 from mixlab.runners.sweep_plan import SweepPlan
-from mixlab.runners.train import write_json_atomic
 
 MANIFEST = "sweep.json"
 RUNS = "runs"

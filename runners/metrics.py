@@ -48,6 +48,12 @@ def batch_counts(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch
     }
 
 
+def training_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (fp32) over the scored positions of logits [B, T, V] and targets [B, T]: the loss a run
+    trains on, alone or in a stack (one call a run there too: a batched mean would sum in another order)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
 def macro_accuracy(tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
     """Macro-averaged multiclass accuracy with torchmetrics' ``MulticlassAccuracy`` defaults (as mad-lab reports it).
 

@@ -32,9 +32,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from mixlab.runners.atomic import write_json_atomic
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_jobs import Job, run_job
-from mixlab.runners.train import write_json_atomic
 
 INSTALL_HINT = "pip install 'mixlab[ray]'"
 

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mixlab.runners.config import RunConfig
 from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_reason
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_plan import PlannedRun
-from mixlab.runners.train import RunConfig, train_run
+from mixlab.runners.train import train_run
 
 # Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
 DEFAULT_MAX_STACK = 64

@@ -1,7 +1,7 @@
 """What a sweep plans: its runs (``PlannedRun``: hash, resolved config, labels) in one ``SweepPlan``.
 
 Two planners build plans: ``sweep_spec.SweepSpec.plan`` (YAML grids) and ``mad.mad_plan`` (the MAD protocol).
-Both name a run by ``runners.train.config_hash`` of its *resolved* config (``Resolver``): task parameters with
+Both name a run by ``runners.config.config_hash`` of its *resolved* config (``Resolver``): task parameters with
 every default filled in and every ModelConfig field (except vocab_size and max_seq_len, which the task fixes), so
 writing a default out or leaving it implicit names the same run, and a later change of a default does not reuse
 old records.
@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mixlab.runners.train import RunConfig, TrainConfig, resolve
+from mixlab.runners.config import RunConfig, TrainConfig, resolve
 from mixlab.tasks.fields import NonNegativeInt, PositiveInt, check, from_mapping
 
 # ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.

@@ -38,8 +38,8 @@ from typing import Any, Literal
 
 import yaml
 from mixlab import models, tasks
+from mixlab.runners.config import TrainConfig, config_hash
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.runners.train import TrainConfig, config_hash
 from mixlab.tasks.fields import check, check_mapping, field_types, from_yaml
 
 # TrainConfig fields the seeds set.

@@ -18,8 +18,9 @@ import dataclasses
 import time
 
 import torch
+from mixlab.runners.config import RunConfig
 from mixlab.runners.sweep_spec import load_spec
-from mixlab.runners.train import RunConfig, train_run
+from mixlab.runners.train import train_run
 from torch.profiler import ProfilerActivity, profile
 
 

@@ -4,7 +4,8 @@ import torch
 from matplotlib.figure import Figure
 from mixlab import models
 from mixlab.analysis import representations as rep
-from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.runners.config import RunConfig, TrainConfig
+from mixlab.runners.train import train_run
 
 VOCAB = 20
 

@@ -7,7 +7,9 @@ from mixlab import models
 from mixlab.models import checkpoint
 from mixlab.runners import train as train_module
 from mixlab.runners.cli import main
-from mixlab.runners.train import RunConfig, TrainConfig, evaluate, train_run
+from mixlab.runners.config import RunConfig, TrainConfig, resolve
+from mixlab.runners.evaluation import evaluate
+from mixlab.runners.train import train_run
 from torch import nn
 
 BASE = {"vocab_size": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "mlp_hidden": 24, "max_seq_len": 24}
@@ -137,7 +139,7 @@ def test_train_run_saves_the_weights_of_the_reported_evaluation(tmp_path, monkey
     # Scripted perplexities make the evaluation after step 2 the reported one, whatever the real losses, so
     # the weights after step 4 (the last) must not be what is saved. Other metrics are the real evaluation's.
     scripted = iter([3.0, 1.0, 2.0, 4.0])
-    real = train_module.evaluate
+    real = evaluate
 
     def evaluate_with_scripted_ppl(*args, **kwargs):
         return {**real(*args, **kwargs), "test_ppl": next(scripted)}
@@ -149,7 +151,7 @@ def test_train_run_saves_the_weights_of_the_reported_evaluation(tmp_path, monkey
     assert record["checkpoint"] == "r.pt"
     assert json.loads((tmp_path / "r.json").read_text())["checkpoint"] == "r.pt"
     model = models.load(tmp_path / "r.pt")
-    task, _ = train_module.resolve(config)
+    task, _ = resolve(config)
     test_data = task.generate(16, seed=0, split="test")
     again = evaluate(model, test_data, 256, torch.device("cpu"), False, task)
     for key in ("test_loss", "acc_micro", "acc_macro"):

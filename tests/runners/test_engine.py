@@ -6,8 +6,9 @@ import pytest
 import torch
 from mixlab import models
 from mixlab.runners.bench_train import bench_train
+from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
-from mixlab.runners.train import RunConfig, TrainConfig, config_hash, train_run
+from mixlab.runners.train import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
@@ -104,18 +105,18 @@ def test_early_stopped_run_drops_out_and_is_written_first(tmp_path, monkeypatch)
     configs = [tiny(lr=1e-2, eval_every=2), tiny(lr=1e-2, init_seed=1, eval_every=2, early_stop_acc=1e-6),
                tiny(lr=5e-3, init_seed=2, eval_every=2)]
     stack_sizes, writes = [], []
-    step, write = engine._Stack._step, engine.write_json_atomic
+    step, write = engine._Stack._step, engine.write_record
 
     def spy_step(self, *args, **kwargs):
         stack_sizes.append(len(self))
         step(self, *args, **kwargs)
 
-    def spy_write(path, record):
-        writes.append((path.name, len(list(tmp_path.glob("*.json")))))
-        write(path, record)
+    def spy_write(out_dir, record):
+        writes.append((f"{record['name']}.json", len(list(tmp_path.glob("*.json")))))
+        write(out_dir, record)
 
     monkeypatch.setattr(engine._Stack, "_step", spy_step)
-    monkeypatch.setattr(engine, "write_json_atomic", spy_write)
+    monkeypatch.setattr(engine, "write_record", spy_write)
     names = ["a", "early", "c"]
     batched = train_runs_batched(configs, out_dir=tmp_path, run_names=names, progress=False)
     alone = [train_run(c, progress=False, run_name=n) for c, n in zip(configs, names)]

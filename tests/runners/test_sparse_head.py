@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mixlab import tasks
+from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.metrics import batch_counts, scored_positions, sparse_width
-from mixlab.runners.train import RunConfig, TrainConfig, train_run
+from mixlab.runners.train import train_run
 from mixlab.tasks import IGNORE
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")

@@ -8,11 +8,11 @@ import pytest
 import typer
 from mixlab.runners import sweep_jobs
 from mixlab.runners.cli_sweep import register
+from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import Job, job_key, plan_jobs, run_job
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.sweep_spec import SweepSpec
-from mixlab.runners.train import RunConfig, TrainConfig, config_hash
 from typer.testing import CliRunner
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.

@@ -4,8 +4,10 @@ import math
 import pytest
 import torch
 from mixlab import models
+from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.metrics import batch_counts, macro_accuracy
-from mixlab.runners.train import RunConfig, TrainConfig, config_hash, lr_at, train_run
+from mixlab.runners.schedule import lr_at
+from mixlab.runners.train import train_run
 from mixlab.tasks import TASKS
 
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_hidden": 32}

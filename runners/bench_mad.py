@@ -1,0 +1,219 @@
+"""``mixlab bench mad``: the MAD protocol's training throughput shape by shape, and what the whole protocol would
+cost on this device.
+
+The runs of a MAD profile (``runners.mad.mad_plan``) are grouped into jobs exactly as a sweep groups them
+(``runners.sweep_jobs.plan_jobs``). What one optimizer step costs depends only on its *step shape*: the resolved
+model (vocabulary, row length), the batch, the precision and how many runs share the stack; settings that differ
+only in training-set size or in values (noisy recall's ``frac_noise``) share a step shape. For each step shape the
+benchmark takes its largest job, trains it for ``steps`` steps after a short warm-up call (which takes CUDA
+context, compilation and graph capture out of the timing), and trains the job's first run alone in the plain loop
+(``train_run``) for the same steps. The correctness gate compares that run's test loss alone and in the stack
+(``bench_train``'s gate).
+
+Per step shape the table gives the stacked and the one-at-a-time train tokens/s (tokens of pure step time, as
+the records' ``train_time_s`` measure it) and the GPU-minutes the protocol's runs of that shape would take at
+each rate before early stops (every run its full ``epochs x num_train`` rows). The totals weight each shape by
+its tokens: the protocol's mean rate is its total tokens over its total time. The FLOP floor counts 6 FLOP per
+matmul weight and token (forward and backward) plus causal attention's ``6 d (T + 1)`` per attention layer and
+token, over the bf16 matmul rate measured at the start (CUDA only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+
+import torch
+from mixlab import models
+from mixlab.models.mixers.attention import Attention
+from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
+from mixlab.runners.bench_utils import median_time_ms
+from mixlab.runners.config import RunConfig, resolve
+from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.mad import get_profile, mad_plan
+from mixlab.runners.precision import pick_device, uses_bf16
+from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
+from mixlab.runners.train import train_run
+from torch import nn
+from tqdm.auto import tqdm
+
+# Test rows of the timed runs' one evaluation: it is not timed, so it only needs to exist.
+BENCH_TEST_ROWS = 256
+# Side of the bf16 matmul whose rate is the FLOP floor's ceiling.
+MATMUL_SIDE = 8192
+
+
+@dataclasses.dataclass
+class StepShape:
+    """The jobs of a profile whose steps cost the same, and what timing one of them measured."""
+
+    task: str
+    vocab_size: int
+    seq_len: int
+    jobs: list[Job]
+    settings: set[str] = dataclasses.field(default_factory=set)
+    tokens: int = 0  # the protocol's training tokens over every run of these jobs, before early stops
+    flop_per_token: float = 0.0
+    stacked: float | None = None  # tokens/s
+    alone: float | None = None
+    gate: str = ""
+
+
+def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
+    """Training FLOP of one token (forward and backward): 6 per matmul weight, plus causal attention's score and
+    value products, 2 d (T + 1) on average forward, three times that with the backward."""
+    with torch.random.fork_rng(devices=[]):
+        model = models.build_model(model_config)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    attention_layers = sum(isinstance(m, Attention) for m in model.modules())
+    return 6.0 * weights + attention_layers * 6.0 * model_config.d_model * (seq_len + 1)
+
+
+def matmul_tflops(device: torch.device) -> float | None:
+    """Measured bf16 matmul rate of the device in TFLOP/s (the floor's ceiling); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(MATMUL_SIDE, MATMUL_SIDE, device=device, dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    ms = median_time_ms(lambda: a @ b, repeats=200, device=device)
+    return 2 * MATMUL_SIDE**3 / (ms * 1e-3) / 1e12
+
+
+def step_shapes(jobs: Sequence[Job]) -> list[StepShape]:
+    """Jobs grouped by what a step costs: resolved model config, input length, batch, precision and stack size."""
+    shapes: dict[tuple, StepShape] = {}
+    for job in jobs:
+        config = RunConfig.from_dict(job.runs[0][1])
+        task, model_config = resolve(config)
+        seq_len = task.generate(1, seed=0).inputs.shape[1]
+        tc = config.train
+        key = (model_config, seq_len, tc.batch_size, tc.precision, tc.device, len(job))
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = StepShape(task=config.task, vocab_size=model_config.vocab_size, seq_len=seq_len,
+                                            jobs=[], flop_per_token=flop_per_token(model_config, seq_len))
+        shape.jobs.append(job)
+        for _, run in job.runs:
+            shape.tokens += run["train"]["epochs"] * run["train"]["num_train"] * seq_len
+    return sorted(shapes.values(), key=lambda s: (s.task, s.vocab_size, s.seq_len, -len(s.jobs[0])))
+
+
+def _timing_configs(job: Job, steps: int) -> list[RunConfig]:
+    """The job's runs cut to ``steps`` steps with one evaluation at the end, no early stop; enough training rows
+    for those steps (a step's cost does not depend on how many rows it samples from)."""
+    out = []
+    for _, data in job.runs:
+        config = RunConfig.from_dict(data)
+        tc = config.train
+        train = dataclasses.replace(tc, epochs=None, steps=steps, early_stop_acc=None, eval_every=0,
+                                    num_train=min(tc.num_train, steps * tc.batch_size),
+                                    num_test=min(tc.num_test, BENCH_TEST_ROWS))
+        out.append(dataclasses.replace(config, train=train))
+    return out
+
+
+def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alone: bool) -> None:
+    """Time the shape's largest job stacked, and its first run alone; fill in the rates and the gate."""
+    configs = _timing_configs(max(shape.jobs, key=len), steps)
+    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
+            for c in configs]
+    options = {"compile": compile, "cuda_graph": cuda_graph}
+    train_runs_batched(warm, progress=False, **options)
+    stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, **options))
+    tokens = len(configs) * steps * configs[0].train.batch_size * shape.seq_len
+    shape.stacked = tokens / sum(r["train_time_s"] for r in stacked)
+    if not alone:
+        return
+    train_run(warm[0], progress=False)
+    solo = train_run(configs[0], progress=False)
+    shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
+    device = pick_device(configs[0].train.device)
+    bf16 = uses_bf16(configs[0].train.precision, device)
+    shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
+
+
+def _minutes(tokens: float, rate: float | None) -> float | None:
+    return None if not rate else tokens / rate / 60
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str = "auto", seeds: int = 3,
+              steps: int = 30, tasks: Sequence[str] | None = None, max_stack: int = DEFAULT_MAX_STACK,
+              compile: bool = False, cuda_graph: bool = False, alone: bool = True, progress: bool = True) -> str:
+    """Markdown report: device and versions, one row per step shape of the profile (``tasks``: only those MAD
+    tasks), then the protocol's totals per seed. Raises ValueError on a bad model, profile, task or count."""
+    for name, value in (("steps", steps), ("seeds", seeds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    plan = mad_plan(model, profile, seeds=seeds, device=device)
+    runs = plan.runs
+    if tasks:
+        known = sorted({r.meta["task"] for r in runs})
+        unknown = [t for t in tasks if t not in known]
+        if unknown:
+            raise ValueError(f"unknown MAD task {unknown[0]!r}; choose from {', '.join(known)}")
+        runs = [r for r in runs if r.meta["task"] in tasks]
+    shapes = step_shapes(plan_jobs(runs, max_stack=max_stack))
+    setting_of = {r.hash: r.meta["setting"] for r in runs}
+    for shape in shapes:
+        shape.settings = {setting_of[h] for job in shape.jobs for h in job.hashes}
+
+    dev = pick_device(device)
+    peak = matmul_tflops(dev)
+    for shape in tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not progress):
+        _measure(shape, steps, compile, cuda_graph, alone)
+
+    total_tokens = sum(s.tokens for s in shapes)
+    stacked_min = sum(_minutes(s.tokens, s.stacked) for s in shapes)
+    alone_min = sum(_minutes(s.tokens, s.alone) for s in shapes) if alone else None
+    floor_min = (sum(s.tokens * s.flop_per_token for s in shapes) / (peak * 1e12) / 60) if peak else None
+    first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
+    _, model_config = resolve(first)
+    bf16 = uses_bf16(first.train.precision, dev)
+    info, versions = device_info(dev), package_versions()
+    prof = get_profile(profile)
+    mode = "compiled + CUDA graph" if compile and cuda_graph else "compiled" if compile else \
+        "CUDA graph" if cuda_graph else "eager"
+    lines = [
+        f"# MAD protocol throughput: model {model}, profile {profile}, {seeds} seed(s), stacks {mode}",
+        "",
+        f"{datetime.date.today().isoformat()}, device: {info['name']} ({dev.type}), torch {versions['torch']}, "
+        f"CUDA {torch.version.cuda or 'none'}, triton {versions['triton']}, python {versions['python']}, "
+        f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}"
+        + (f", bf16 matmul {peak:.0f} TFLOP/s measured" if peak else ""),
+        f"bench_mad(model={model!r}, profile={profile!r}, device={device!r}, seeds={seeds}, steps={steps}, "
+        f"tasks={list(tasks) if tasks else None}, max_stack={max_stack}, compile={compile}, "
+        f"cuda_graph={cuda_graph}, alone={alone})",
+        prof.describe(),
+        f"{len(runs)} runs in {sum(len(s.jobs) for s in shapes)} jobs of {len(shapes)} step shapes; each shape's "
+        f"largest job timed for {steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops.",
+        "",
+        "| task | settings | V | T | runs/stack | jobs | stacked tok/s | alone tok/s | speed-up | protocol Mtok "
+        "| min stacked | min alone | min floor | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in shapes:
+        speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
+        floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
+        lines.append(
+            f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
+            f"{len(s.jobs)} | {s.stacked:,.0f} | {_fmt(s.alone, ',.0f')} | {speedup} | {s.tokens / 1e6:,.1f} | "
+            f"{_minutes(s.tokens, s.stacked):.2f} | {_fmt(_minutes(s.tokens, s.alone), '.2f')} | "
+            f"{_fmt(floor, '.2f')} | {s.gate or '-'} |")
+    slowest = min(shapes, key=lambda s: s.stacked)
+    lines += [
+        "",
+        f"Protocol ({seeds} seed(s), {total_tokens / 1e9:.2f}G training tokens): token-weighted mean "
+        f"{total_tokens / (stacked_min * 60):,.0f} tokens/s stacked; slowest shape {slowest.stacked:,.0f} tokens/s "
+        f"({slowest.task}, T={slowest.seq_len}, V={slowest.vocab_size}).",
+        f"Estimated device-minutes per seed before early stops: stacked {stacked_min / seeds:.1f}, one run at a "
+        f"time {_fmt(alone_min and alone_min / seeds, '.1f')}, "
+        f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}.",
+    ]
+    return "\n".join(lines) + "\n"

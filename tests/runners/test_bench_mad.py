@@ -1,0 +1,71 @@
+"""``mixlab bench mad``: step shapes group the profile's jobs as the sweep makes them, the token and FLOP counts
+are those of the protocol, and the report's rows and totals come from the timed runs."""
+
+import re
+
+import pytest
+from mixlab.models import ModelConfig, preset_config
+from mixlab.runners.bench_mad import bench_mad, flop_per_token, step_shapes
+from mixlab.runners.cli import main
+from mixlab.runners.mad import mad_plan
+from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.tasks import get_task
+
+
+def test_step_shapes_cover_every_run_once_with_the_protocols_tokens():
+    plan = mad_plan("transformer", "paper", seeds=1, device="cpu")
+    runs = [r for r in plan.runs if r.meta["task"] in ("mad/in_context_recall", "mad/noisy_recall")]
+    shapes = step_shapes(plan_jobs(runs))
+    hashes = [h for s in shapes for job in s.jobs for h in job.hashes]
+    assert sorted(hashes) == sorted(r.hash for r in runs)
+    # one step shape per (vocabulary, length, stack size): the train-size and frac_noise variations share their
+    # baseline's (V, T); noisy recall's baseline shares in-context recall's V=32 shape
+    recall = {(v, 127) for v in (16, 32, 64, 128)} | {(16, t) for t in (255, 511, 1023)}
+    noisy = {(v, 127) for v in (32, 48, 80, 144)} | {(32, t) for t in (255, 511, 1023)}
+    assert {(s.vocab_size, s.seq_len) for s in shapes} == recall | noisy
+    assert len({(s.vocab_size, s.seq_len, len(s.jobs[0])) for s in shapes}) == len(shapes)
+    tokens = sum(r.config.train.epochs * r.config.train.num_train
+                 * get_task(r.config.task, **r.config.task_params).generate(1, seed=0).inputs.shape[1] for r in runs)
+    assert sum(s.tokens for s in shapes) == tokens
+    baseline = next(s for s in shapes if s.task == "mad/in_context_recall" and s.vocab_size == 16 and s.seq_len == 127)
+    assert {"baseline", "num_train=800"} <= {*(r.meta["setting"] for r in runs if r.hash in
+                                               {h for job in baseline.jobs for h in job.hashes})}
+
+
+def test_flop_per_token_counts_matmul_weights_and_causal_attention():
+    config = preset_config("transformer", vocab_size=16, max_seq_len=128)
+    d, hidden, layers = config.d_model, config.mlp_hidden, config.n_layers
+    # per block: q, k, v, o projections (4 d^2) and SwiGLU (3 d hidden); the untied head d x V
+    weights = layers * (4 * d * d + 3 * d * hidden) + d * 16
+    assert flop_per_token(config, 127) == 6 * weights + layers * 6 * d * 128
+    none = ModelConfig(vocab_size=16, max_seq_len=128, mixer="none")
+    assert flop_per_token(none, 127) == 6 * (none.n_layers * 3 * none.d_model * none.mlp_hidden + none.d_model * 16)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_report_rows_and_totals_come_from_the_timed_runs():
+    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2,
+                     tasks=["mad/memorization", "mad/compression"], progress=False)
+    rows = [line for line in text.splitlines() if line.startswith("| mad/")]
+    assert [r.split(" | ")[0] for r in rows] == ["| mad/compression", "| mad/memorization"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        stacked, alone = (float(cells[i].replace(",", "")) for i in (6, 7))
+        assert stacked > 0 and alone > 0
+        assert cells[-1] == "bitwise"  # eager fp32 on the CPU: the stacked run equals the run alone
+    mean = float(re.search(r"token-weighted mean ([\d,]+) tokens/s", text).group(1).replace(",", ""))
+    rates = [float(r.split("|")[7].strip().replace(",", "")) for r in rows]
+    assert min(rates) <= mean <= max(rates)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ("bench mad --profile smoke --tasks mad/nope --device cpu", "unknown MAD task 'mad/nope'"),
+    ("bench mad --profile huge --device cpu", "unknown profile 'huge'"),
+    ("bench mad --profile smoke --steps 0 --device cpu", "steps must be a positive integer"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv.split())
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
