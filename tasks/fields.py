@@ -7,6 +7,7 @@ Annotations understood by ``check`` and ``parse``:
 - ``int``: an integer; a bool is not one; numpy integers are accepted and become ``int``.
 - ``float``: a number (ints accepted); becomes ``float`` (unless ``keep_ints``: an int then stays an int).
 - ``str``, ``bool`` (only True or False), ``X | None``, ``tuple[X, ...]`` (a tuple or list; becomes a tuple).
+- ``dict[K, V]``: a dict (its items are not checked; ``check`` only).
 - ``Literal[...]``: one of the choices; ``Literal[CHOICES]`` with a tuple of choices reads the same.
 - ``PositiveInt``, ``NonNegativeInt``, ``PositiveFloat``, ``NonNegativeFloat``: ``int`` / ``float`` with a bound.
 - any other class: an instance of it (``check`` only).
@@ -75,6 +76,8 @@ def check(name: str, value: Any, annotation: Any, *, where: str | None = None, k
         ok = not isinstance(value, bool) and isinstance(value, int | np.integer)
     elif base is float:
         ok = not isinstance(value, bool) and isinstance(value, int | float | np.integer | np.floating)
+    elif origin is dict:
+        ok = isinstance(value, dict)
     elif isinstance(base, type) and origin is None:
         ok = isinstance(value, base)
     else:

@@ -126,6 +126,13 @@ def test_strings_bools_and_classes():
         check("config", 1, Checked)
 
 
+def test_dicts_are_checked_as_dicts_only():
+    fields = {"d_model": "not checked"}
+    assert check("model", fields, dict[str, int]) is fields
+    with raises("model must be a dict, got \\[1\\]"):
+        check("model", [1], dict[str, int])
+
+
 def test_unsupported_annotation_is_a_programming_error():
     with pytest.raises(TypeError, match="unsupported"):
         check("x", 1, int | str)
