@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
+from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 
@@ -34,8 +35,7 @@ def query_multiplicity(data: TaskData, window: int) -> torch.Tensor:
     """m [N, T] (int64): at each scored query separator of ``mqar_varlen`` data, how many context pairs of its row
     (its own included) look like its pair through a width-``window`` key conv at the value (module docstring);
     0 at every other position. W = 1 (no conv) is given the separator as well, which only lowers m."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+    window = check("window", window, PositiveInt)
     inputs, targets, roles = (t.numpy() for t in (data.inputs, data.targets, data.roles))
     visible = max(window - 2, 0)  # key tokens in the window beside the value and the separator
     m = np.zeros(inputs.shape, dtype=np.int64)

@@ -33,11 +33,13 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from mixlab import kernels, models
 from mixlab.models.config import QKV_CONVS
+from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 MixerFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -62,11 +64,9 @@ def random_layout(rng: np.random.Generator, rows: int, seq_len: int,
     ``rng`` until the row is full; the last document of a row takes the remainder. One-token documents and
     documents shorter than a conv's width are common.
     """
-    for name, value in (("rows", rows), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    max_doc_len = max(1, seq_len // 4) if max_doc_len is None else max_doc_len
-    if isinstance(max_doc_len, bool) or not isinstance(max_doc_len, int) or not 1 <= max_doc_len <= seq_len:
+    rows, seq_len = check("rows", rows, PositiveInt), check("seq_len", seq_len, PositiveInt)
+    max_doc_len = max(1, seq_len // 4) if max_doc_len is None else check("max_doc_len", max_doc_len, PositiveInt)
+    if max_doc_len > seq_len:
         raise ValueError(f"max_doc_len must be an integer in [1, seq_len={seq_len}], got {max_doc_len!r}")
     offsets = [0]
     for row in range(rows):
@@ -317,8 +317,7 @@ def probe_function(f: MixerFn, x: torch.Tensor, cu_seqlens: torch.Tensor, *, nam
     if x.dim() != 3:
         raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
     kernels.utils.validate_cu_seqlens(cu_seqlens, x.shape[0], x.shape[1])
-    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes < 1:
-        raise ValueError(f"n_probes must be a positive integer, got {n_probes!r}")
+    n_probes = check("n_probes", n_probes, PositiveInt)
     cu_seqlens = cu_seqlens.to(x.device)
     gradient, method = gradient_probe(f, x, cu_seqlens, generator=generator)
     return LeakageReport(
@@ -421,17 +420,12 @@ def resolve_names(mixer: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
-
-
 def pick_device(device: str | torch.device) -> torch.device:
     try:
         device = torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}") from exc
-    _check_choice("device", device.type, DEVICES)
+    check("device", device.type, Literal[DEVICES])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     return device
@@ -442,7 +436,7 @@ def use_backend(module: nn.Module, backend: str) -> None:
     in ``kernel_op``, ``models.layers.Mixer``): None for "auto", "torch", or for "triton" "triton" where the op
     has a Triton kernel and "torch" where it has none yet (not in ``kernels.utils.TRITON_OPS``), the fallback
     ``resolve_backend`` applies under auto."""
-    _check_choice("backend", backend, BACKENDS)
+    check("backend", backend, Literal[BACKENDS])
     for sub in module.modules():
         op = getattr(sub, "kernel_op", None)
         if op is None:
@@ -458,7 +452,7 @@ def build_probe_module(name: str, *, level: str = "mixer", backend: str = "auto"
     """The mixer ``name`` (level "mixer") or a 2-block LM around it (level "model"), width ``d_model`` (a
     multiple of 8: 4 attention heads of even size), initialised from ``seed`` without touching the caller's
     global RNG; on the CPU, in eval mode."""
-    _check_choice("level", level, LEVELS)
+    check("level", level, Literal[LEVELS])
     mixer, qkv = parse_mixer_name(name)
     config = models.ModelConfig(vocab_size=VOCAB_SIZE, d_model=d_model, n_layers=2, mixer=mixer, n_heads=4,
                                 mlp_hidden=2 * d_model, max_seq_len=seq_len, qkv_conv=qkv)
@@ -484,14 +478,14 @@ class _Setup:
 
 def _setup(mixer: str | nn.Module, *, level: str, backend: str, device: str | torch.device, rows: int,
            seq_len: int, d_model: int, max_doc_len: int | None, seed: int) -> _Setup:
-    _check_choice("level", level, LEVELS)
+    check("level", level, Literal[LEVELS])
     device = pick_device(device)
     if isinstance(mixer, str):
         name = mixer
         module = build_probe_module(mixer, level=level, backend=backend, d_model=d_model, seq_len=seq_len,
                                     seed=seed)
     elif isinstance(mixer, nn.Module):
-        _check_choice("backend", backend, BACKENDS)
+        check("backend", backend, Literal[BACKENDS])
         name, module = type(mixer).__name__, mixer.eval()
     else:
         raise ValueError(f"mixer must be a name or an nn.Module, got {type(mixer).__name__}")

@@ -37,6 +37,7 @@ import torch
 from matplotlib.figure import Figure
 from mixlab import models, tasks
 from mixlab.models.checkpoint import metadata as checkpoint_metadata
+from mixlab.tasks.fields import PositiveInt, check
 from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
@@ -141,8 +142,7 @@ def collect_states(model: nn.Module, input_ids: torch.Tensor, rows: torch.Tensor
     (module docstring), running ``model`` (in eval mode, on its device) on the rows that hold them."""
     if len(rows) != len(positions):
         raise ValueError(f"rows and positions differ in length: {len(rows)} != {len(positions)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = check("batch_size", batch_size, PositiveInt)
     points = _layer_points(model)
     device = next(model.parameters()).device
     was_training = model.training

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from mixlab.kernels.utils import BACKENDS
 from mixlab.models.mixers import MIXERS, mixer_class
+from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass, from_mapping
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
@@ -47,41 +48,29 @@ class ModelConfig:
         kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
     """
 
-    vocab_size: int
-    d_model: int = 128
-    n_layers: int = 2
+    vocab_size: PositiveInt
+    d_model: PositiveInt = 128
+    n_layers: PositiveInt = 2
     mixer: str = "attention"
-    n_heads: int = 16
-    mlp_hidden: int | None = 352
-    max_seq_len: int = 2048
-    qkv_conv: str = "none"
-    conv_width: int = 4
-    conv_rank: int = 16
-    conv_head_size: int = 8
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-    objective: str = "lm"
-    kernel_backend: str | None = None
+    n_heads: PositiveInt = 16
+    mlp_hidden: NonNegativeInt | None = 352
+    max_seq_len: PositiveInt = 2048
+    qkv_conv: Literal[QKV_CONVS] = "none"
+    conv_width: PositiveInt = 4
+    conv_rank: PositiveInt = 16
+    conv_head_size: PositiveInt = 8
+    rope_base: PositiveFloat = 10000.0
+    norm_eps: PositiveFloat = 1e-5
+    init_std: PositiveFloat = 0.02
+    objective: Literal[OBJECTIVES] = "lm"
+    kernel_backend: Literal[KERNEL_BACKENDS] = None
 
     def __post_init__(self) -> None:
-        for name, minimum in [("vocab_size", 1), ("d_model", 1), ("n_layers", 1), ("n_heads", 1),
-                              ("max_seq_len", 1), ("conv_width", 1), ("conv_rank", 1), ("conv_head_size", 1)]:
-            _check_int(name, getattr(self, name), minimum)
-        if self.mlp_hidden is not None:
-            _check_int("mlp_hidden", self.mlp_hidden, 0)
-        for name in ("rope_base", "norm_eps", "init_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"ModelConfig.{name} must be a positive number, got {value!r}")
-            object.__setattr__(self, name, float(value))
+        check_dataclass(self)
         try:
             mixer = mixer_class(self.mixer)
         except ValueError as exc:
             raise ValueError(f"ModelConfig.mixer: {exc}") from exc
-        _check_choice("qkv_conv", self.qkv_conv, QKV_CONVS)
-        _check_choice("objective", self.objective, OBJECTIVES)
-        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         if self.qkv_conv != "none" and not mixer.takes_qkv_conv:
             takers = " or ".join(f"mixer={name!r}" for name, cls in MIXERS.items() if cls.takes_qkv_conv)
             raise ValueError(f"ModelConfig.qkv_conv={self.qkv_conv!r} needs {takers}, got mixer={self.mixer!r}")
@@ -94,17 +83,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
         """Inverse of `to_dict`; unknown or missing keys raise ValueError naming them."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"ModelConfig.from_dict needs a mapping, got {type(data).__name__}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise ValueError(f"ModelConfig: unknown keys {unknown}")
-        missing = sorted(name for name, f in fields.items()
-                         if f.default is dataclasses.MISSING and name not in data)
-        if missing:
-            raise ValueError(f"ModelConfig: missing keys {missing}")
-        return cls(**data)
+        return from_mapping(cls, data)
 
 
 # The MAD reference models of the dynamic-conv paper (SPEC 3.3): fields over the ModelConfig defaults.
@@ -122,12 +101,3 @@ def preset_config(name: str, **fields: Any) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     return ModelConfig.from_dict({**PRESETS[name], **fields})
 
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"ModelConfig.{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"ModelConfig.{name}: unknown value {value!r}; choose from {list(choices)}")

@@ -36,6 +36,7 @@ from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.train import train_run
+from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -148,9 +149,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
               compile: bool = False, cuda_graph: bool = False, alone: bool = True, progress: bool = True) -> str:
     """Markdown report: device and versions, one row per step shape of the profile (``tasks``: only those MAD
     tasks), then the protocol's totals per seed. Raises ValueError on a bad model, profile, task or count."""
-    for name, value in (("steps", steps), ("seeds", seeds)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    steps, seeds = check("steps", steps, PositiveInt), check("seeds", seeds, PositiveInt)
     plan = mad_plan(model, profile, seeds=seeds, device=device)
     runs = plan.runs
     if tasks:

@@ -15,6 +15,7 @@ gate); the leaky row's error is its leak. The GPU name and versions go on top.
 import datetime
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
 from mixlab.runners.bench_utils import median_time_ms, rel_rms
+from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with
@@ -88,11 +90,9 @@ def bench_rubiconv(
     per measurement. ``blocks``: extra block sizes k for the gemm and triton rows. ``device``: default CUDA
     when available (a CPU run needs TRITON_INTERPRET=1 for the triton rows and tiny sizes).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check("dtype", dtype, Literal[tuple(DTYPES)])
     for name, value in (("n_tokens", n_tokens), ("d", d), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check(name, value, PositiveInt)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = DTYPES[dtype]
     cu = lognormal_layout(n_tokens, seed, dev)

@@ -19,6 +19,7 @@ The low-rank floor counts the [B, T, W, D] weights as never written: the kernels
 import dataclasses
 import datetime
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from mixlab import kernels
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_utils import median_time_ms, rel_rms
+from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative RMS error the correctness gate allows, per activation dtype (the kernel tests' bounds).
@@ -172,12 +174,10 @@ def bench_shortconv(
     ``repeats``: do_bench's rep, milliseconds of timed runs per measurement. ``device``: default CUDA when
     available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if len(shape) != 4 or any(not isinstance(v, int) or v < 1 for v in shape):
+    check("dtype", dtype, Literal[tuple(DTYPES)])
+    if len(check("shape", shape, tuple[PositiveInt, ...])) != 4:
         raise ValueError(f"shape must be four positive integers B,T,D,W, got {shape!r}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    check("repeats", repeats, PositiveInt)
     B, T, D, W = shape
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = DTYPES[dtype]

@@ -31,6 +31,7 @@ from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.train import train_run
+from mixlab.tasks.fields import PositiveInt, check
 
 # The MAD protocol's grid (SPEC 3.3): lr x weight decay.
 MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]
@@ -58,8 +59,7 @@ def kernel_backend_label(model_config: models.ModelConfig) -> str:
 def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
                   task_params: dict[str, Any] | None = None, **train: Any) -> list[RunConfig]:
     """The benchmark's runs: the MAD grid in turn, then the next seed (init and data)."""
-    if isinstance(n_runs, bool) or not isinstance(n_runs, int) or n_runs < 1:
-        raise ValueError(f"n_runs must be a positive integer, got {n_runs!r}")
+    n_runs = check("n_runs", n_runs, PositiveInt)
     out = []
     for i in range(n_runs):
         lr, wd = MAD_GRID[i % len(MAD_GRID)]
@@ -102,11 +102,10 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     trained by train_run) and one for the ``n_runs`` runs batched (eager; plus compiled and/or CUDA-graphed
     rows when asked). ``train`` sets other TrainConfig fields (batch_size, num_train, precision, ...);
     ``epochs`` is the full run's length that runs/hour refers to."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if not 1 <= solo_runs <= n_runs:
+    steps = check("steps", steps, PositiveInt)
+    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)  # checks n_runs
+    if check("solo_runs", solo_runs, PositiveInt) > n_runs:
         raise ValueError(f"solo_runs must be in [1, n_runs={n_runs}], got {solo_runs}")
-    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)
     warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
             for c in configs]
     dev = pick_device(configs[0].train.device)

@@ -44,6 +44,7 @@ from mixlab.models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, 
 from mixlab.models.mixers.external import error_line as _error
 from mixlab.runners.bench_utils import median_time_ms
 from mixlab.runners.precision import bf16_autocast, uses_bf16
+from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 ROWS, SEQ_LEN = 4, 64  # inputs of the checks: [ROWS, SEQ_LEN, d_model]
@@ -379,11 +380,11 @@ def check_mixer(name: str, *, device: str | torch.device = "cpu", d_model: int =
     the mixer's own code does wrong is reported as failed checks, never raised.
     """
     dev = leakage.pick_device(device)
-    for what, value in (("d_model", d_model), *((("benchmark D", bench_shape[2]),) if bench_shape else ())):
-        if isinstance(value, bool) or not isinstance(value, int) or value < HEAD_DIM or value % HEAD_DIM:
-            raise ValueError(f"{what} must be a positive multiple of {HEAD_DIM}, got {value!r}")
-    if bench_shape is not None and (len(bench_shape) != 3 or min(bench_shape) < 1):
+    if bench_shape is not None and len(check("bench_shape", bench_shape, tuple[PositiveInt, ...])) != 3:
         raise ValueError(f"benchmark shape must be three positive integers B, T, D, got {bench_shape!r}")
+    for what, value in (("d_model", d_model), *((("benchmark D", bench_shape[2]),) if bench_shape else ())):
+        if check(what, value, PositiveInt) % HEAD_DIM:
+            raise ValueError(f"{what} must be a positive multiple of {HEAD_DIM}, got {value!r}")
     factory = models.resolve_mixer(name)  # unknown names, broken imports: bad input (raise), not a check
     origin = factory.origin if isinstance(factory, ExternalFactory) else BUILT_IN
     report = dict(name=name, origin=origin, device=str(dev), d_model=d_model)

@@ -6,17 +6,16 @@ Every library error that comes from bad input is a ``ValueError`` with a one-lin
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-import typing
 
 import typer
 from mixlab import models, tasks
 from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
 from mixlab.runners.config import RunConfig, TrainConfig
+from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS
 from mixlab.runners.train import train_run
-from mixlab.tasks.base import parse_value
+from mixlab.tasks import fields
 from mixlab.tasks.show import render_example
 
 app = typer.Typer(
@@ -103,10 +102,10 @@ def split_run_assignments(task_name: str, assignments: list[str] | None) -> tupl
     if task_name not in tasks.TASKS:
         raise ValueError(f"unknown task {task_name!r}; known tasks: {', '.join(tasks.TASKS)}")
     spaces = {
-        "task": _annotations(tasks.TASKS[task_name].Params),
-        # vocab_size and max_seq_len always come from the task
-        "model": {k: v for k, v in _annotations(models.ModelConfig).items() if k not in ("vocab_size", "max_seq_len")},
-        "train": _annotations(TrainConfig),
+        "task": fields.field_types(tasks.TASKS[task_name].Params),
+        # the task sets vocab_size and max_seq_len
+        "model": {k: v for k, v in fields.field_types(models.ModelConfig).items() if k not in TASK_FIXED_MODEL_FIELDS},
+        "train": fields.field_types(TrainConfig),
     }
     out: dict[str, dict] = {"task": {}, "model": {}, "train": {}}
     for key, text in parse_assignments(assignments).items():
@@ -116,19 +115,14 @@ def split_run_assignments(task_name: str, assignments: list[str] | None) -> tupl
                 raise ValueError(f"unknown parameter {key!r}")
             owners = [space]
         else:
-            owners = [name for name, fields in spaces.items() if field in fields]
+            owners = [name for name, names in spaces.items() if field in names]
             if not owners:
                 raise ValueError(f"unknown parameter {key!r} (not a parameter of task {task_name!r}, "
                                  "a model field or a training field)")
             if len(owners) > 1:
                 raise ValueError(f"parameter {key!r} is ambiguous: write " + " or ".join(f"{o}.{key}" for o in owners))
-        out[owners[0]][field] = parse_value(key, text, spaces[owners[0]][field])
+        out[owners[0]][field] = fields.parse(field, text, spaces[owners[0]][field], where=owners[0])
     return out["task"], out["model"], out["train"]
-
-
-def _annotations(cls) -> dict:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 @app.command("run")

@@ -9,6 +9,7 @@ import torch
 import typer
 from mixlab.runners.check_mixer import check_mixer
 from mixlab.runners.cli_bench import parse_shape
+from mixlab.tasks.fields import PositiveInt, check
 
 
 def check_mixer_command(
@@ -26,8 +27,7 @@ def check_mixer_command(
     """Check that a mixer keeps the contract (shape, dtype, finite outputs, causality, finite gradients,
     determinism, and the five leakage probes when it claims document blindness), then benchmark it."""
     bench_shape = parse_shape(shape, 3, "B,T,D") if shape else None
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+    check("--threads", threads, PositiveInt)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

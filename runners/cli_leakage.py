@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import typer
 from mixlab.analysis import leakage
+from mixlab.tasks.fields import PositiveInt, check
 
 
 def leakage_command(
@@ -31,8 +32,7 @@ def leakage_command(
     """Probe every mixer for leaks across packed documents: one row per mixer with the verdicts of the
     perturbation, NaN and gradient probes, the packing-invariance max difference and the leakage metric."""
     names = leakage.resolve_names(mixer)
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+    check("--threads", threads, PositiveInt)
     settings = {"level": "model" if model else "mixer", "backend": backend, "device": device, "rows": rows,
                 "seq_len": seq_len, "d_model": d_model, "seed": seed}
     previous_threads = torch.get_num_threads()

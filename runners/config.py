@@ -11,9 +11,18 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from mixlab import models, tasks
+from mixlab.tasks.fields import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    check_dataclass,
+    check_mapping,
+    from_mapping,
+)
 
 SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -38,47 +47,34 @@ class TrainConfig:
         eval_batch_size: rows per evaluation batch.
     """
 
-    epochs: int | None = 200
-    steps: int | None = None
-    batch_size: int = 128
-    num_train: int = 12800
-    num_test: int = 1280
-    lr: float = 5e-4
-    min_lr: float = 1e-6
-    weight_decay: float = 0.0
+    epochs: PositiveInt | None = 200
+    steps: PositiveInt | None = None
+    batch_size: PositiveInt = 128
+    num_train: PositiveInt = 12800
+    num_test: PositiveInt = 1280
+    lr: PositiveFloat = 5e-4
+    min_lr: NonNegativeFloat = 1e-6
+    weight_decay: NonNegativeFloat = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
-    schedule: str = "cosine_epoch"
-    warmup_steps: int = 0
-    eval_every: int = 0
+    schedule: Literal[SCHEDULES] = "cosine_epoch"
+    warmup_steps: NonNegativeInt = 0
+    eval_every: NonNegativeInt = 0
     early_stop_acc: float | None = None
-    data_seed: int = 0
-    init_seed: int = 0
-    device: str = "auto"
-    precision: str = "auto"
-    eval_batch_size: int = 256
+    data_seed: NonNegativeInt = 0
+    init_seed: NonNegativeInt = 0
+    device: Literal[DEVICES] = "auto"
+    precision: Literal[PRECISIONS] = "auto"
+    eval_batch_size: PositiveInt = 256
 
     def __post_init__(self) -> None:
+        check_dataclass(self, keep_ints=True)  # an int in a float field stays an int: config_hash sees it
         if (self.epochs is None) == (self.steps is None):
             raise ValueError(f"set exactly one of epochs and steps, got epochs={self.epochs} steps={self.steps}")
-        for name in ("epochs", "steps", "batch_size", "num_train", "num_test", "eval_batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "eval_every", "data_seed", "init_seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.min_lr > self.lr:
+            raise ValueError(f"need min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
         if self.early_stop_acc is not None and not 0 < self.early_stop_acc <= 1:
             raise ValueError(f"early_stop_acc must be in (0, 1], got {self.early_stop_acc}")
-        for name, value, choices in [("schedule", self.schedule, SCHEDULES), ("device", self.device, DEVICES),
-                                     ("precision", self.precision, PRECISIONS)]:
-            if value not in choices:
-                raise ValueError(f"unknown {name} {value!r}; choose from {', '.join(choices)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,16 +97,9 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         """Inverse of ``to_dict``; unknown keys at any level raise ValueError naming them."""
-        unknown = sorted(set(data) - {"task", "task_params", "model", "train"})
-        if unknown:
-            raise ValueError(f"unknown run config keys {unknown}")
-        train = dict(data.get("train", {}))
-        train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-        bad = sorted(set(train) - train_fields)
-        if bad:
-            raise ValueError(f"unknown train config keys {bad}")
-        return cls(task=data["task"], task_params=dict(data.get("task_params", {})),
-                   model=dict(data.get("model", {})), train=TrainConfig(**train))
+        data = check_mapping("RunConfig", data)
+        train = from_mapping(TrainConfig, data.get("train", {}), where="RunConfig.train")
+        return from_mapping(cls, {**data, "train": train})
 
 
 def resolve(config: RunConfig) -> tuple[tasks.Task, models.ModelConfig]:

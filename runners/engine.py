@@ -84,6 +84,7 @@ from mixlab.runners.record import RunLog, TrainClock, write_record
 from mixlab.runners.schedule import StepPlan
 from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
 from mixlab.runners.train import train_run
+from mixlab.tasks.fields import PositiveInt, check
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
@@ -142,9 +143,7 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     names = [None] * len(configs) if run_names is None else list(run_names)
     if len(names) != len(configs):
         raise ValueError(f"run_names has {len(names)} entries for {len(configs)} configs")
-    if max_stack is not None and (isinstance(max_stack, bool) or not isinstance(max_stack, int)
-                                  or max_stack < 1):
-        raise ValueError(f"max_stack must be a positive integer or None, got {max_stack!r}")
+    max_stack = check("max_stack", max_stack, PositiveInt | None)
     groups: dict[tuple, list[int]] = {}
     for i, config in enumerate(configs):
         groups.setdefault(group_key(config), []).append(i)

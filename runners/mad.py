@@ -49,6 +49,7 @@ from typing import Any
 from mixlab import models
 from mixlab.runners.config import config_hash
 from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
+from mixlab.tasks.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 
 LRS = (1e-4, 5e-4, 1e-3)
@@ -76,14 +77,17 @@ class MadProfile:
     name: str
     summary: str
     baselines_only: bool = False
-    lrs: tuple[float, ...] = LRS
-    weight_decays: tuple[float, ...] = WEIGHT_DECAYS
-    max_epochs: int = MAX_EPOCHS
-    max_steps: int | None = None
-    max_train: int | None = None
-    num_test: int = NUM_TEST
+    lrs: tuple[PositiveFloat, ...] = LRS
+    weight_decays: tuple[NonNegativeFloat, ...] = WEIGHT_DECAYS
+    max_epochs: PositiveInt = MAX_EPOCHS
+    max_steps: PositiveInt | None = None
+    max_train: PositiveInt | None = None
+    num_test: PositiveInt = NUM_TEST
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
-    seeds: int = 1
+    seeds: PositiveInt = 1
+
+    def __post_init__(self) -> None:
+        check_dataclass(self, keep_ints=True)  # lrs and weight decays stay as written: run hashes see them
 
     def settings(self) -> list[MadSetting]:
         settings = mad_sweep_settings()

@@ -35,6 +35,7 @@ import torch
 from mixlab.runners.atomic import write_json_atomic
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_jobs import Job, run_job
+from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass
 
 INSTALL_HINT = "pip install 'mixlab[ray]'"
 
@@ -54,18 +55,15 @@ class RayOptions:
     """
 
     address: str | None = None
-    cpus_per_job: int = 1
-    gpus_per_job: float = 1.0
-    max_retries: int = 3
+    cpus_per_job: PositiveInt = 1
+    gpus_per_job: PositiveFloat = 1.0
+    max_retries: NonNegativeInt = 3
 
     def __post_init__(self) -> None:
-        cpus, gpus, retries = self.cpus_per_job, self.gpus_per_job, self.max_retries
-        if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
-            raise ValueError(f"cpus_per_job must be a positive integer, got {cpus!r}")
-        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 < gpus <= 1:
-            raise ValueError(f"gpus_per_job must be in (0, 1] (a job trains on one GPU), got {gpus!r}")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"max_retries must be a non-negative integer, got {retries!r}")
+        check_dataclass(self)
+        if self.gpus_per_job > 1:
+            raise ValueError(f"RayOptions.gpus_per_job must be in (0, 1] (a job trains on one GPU), "
+                             f"got {self.gpus_per_job!r}")
 
 
 def import_ray() -> ModuleType:

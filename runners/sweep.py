@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from mixlab.runners import local_backend, ray_backend
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
+from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
 from tqdm.auto import tqdm
 
 BACKENDS = ("local", "ray")
@@ -52,42 +53,31 @@ class SweepOptions:
         are processes then, also for workers=1; at least one worker per device.
     """
 
-    workers: int = 1
-    limit: int | None = None
-    tasks: Sequence[str] | None = None
-    models: Sequence[str] | None = None
-    stop_after: float | None = None
+    workers: PositiveInt = 1
+    limit: NonNegativeInt | None = None
+    tasks: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
+    stop_after: NonNegativeFloat | None = None
     progress: bool = True
     batch: bool = True
-    max_stack: int = DEFAULT_MAX_STACK
+    max_stack: PositiveInt = DEFAULT_MAX_STACK
     compile: bool = False
     cuda_graph: bool = False
-    backend: str = "local"
+    backend: Literal[BACKENDS] = "local"
     ray: ray_backend.RayOptions | None = None
-    cuda_devices: Sequence[int] | None = None
+    cuda_devices: tuple[NonNegativeInt, ...] | None = None
 
     def __post_init__(self) -> None:
-        workers, limit, stop_after, backend = self.workers, self.limit, self.stop_after, self.backend
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
-        if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int | float)
-                                       or not stop_after >= 0):
-            raise ValueError(f"stop_after must be a non-negative number of seconds, got {stop_after!r}")
-        if stop_after is not None and backend == "ray":
+        check_dataclass(self)
+        workers, backend, devices = self.workers, self.backend, self.cuda_devices
+        if self.stop_after is not None and backend == "ray":
             raise ValueError("stop_after is for the local backend")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         if backend == "ray" and workers != 1:
             raise ValueError(f"workers={workers} is for the local backend; Ray runs as many jobs at once as its "
                              "resources allow (cpus_per_job, gpus_per_job)")
-        devices = self.cuda_devices
         if devices is not None:
-            devices = list(devices)
-            if (not devices or len(set(devices)) != len(devices)
-                    or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in devices)):
-                raise ValueError(f"cuda_devices must be distinct non-negative device indices, got {devices!r}")
+            if not devices or len(set(devices)) != len(devices):
+                raise ValueError(f"cuda_devices must be distinct non-negative device indices, got {list(devices)}")
             if backend != "local":
                 raise ValueError("cuda_devices is for the local backend (Ray places jobs on GPUs itself)")
             if workers < len(devices):

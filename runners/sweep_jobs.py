@@ -18,6 +18,7 @@ from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_rea
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.train import train_run
+from mixlab.tasks.fields import PositiveInt, check
 
 # Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
 DEFAULT_MAX_STACK = 64
@@ -62,8 +63,7 @@ def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK) ->
     """Runs of equal ``job_key`` in plan order, ``max_stack`` to a job; a run the engine cannot stack
     (``engine.unbatchable_reason``: packed tasks, Triton kernels) is a job of its own. Jobs are ordered by
     their first run, so the first jobs hold the plan's first runs (its first seeds)."""
-    if isinstance(max_stack, bool) or not isinstance(max_stack, int) or max_stack < 1:
-        raise ValueError(f"max_stack must be a positive integer, got {max_stack!r}")
+    max_stack = check("max_stack", max_stack, PositiveInt)
     groups: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
         key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
+from mixlab.tasks.fields import NonNegativeInt, PositiveInt, check, from_mapping
 
 # ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.
 TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")
@@ -41,14 +42,12 @@ class SweepPlan:
 
 def parse_seeds(data: Any) -> tuple[int, ...]:
     """A seed count N (seeds 0..N-1) or a list of distinct non-negative seeds, as a tuple."""
-    if isinstance(data, int) and not isinstance(data, bool):
-        if data < 1:
-            raise ValueError(f"seeds must be at least 1, got {data}")
-        return tuple(range(data))
-    if (isinstance(data, (list, tuple)) and data and len(set(data)) == len(data)
-            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in data)):
-        return tuple(data)
-    raise ValueError(f"seeds must be a count or a list of distinct non-negative integers, got {data!r}")
+    if not isinstance(data, list | tuple):
+        return tuple(range(check("seeds", data, PositiveInt)))
+    seeds = check("seeds", data, tuple[NonNegativeInt, ...])
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a count or a list of distinct non-negative integers, got {data!r}")
+    return seeds
 
 
 class Resolver:
@@ -66,10 +65,7 @@ class Resolver:
             full = {k: v for k, v in model_config.to_dict().items() if k not in TASK_FIXED_MODEL_FIELDS}
             self._cache[key] = (dataclasses.asdict(task_obj.params), full)
         task_params, full_model = self._cache[key]
-        try:
-            train_config = TrainConfig(**train)
-        except TypeError as exc:
-            raise ValueError(f"bad training fields {sorted(train)}: {exc}") from None
+        train_config = from_mapping(TrainConfig, train, where="train")
         return RunConfig(task=task, task_params=dict(task_params), model=dict(full_model), train=train_config)
 
 

@@ -32,16 +32,15 @@ import dataclasses
 import importlib.resources
 import itertools
 import json
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from mixlab import models, tasks
 from mixlab.runners.config import TrainConfig, config_hash
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
+from mixlab.tasks.fields import check, check_mapping, field_types, from_yaml
 
 # TrainConfig fields the seeds set.
 SEED_FIELDS = ("init_seed", "data_seed")
@@ -72,24 +71,22 @@ class SweepSpec:
     train_grid: tuple[dict[str, Any], ...] = ({},)
     seeds: tuple[int, ...] = (0,)
     vary_data_seed: bool = True
-    metric: str = "acc_micro"
+    metric: Literal[METRICS] = "acc_micro"
     reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> SweepSpec:
         """Parse and check a grid description (the YAML's top-level mapping); ValueError names what is bad."""
-        _check_keys("sweep", data, {f.name for f in dataclasses.fields(cls)},
-                    required={"name", "tasks", "models"})
+        annotations = field_types(cls)
+        data = check_mapping("sweep", data, annotations, required={"name", "tasks", "models"})
         name = data["name"]
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ValueError(f"sweep name must be a plain non-empty string, got {name!r}")
-        vary_data = data.get("vary_data_seed", True)
-        if not isinstance(vary_data, bool):
-            raise ValueError(f"vary_data_seed must be true or false, got {vary_data!r}")
-        train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - set(SEED_FIELDS)
+        vary_data = check("vary_data_seed", data.get("vary_data_seed", True), annotations["vary_data_seed"])
+        train_fields = set(field_types(TrainConfig)) - set(SEED_FIELDS)
         if not vary_data:
             train_fields.add("data_seed")
-        model_fields = {f.name for f in dataclasses.fields(models.ModelConfig)} - set(TASK_FIXED_MODEL_FIELDS)
+        model_fields = set(field_types(models.ModelConfig)) - set(TASK_FIXED_MODEL_FIELDS)
 
         entries = data["tasks"]
         if not isinstance(entries, list) or not entries:
@@ -97,24 +94,24 @@ class SweepSpec:
         task_entries = []
         for i, entry in enumerate(entries):
             where = f"tasks[{i}]"
-            _check_keys(where, entry, {"task", "params", "grid", "train"}, required={"task"})
+            entry = check_mapping(where, entry, {"task", "params", "grid", "train"}, required={"task"})
             if entry["task"] not in tasks.TASKS:
                 raise ValueError(f"{where}: unknown task {entry['task']!r}; known: {', '.join(tasks.TASKS)}")
-            train = _numbers(f"{where}.train", entry.get("train", {}), TrainConfig)
-            _check_keys(f"{where}.train", train, train_fields)
+            train = _section(f"{where}.train", entry.get("train", {}), TrainConfig, train_fields)
             params_cls = tasks.TASKS[entry["task"]].Params
-            params = _numbers(f"{where}.params", entry.get("params", {}), params_cls)
+            params = _section(f"{where}.params", entry.get("params", {}), params_cls)
             grid = _grid(f"{where}.grid", entry.get("grid"), params_cls)
             task_entries.append(TaskEntry(task=entry["task"], params=params, grid=grid, train=train))
 
-        variants = _mapping("models", data["models"])
+        variants = check_mapping("models", data["models"])
         if not variants:
             raise ValueError("models must name at least one model")
         resolved_models = {}
         for label, fields in variants.items():
-            fields = _numbers(f"models.{label}", fields if fields is not None else {}, models.ModelConfig)
+            where = f"models.{label}"
+            fields = check_mapping(where, fields if fields is not None else {})
             preset = fields.pop("preset", None)
-            _check_keys(f"models.{label}", fields, model_fields)
+            fields = _section(where, fields, models.ModelConfig, model_fields)
             if preset is not None:
                 if preset not in models.PRESETS:
                     raise ValueError(f"models.{label}: unknown preset {preset!r}; "
@@ -122,17 +119,10 @@ class SweepSpec:
                 fields = {**models.PRESETS[preset], **fields}
             resolved_models[str(label)] = fields
 
-        model_grid = _grid("model_grid", data.get("model_grid"), models.ModelConfig)
-        for point in model_grid:
-            _check_keys("model_grid", point, model_fields)
-        train = _numbers("train", data.get("train", {}), TrainConfig)
-        _check_keys("train", train, train_fields)
-        train_grid = _grid("train_grid", data.get("train_grid"), TrainConfig)
-        for point in train_grid:
-            _check_keys("train_grid", point, train_fields)
-        metric = data.get("metric", "acc_micro")
-        if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+        model_grid = _grid("model_grid", data.get("model_grid"), models.ModelConfig, model_fields)
+        train = _section("train", data.get("train", {}), TrainConfig, train_fields)
+        train_grid = _grid("train_grid", data.get("train_grid"), TrainConfig, train_fields)
+        metric = check("metric", data.get("metric", "acc_micro"), annotations["metric"])
         reference = _reference(data.get("reference", {}), [e.task for e in task_entries], list(resolved_models))
         return cls(name=name, description=str(data.get("description", "")), tasks=tuple(task_entries),
                    models=resolved_models, model_grid=model_grid, train=train, train_grid=train_grid,
@@ -208,44 +198,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _check_keys(where: str, data: Any, allowed: set[str], required: set[str] = frozenset()) -> None:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {data!r}")
-    unknown = sorted(str(k) for k in set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
-    missing = sorted(required - set(data))
-    if missing:
-        raise ValueError(f"{where}: missing keys {missing}")
+def _section(where: str, data: Any, cls: type, allowed: Iterable[str] | None = None) -> dict[str, Any]:
+    """A mapping of fields of the dataclass ``cls`` (keys in ``allowed``, default all of them), each value as
+    YAML read it for the field (``fields.from_yaml``: text in a float field becomes a number)."""
+    annotations = field_types(cls)
+    data = check_mapping(where, data, annotations if allowed is None else allowed)
+    return {key: from_yaml(key, value, annotations[key], where=where) for key, value in data.items()}
 
 
-def _mapping(where: str, data: Any) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {data!r}")
-    return dict(data)
-
-
-def _numbers(where: str, data: Any, cls: type) -> dict[str, Any]:
-    """``data`` as a dict; text that reads as a number becomes a float where ``cls`` has a float field."""
-    fields = _mapping(where, data)
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for key, value in fields.items():
-        hint = hints.get(key)
-        is_float = hint is float or (typing.get_origin(hint) in (typing.Union, types.UnionType)
-                                     and float in typing.get_args(hint))
-        if is_float and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"{where}.{key} must be a number, got {value!r}") from None
-        out[key] = value
-    return out
-
-
-def _grid(where: str, data: Any, cls: type) -> tuple[dict[str, Any], ...]:
+def _grid(where: str, data: Any, cls: type, allowed: Iterable[str] | None = None) -> tuple[dict[str, Any], ...]:
     """Grid points: None -> one empty point; {k: [v, ...]} -> the product, keys in order; [{...}] -> as is.
-    Values are read as fields of ``cls`` (``_numbers``)."""
+    Each point is a ``_section`` of ``cls``."""
     if data is None:
         return ({},)
     if isinstance(data, Mapping):
@@ -254,9 +217,9 @@ def _grid(where: str, data: Any, cls: type) -> tuple[dict[str, Any], ...]:
                 raise ValueError(f"{where}.{key} must be a non-empty list, got {values!r}")
         keys = list(data)
         points = [dict(zip(keys, combo)) for combo in itertools.product(*(data[k] for k in keys))]
-        return tuple(_numbers(where, p, cls) for p in points)
+        return tuple(_section(where, p, cls, allowed) for p in points)
     if isinstance(data, list) and data and all(isinstance(p, Mapping) for p in data):
-        return tuple(_numbers(where, p, cls) for p in data)
+        return tuple(_section(where, p, cls, allowed) for p in data)
     raise ValueError(f"{where} must be a mapping of lists or a non-empty list of mappings, got {data!r}")
 
 
@@ -280,21 +243,15 @@ def _reference(data: Any, task_names: list[str], model_labels: list[str]) -> dic
             - {task: packed/noisy_recall, model: rubiconv, value: 1.0, note: "100%"}
           claims: ["dynamic conv beats static conv beats no conv at every width"]
     """
-    _check_keys("reference", data, {"source", "values", "claims"})
-    values = data.get("values", [])
-    if not isinstance(values, list):
-        raise ValueError(f"reference.values must be a list, got {values!r}")
+    data = check_mapping("reference", data, {"source", "values", "claims"})
+    values = check("reference.values", data.get("values", []), list)
     for i, entry in enumerate(values):
         where = f"reference.values[{i}]"
-        _check_keys(where, entry, {"task", "model", "value", "note"}, required={"task", "model"})
+        check_mapping(where, entry, {"task", "model", "value", "note"}, required={"task", "model"})
         if entry["task"] not in task_names:
             raise ValueError(f"{where}: task {entry['task']!r} is not in the sweep ({', '.join(task_names)})")
         if entry["model"] not in model_labels:
             raise ValueError(f"{where}: model {entry['model']!r} is not in the sweep ({', '.join(model_labels)})")
-        value = entry.get("value")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ValueError(f"{where}: value must be a number, got {value!r}")
-    claims = data.get("claims", [])
-    if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
-        raise ValueError(f"reference.claims must be a list of strings, got {claims!r}")
+        check("value", entry.get("value"), float | None, where=where)  # checked only: the number stays as written
+    claims = check("reference.claims", data.get("claims", []), tuple[str, ...])
     return {"source": str(data.get("source", "")), "values": [dict(v) for v in values], "claims": list(claims)}

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from mixlab.tasks import fields
 
 IGNORE = -100
 SPLITS = ("train", "test")
@@ -101,90 +100,16 @@ class TaskData:
 
 def split_stream(seed: int, split: str) -> np.random.Generator:
     """The generator for one (seed, split): independent streams for train and test of the same seed."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return np.random.default_rng([int(seed), SPLITS.index(split)])
-
-
-def _field_types(params_cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(params_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(params_cls)}
-
-
-def _check_type(name: str, value: Any, annotation: Any) -> Any:
-    """Check (and lightly normalise) one parameter value against its annotation; raise ValueError naming it."""
-    origin = typing.get_origin(annotation)
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"parameter {name!r} must be an integer, got {value!r}")
-        return int(value)
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise ValueError(f"parameter {name!r} must be a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ValueError(f"parameter {name!r} must be a string, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (tuple, list)):
-            raise ValueError(f"parameter {name!r} must be a tuple, got {value!r}")
-        (item,) = {a for a in typing.get_args(annotation) if a is not Ellipsis}
-        return tuple(_check_type(name, v, item) for v in value)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _check_type(name, value, inner)
-    raise TypeError(f"unsupported parameter annotation {annotation!r} for {name!r}")
-
-
-def parse_value(name: str, text: str, annotation: Any) -> Any:
-    """Parse the text of ``--set name=text`` into the annotated type (int, float, str, bool, tuples, Optionals)."""
-    origin = typing.get_origin(annotation)
-    text = text.strip()
-    try:
-        if annotation is str:
-            return text
-        if annotation is bool:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-        if annotation is int:
-            return int(text)
-        if annotation is float:
-            return float(text)
-        if origin is tuple:
-            (item,) = {a for a in typing.get_args(annotation) if a is not Ellipsis}
-            parts = [p for p in text.strip("()[]").replace(" ", "").split(",") if p]
-            return tuple(parse_value(name, p, item) for p in parts)
-        if origin in (typing.Union, types.UnionType):
-            if text.lower() in ("none", "null"):
-                return None
-            (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-            return parse_value(name, text, inner)
-    except ValueError:
-        raise ValueError(f"parameter {name!r}: cannot read {text!r} as {_type_name(annotation)}") from None
-    raise TypeError(f"unsupported parameter annotation {annotation!r} for {name!r}")
-
-
-def _type_name(annotation: Any) -> str:
-    if annotation is bool:
-        return "true or false"
-    if annotation is int:
-        return "an integer"
-    if annotation is float:
-        return "a number"
-    if typing.get_origin(annotation) is tuple:
-        return "a comma-separated list"
-    return str(annotation)
+    split = fields.check("split", split, Literal[SPLITS])
+    return np.random.default_rng([fields.check("seed", seed, fields.NonNegativeInt), SPLITS.index(split)])
 
 
 class Task:
-    """Base class of every generator. Subclasses set ``name``, ``description``, ``Params`` and ``_generate``."""
+    """Base class of every generator. Subclasses set ``name``, ``description``, ``Params`` and ``_generate``.
+
+    ``Params``'s annotations say what each parameter accepts (``tasks.fields``); ``validate`` adds the rules
+    between parameters.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -193,26 +118,16 @@ class Task:
     split_dependent: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
-        fields = _field_types(self.Params)
-        unknown = sorted(set(params) - set(fields))
-        if unknown:
-            raise ValueError(
-                f"unknown parameter {unknown[0]!r} for task {self.name!r}; known: {', '.join(fields)}"
-            )
-        checked = {k: _check_type(k, v, fields[k]) for k, v in params.items()}
-        self.params = self.Params(**checked)
+        self.params = fields.from_mapping(self.Params, params, where=self.name)
+        fields.check_dataclass(self.params, where=self.name)
         self.validate()
 
     @classmethod
     def parse_params(cls, assignments: dict[str, str]) -> dict[str, Any]:
         """Turn ``{"seq_len": "256"}`` (from ``--set``) into typed values; unknown keys raise ValueError."""
-        fields = _field_types(cls.Params)
-        out = {}
-        for key, text in assignments.items():
-            if key not in fields:
-                raise ValueError(f"unknown parameter {key!r} for task {cls.name!r}; known: {', '.join(fields)}")
-            out[key] = parse_value(key, text, fields[key])
-        return out
+        annotations = fields.field_types(cls.Params)
+        texts = fields.check_mapping(cls.name, assignments, annotations)
+        return {key: fields.parse(key, text, annotations[key], where=cls.name) for key, text in texts.items()}
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -226,10 +141,8 @@ class Task:
         return self.params.vocab_size
 
     def generate(self, num_examples: int, seed: int, split: str = "train") -> TaskData:
-        if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
-            raise ValueError(f"num_examples must be a positive integer, got {num_examples!r}")
-        rng = split_stream(seed, split)
-        return self._generate(rng, int(num_examples), split)
+        num_examples = fields.check("num_examples", num_examples, fields.PositiveInt)
+        return self._generate(split_stream(seed, split), num_examples, split)
 
     def _generate(self, rng: np.random.Generator, num_examples: int, split: str) -> TaskData:
         raise NotImplementedError
