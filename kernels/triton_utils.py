@@ -35,6 +35,11 @@ POISON_OUTPUTS = False
 SUM_BLOCK_M, SUM_BLOCK_P = 128, 32
 
 
+def contiguous(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Each tensor made contiguous (the kernels index with dense strides); None (an absent static weight) stays."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.empty, or a NaN-filled buffer while POISON_OUTPUTS is set."""
     out = torch.empty(shape, dtype=dtype, device=device)

@@ -153,8 +153,7 @@ def _headwise_fwd(
     """x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
     B, T, D = x.shape
     H, W = weight.shape[2], weight.shape[3]
-    x, weight = x.contiguous(), weight.contiguous()
-    static_w = None if static_w is None else static_w.contiguous()
+    x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, NH, HSP = _head_tiles(T, H, D // H)
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -181,8 +180,7 @@ def _headwise_bwd(
     [B, T, H, W], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
     B, T, D = x.shape
     H, W = weight.shape[2], weight.shape[3]
-    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
-    static_w = None if static_w is None else static_w.contiguous()
+    dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
     n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
     per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb, HW_BWD_PROGRAMS)

@@ -204,8 +204,7 @@ def _lowrank_fwd(
     """x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
     B, T, D = x.shape
     R, W = z.shape[2], U.shape[1] // D
-    x, z, U = x.contiguous(), z.contiguous(), U.contiguous()
-    static_w = None if static_w is None else static_w.contiguous()
+    x, z, U, static_w = tu.contiguous(x, z, U, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, LR_FWD_BT, LR_FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -233,8 +232,7 @@ def _lowrank_bwd(
     dU [R, W * D], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
     B, T, D = x.shape
     R, W = z.shape[2], U.shape[1] // D
-    dy, x, z, U = dy.contiguous(), x.contiguous(), z.contiguous(), U.contiguous()
-    static_w = None if static_w is None else static_w.contiguous()
+    dy, x, z, U, static_w = tu.contiguous(dy, x, z, U, static_w)
     WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
     n_cu, n_search = tu.search_steps(cu_seqlens)
     flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))

@@ -102,7 +102,7 @@ def _short_conv_fwd(
     """x: [B, T, D], weight: [W, D] -> y: [B, T, D] in x's dtype."""
     B, T, D = x.shape
     W = weight.shape[0]
-    x, weight = x.contiguous(), weight.contiguous()
+    x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -122,7 +122,7 @@ def _short_conv_bwd(
     """dy, x: [B, T, D], weight: [W, D] -> (dx [B, T, D] in x's dtype, dw [W, D] in weight's dtype)."""
     B, T, D = x.shape
     W = weight.shape[0]
-    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
+    dy, x, weight = tu.contiguous(dy, x, weight)
     BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
     n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, BWD_PROGRAMS)
