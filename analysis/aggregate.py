@@ -1,7 +1,8 @@
-"""Read a sweep folder's records and reduce them: best of a grid per seed, median / IQR / n over seeds, MAD.
+"""Read a folder's run records and reduce them: best of a grid per seed, median / IQR / n over seeds, MAD.
 
 A sweep folder (``runners.manifest``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
-labels) and ``runs/<hash>.json`` (one record per finished run). Each record becomes one flat row::
+labels) and ``runs/<hash>.json`` (one record per finished run); a folder of single runs holds the
+``<name>.json`` records that ``mixlab run --out`` writes (``runners.record``). Each record becomes one flat row::
 
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
@@ -11,6 +12,10 @@ labels) and ``runs/<hash>.json`` (one record per finished run). Each record beco
 Labels come from the manifest; a record it does not list (or a folder without one) gets labels derived from
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
 its qkv conv), d_model, lr and weight decay, and init_seed.
+
+A file where a record should be that does not parse or lacks what a row needs is not skipped in silence: it
+is kept as ``Unreadable`` (path and reason), and its run counts as missing, so the cells it belongs to read as
+partial (``SweepData.run_counts``).
 
 Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
@@ -51,6 +56,8 @@ MAD_TASK_NAMES = {
     "mad/selective_copy": "Selective Copy",
 }
 AVERAGE = "Average"
+# the labels of one cell of a grid sweep's summary: its best training point per seed, then over seeds
+GRID_CELL = ("task", "setting", "model", "model_grid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,18 +85,32 @@ class Stats:
         return {"median": self.median, "q25": self.q25, "q75": self.q75, "iqr": self.iqr, "n": self.n}
 
 
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """A file where a run record should be that cannot be used, and why (one line)."""
+
+    path: Path
+    reason: str
+
+
 @dataclasses.dataclass
 class SweepData:
-    """One sweep folder: its manifest (None if absent), its records and their rows."""
+    """One folder of run records: a sweep (its manifest, None if absent) or, ``single``, the records of single
+    runs (``mixlab run --out``); its records, their rows, and the files that could not be read."""
 
     path: Path
     manifest: dict[str, Any] | None
     records: list[dict[str, Any]]
     rows: list[dict[str, Any]]
+    unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
+    single: bool = False
 
     @property
     def kind(self) -> str:
-        """``mad`` or ``grid`` (a folder without a manifest is ``mad`` when every run is a MAD task)."""
+        """``mad``, ``grid`` or ``runs`` (single runs); a sweep without a manifest is ``mad`` when every run is a
+        MAD task."""
+        if self.single:
+            return "runs"
         if self.manifest is not None:
             return self.manifest.get("kind", "grid")
         if self.rows and all(r["task"] in MAD_TASK_NAMES for r in self.rows):
@@ -102,7 +123,7 @@ class SweepData:
 
     @property
     def name(self) -> str:
-        return (self.manifest or {}).get("name", self.path.name)
+        return (self.manifest or {}).get("name", self.path.name or self.path.resolve().name)
 
     @property
     def label(self) -> str:
@@ -125,40 +146,107 @@ class SweepData:
 
     @property
     def missing(self) -> int:
-        """Runs the manifest lists that have no record yet (0 without a manifest)."""
+        """Runs the manifest lists that have no readable record yet (0 without a manifest)."""
         have = {r["name"] for r in self.records}
         return sum(1 for r in (self.manifest or {}).get("runs", []) if r["hash"] not in have)
 
+    def run_counts(self, keys: Sequence[str]) -> dict[tuple, tuple[int, int]]:
+        """(readable records, planned runs) per group of the manifest's runs by the labels ``keys`` (spelled as
+        in the rows), in the manifest's order; {} without a manifest. A group with fewer records is partial."""
+        have = {r["hash"] for r in self.rows}
+        found: dict[tuple, list[bool]] = {}
+        for run in (self.manifest or {}).get("runs", []):
+            labels = row_labels(run["meta"])
+            found.setdefault(tuple(labels[k] for k in keys), []).append(run["hash"] in have)
+        return {key: (sum(runs), len(runs)) for key, runs in found.items()}
+
+    def run_labels(self, name: str) -> dict[str, Any] | None:
+        """The manifest's labels of the run whose record is ``<name>.json`` (``row_labels``), None if unlisted."""
+        meta = _manifest_metas(self.manifest).get(name)
+        return None if meta is None else row_labels(meta)
+
 
 def load_sweep(path: str | Path) -> SweepData:
-    """Read a sweep folder; ValueError if it holds no records."""
+    """Read a sweep folder; ValueError if it holds no readable records."""
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"no sweep folder {str(folder)!r}")
     manifest = None
     if (folder / MANIFEST).is_file():
-        manifest = json.loads((folder / MANIFEST).read_text())
-    records = load_records(folder)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except ValueError as exc:
+            raise ValueError(f"{str(folder / MANIFEST)!r} is not a readable manifest ({exc})") from None
+    return _load(folder, sorted((folder / RUNS).glob("*.json")), manifest, f"expected {RUNS}/<hash>.json")
+
+
+def load_runs(path: str | Path) -> SweepData:
+    """Read a folder of single runs: its ``*.json`` records as ``mixlab run --out`` writes them; ValueError if it
+    holds no readable records."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"no folder {str(folder)!r}")
+    return _load(folder, sorted(folder.glob("*.json")), None, "expected the <name>.json records of mixlab run",
+                 single=True)
+
+
+def _load(folder: Path, paths: Iterable[Path], manifest: dict[str, Any] | None, expected: str, *,
+          single: bool = False) -> SweepData:
+    records, rows, unreadable = read_runs(paths, manifest)
     if not records:
-        raise ValueError(f"{str(folder)!r} holds no run records (expected {RUNS}/<hash>.json)")
+        found = (f"; none of its {len(unreadable)} .json files could be read, the first "
+                 f"{str(unreadable[0].path)!r}: {unreadable[0].reason}" if unreadable else "")
+        raise ValueError(f"{str(folder)!r} holds no run records ({expected}){found}")
     # The manifest's order (seed, task, setting, model, ...) rather than the hashes' alphabetical one.
     order = {r["hash"]: i for i, r in enumerate((manifest or {}).get("runs", []))}
-    records.sort(key=lambda r: order.get(r["name"], len(order)))
-    return SweepData(folder, manifest, records, run_rows(records, manifest))
+    pairs = sorted(zip(records, rows), key=lambda pair: order.get(pair[0]["name"], len(order)))
+    return SweepData(folder, manifest, [record for record, _ in pairs], [row for _, row in pairs], unreadable,
+                     single)
 
 
-def load_records(folder: str | Path) -> list[dict[str, Any]]:
-    """Every complete record under ``<folder>/runs`` (temporary files of runs in flight are skipped)."""
-    records = []
-    for path in sorted((Path(folder) / RUNS).glob("*.json")):
+def read_runs(paths: Iterable[Path], manifest: Mapping[str, Any] | None = None
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Unreadable]]:
+    """Each file's record and row (``run_row``, labelled from the manifest where it lists the run), or, for a
+    file that is not a usable record, an ``Unreadable`` saying why. Records are written whole or not at all
+    (``runners.atomic``), so such a file is corrupt or foreign, not a run in flight (whose temporary file does
+    not end in ``.json``)."""
+    metas = _manifest_metas(manifest)
+    records, rows, unreadable = [], [], []
+    for path in paths:
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            record = _read_record(path)
+            rows.append(run_row(record, metas.get(record["name"])))
+        except ValueError as exc:
+            unreadable.append(Unreadable(path, str(exc)))
             continue
-        if isinstance(record, dict) and "config" in record and ("final" in record or record.get("history")):
-            record.setdefault("name", path.stem)
-            records.append(record)
-    return records
+        records.append(record)
+    return records, rows, unreadable
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The run record in ``path``; ValueError saying in a few words why it is not one."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    if not text.strip():
+        raise ValueError("empty file")
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or "config" not in record:
+        raise ValueError("not a run record (no 'config')")
+    if "final" not in record and not record.get("history"):
+        raise ValueError("not a finished run's record (no 'final' metrics and no history)")
+    record.setdefault("name", path.stem)
+    return record
+
+
+def _manifest_metas(manifest: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {r["hash"]: r["meta"] for r in (manifest or {}).get("runs", [])}
 
 
 def selected_metrics(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,32 +259,45 @@ def selected_metrics(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] | None = None
              ) -> list[dict[str, Any]]:
-    """One flat row per record (module docstring), labelled from the manifest where it lists the run.
+    """One flat row per record (module docstring), labelled from the manifest where it lists the run."""
+    metas = _manifest_metas(manifest)
+    return [run_row(record, metas.get(record["name"])) for record in records]
+
+
+def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A record's row (module docstring), labelled by ``meta`` (a manifest's), else by ``derived_meta``;
+    ValueError naming what the record lacks.
 
     ``at_end``: the run's chosen evaluation (lowest perplexity) is its last and it did not stop early: its
     training budget ran out while its test perplexity was still falling (a longer run could change it).
     """
-    metas = {r["hash"]: r["meta"] for r in (manifest or {}).get("runs", [])}
-    rows = []
-    for record in records:
+    try:
         config = record["config"]
-        meta = metas.get(record["name"]) or derived_meta(config)
         train = config["train"]
         chosen = selected_metrics(record)
         history = record.get("history") or []
         at_end = bool(history) and chosen is history[-1] and not record.get("stopped_early", False)
-        row = {"hash": record["name"], "task": meta["task"], "setting": meta["setting"],
-               "model": meta["model"], "model_grid": point_label(meta.get("model_grid", {})),
-               "train_grid": point_label(meta.get("train_grid", {})), "seed": meta["seed"],
-               "lr": train["lr"], "weight_decay": train["weight_decay"],
-               "d_model": config["model"].get("d_model"), "init_seed": train["init_seed"],
-               "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
+        # a single run's config holds only the fields it set; its resolved model has the rest
+        d_model = config["model"].get("d_model", (record.get("resolved") or {}).get("model", {}).get("d_model"))
+        row = {"hash": record["name"], **row_labels(meta or derived_meta(config)),
+               "lr": train["lr"], "weight_decay": train["weight_decay"], "d_model": d_model,
+               "init_seed": train["init_seed"], "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
                "steps": record.get("steps"), "n_params": record.get("n_params"), "at_end": at_end}
-        row.update({k: chosen.get(k, math.nan) for k in METRIC_KEYS})
-        # score groups of the task (e.g. acc_present / acc_absent of packed associative retrieval)
-        row.update({k: v for k, v in chosen.items() if k.startswith("acc_") and k not in METRIC_KEYS})
-        rows.append(row)
-    return rows
+    except KeyError as exc:
+        raise ValueError(f"not a run record (no {exc.args[0]!r})") from None
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"not a run record ({exc})") from None
+    row.update({k: chosen.get(k, math.nan) for k in METRIC_KEYS})
+    # score groups of the task (e.g. acc_present / acc_absent of packed associative retrieval)
+    row.update({k: v for k, v in chosen.items() if k.startswith("acc_") and k not in METRIC_KEYS})
+    return row
+
+
+def row_labels(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's labels (a manifest's ``meta`` or ``derived_meta``) as rows spell them: grid points as text."""
+    return {"task": meta["task"], "setting": meta["setting"], "model": meta["model"],
+            "model_grid": point_label(meta.get("model_grid", {})),
+            "train_grid": point_label(meta.get("train_grid", {})), "seed": meta["seed"]}
 
 
 def point_label(point: Mapping[str, Any]) -> str:
@@ -255,8 +356,9 @@ def summarize(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: st
 def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     """For a grid sweep: best training point per (task, setting, model, model point, seed), then the median,
     IQR and n over seeds, with the training point chosen most often and ``at_end``, how many of those best
-    runs were still improving when training ended (``run_rows``)."""
-    keys = ("task", "setting", "model", "model_grid")
+    runs were still improving when training ended (``run_row``). Cells in the manifest's order (those it does
+    not plan after them); a cell it plans that has no readable record gets a row too, with n = 0."""
+    keys = GRID_CELL
     best = best_of_grid(data.rows, (*keys, "seed"), data.metric)
     groups = sorted({k for b in best for k in b if k.startswith("acc_") and k not in METRIC_KEYS})
     out = []
@@ -268,7 +370,13 @@ def grid_summary(data: SweepData) -> list[dict[str, Any]]:
         for group in groups:  # median over seeds of the best point's accuracy on each score group
             row[f"{group}_median"] = Stats.of(b.get(group, math.nan) for b in mine).median
         out.append(row)
-    return out
+    planned = list(data.run_counts(keys))
+    scored = {tuple(row[k] for k in keys) for row in out}
+    out += [{**dict(zip(keys, key)), **Stats.of([]).as_dict(), "best_train": "—", "at_end": 0,
+             **{f"{group}_median": math.nan for group in groups}}
+            for key in planned if key not in scored]
+    order = {key: i for i, key in enumerate(planned)}
+    return sorted(out, key=lambda row: order.get(tuple(row[k] for k in keys), len(order)))
 
 
 @dataclasses.dataclass

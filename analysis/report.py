@@ -1,7 +1,9 @@
-"""``mixlab report``: every table and figure of one or more sweep folders, written into one folder.
+"""``mixlab report``: every table and figure of one or more folders of run records, written into one folder.
 
-MAD folders (one model each) share one MAD table and one per-task bar chart; every grid folder gets its own
-summary table and, when it varies d_model, an accuracy-against-width figure. Files written::
+A folder given is a sweep folder, or holds sweep folders (a collection such as ``reproductions/mad``), the
+records of single runs (``mixlab run --out``), or both (``find_folders``). MAD folders (one model each) share one
+MAD table and one per-task bar chart; every grid folder gets its own summary table and, when it varies d_model, an
+accuracy-against-width figure; every folder of single runs gets a table with one row per run. Files written::
 
     report.md                     the tables (markdown) with links to the figures
     mad_tasks.csv                 model, task, median, q25, q75, iqr, n, reference, diff
@@ -10,15 +12,30 @@ summary table and, when it varies d_model, an accuracy-against-width figure. Fil
     <sweep>_summary.csv           per grid folder: median / IQR / n over seeds of the best training point
     <sweep>_acc_vs_width.png      per grid folder that varies d_model
     <sweep>_bars.png              per grid folder of one width: its metric and score groups per model
+    <folder>_runs.csv             per folder of single runs: one row per run
+
+A file where a record should be that cannot be read is named, with the reason, at the top of report.md (and by
+``unreadable_lines`` for the command line) with the command that retrains its run; its cells read as partial.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mixlab.analysis import plots
-from mixlab.analysis.aggregate import MANIFEST, METRIC_KEYS, RUNS, SweepData, best_of_grid, load_sweep
+from mixlab.analysis.aggregate import (
+    MANIFEST,
+    METRIC_KEYS,
+    RUNS,
+    SweepData,
+    Unreadable,
+    best_of_grid,
+    load_runs,
+    load_sweep,
+)
 from mixlab.analysis.tables import (
     REFERENCE,
     grid_table,
@@ -31,34 +48,67 @@ from mixlab.analysis.tables import (
     mad_task_rows,
     mad_text,
     reference_name,
+    runs_table,
     write_csv,
 )
 
 
-def sweep_folders(folder: str | Path) -> list[Path]:
-    """``folder`` itself when it holds a sweep (``runs/`` or a manifest), else its sub-folders that do (a
-    collection such as ``reproductions/mad``: one folder per model), sorted by name."""
-    folder = Path(folder)
-    if not folder.is_dir() or (folder / RUNS).is_dir() or (folder / MANIFEST).is_file():
-        return [folder]
-    inner = sorted(p for p in folder.iterdir() if (p / RUNS).is_dir() or (p / MANIFEST).is_file())
-    return inner or [folder]
+def find_folders(folder: str | Path) -> list[tuple[Path, bool]]:
+    """The folders of run records in ``folder`` as (path, single runs?): ``folder`` itself when it holds a sweep
+    (``runs/`` or a manifest); else its own ``*.json`` records as single runs, then what its sub-folders hold, by
+    name (hidden ones left out). ValueError naming ``folder`` when it holds neither."""
+    found = _walk(Path(folder))
+    if not found:
+        raise ValueError(f"{str(folder)!r} holds no run records (neither a sweep's {RUNS}/<hash>.json nor the "
+                         "<name>.json records of mixlab run)")
+    return found
+
+
+def _walk(folder: Path) -> list[tuple[Path, bool]]:
+    if (folder / RUNS).is_dir() or (folder / MANIFEST).is_file():
+        return [(folder, False)]
+    found = [(folder, True)] if any(folder.glob("*.json")) else []
+    for inner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found += _walk(inner)
+    return found
+
+
+def read_folders(folders: Sequence[str | Path]) -> list[SweepData]:
+    """Every sweep and folder of single runs in ``folders`` (``find_folders``), read; a path that is not a folder
+    is refused (ValueError naming it) before anything is read."""
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise ValueError(f"{str(folder)!r} is not a folder" if folder.exists() else f"no folder {str(folder)!r}")
+    return [load_runs(path) if single else load_sweep(path)
+            for folder in folders for path, single in find_folders(folder)]
+
+
+def report_folder(folders: Sequence[str | Path], out: str | Path | None) -> Path:
+    """Where the report goes: ``out``, else the one folder given."""
+    if out is not None:
+        return Path(out)
+    if len(folders) > 1:
+        raise ValueError("several folders need --out for the report")
+    if not folders:
+        raise ValueError("give at least one sweep folder")
+    return Path(folders[0])
 
 
 def write_report(folders: Sequence[str | Path], out: str | Path | None = None) -> list[Path]:
     """Write report.md, CSVs and PNGs for ``folders`` into ``out`` (default: the one folder given). A folder
-    that holds sweep folders rather than runs stands for all of them (``sweep_folders``)."""
-    if not folders:
-        raise ValueError("give at least one sweep folder")
-    if out is None:
-        if len(folders) > 1:
-            raise ValueError("several folders need --out for the report")
-        out = folders[0]
+    that holds sweep folders or single runs stands for all of them (``find_folders``). Nothing is written, no
+    folder made, unless every folder given exists and holds records."""
+    out = report_folder(folders, out)
+    return render_report(read_folders(folders), out)
+
+
+def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
+    """Write report.md, CSVs and PNGs of the folders read (``read_folders``) into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    datas = [load_sweep(f) for folder in folders for f in sweep_folders(folder)]
     written: list[Path] = []
     sections = ["# Sweep report", "", "Folders: " + ", ".join(f"`{d.path}`" for d in datas), ""]
+    sections += _unreadable_section(datas)
 
     # the reference table's column order (transformer, static, dynamic), then the rest as given
     order = list(REFERENCE)
@@ -79,12 +129,85 @@ def write_report(folders: Sequence[str | Path], out: str | Path | None = None) -
                      "still falling when training ended, so these are the runs a longer budget could change.", "",
                      mad_budget_table(entries).markdown(), ""]
 
-    for data in (d for d in datas if d.kind != "mad"):
+    for data in (d for d in datas if d.kind == "grid"):
         written += _grid_section(data, out, sections)
+    for data in (d for d in datas if d.kind == "runs"):
+        written += _runs_section(data, out, sections)
 
     report = out / "report.md"
     report.write_text("\n".join(sections))
     return [report, *written]
+
+
+def unreadable_lines(datas: Sequence[SweepData]) -> list[str]:
+    """What the command line says about files that could not be read (none: nothing): each one with its
+    reason and run, then how to retrain them."""
+    bad = [(data, item) for data in datas for item in data.unreadable]
+    if not bad:
+        return []
+    return [f"warning: {_unreadable_summary(len(bad))}:", *(f"  {_unreadable_text(d, u)}" for d, u in bad),
+            f"{RETRAIN}:", *(f"  {retrain_hint(d)}" for d in datas if d.unreadable)]
+
+
+RETRAIN = "To retrain them, delete these files and run again what wrote them (runs that have a record are skipped)"
+
+
+def _unreadable_section(datas: Sequence[SweepData]) -> list[str]:
+    bad = [(data, item) for data in datas for item in data.unreadable]
+    if not bad:
+        return []
+    return ["## Unreadable records", "", f"{_unreadable_summary(len(bad))}.", "",
+            *(f"- {_unreadable_text(d, u)}" for d, u in bad), "", f"{RETRAIN}:", "",
+            *(f"- {retrain_hint(d)}" for d in datas if d.unreadable), ""]
+
+
+def _unreadable_summary(count: int) -> str:
+    files = "1 file" if count == 1 else f"{count} files"
+    return (f"{files} where run records should be could not be read; the tables leave them out and mark the "
+            "cells of their runs partial")
+
+
+def _unreadable_text(data: SweepData, item: Unreadable) -> str:
+    """``path: reason``, then the run it holds by the manifest's labels, where the folder has a manifest."""
+    text = f"`{item.path}`: {item.reason}"
+    if data.manifest is None:
+        return text
+    labels = data.run_labels(item.path.stem)
+    if labels is None:
+        return f"{text} (a run the manifest does not list)"
+    parts = [labels["task"], labels["setting"], labels["model"], labels["model_grid"], labels["train_grid"]]
+    return f"{text} (run: {', '.join(p for p in parts if p != 'default')}, seed {labels['seed']})"
+
+
+def retrain_hint(data: SweepData) -> str:
+    """How to train again the runs of ``data`` whose records could not be read: for a sweep with a manifest the
+    command that resumes it (records are named by config hash, so only runs without a record train)."""
+    folder = shlex.quote(str(data.path))
+    if data.kind == "runs":
+        return (f"`{data.path}`: each with the `mixlab run` command that wrote it (its task, --mixer, --set and "
+                f"seeds), `--out {folder}`")
+    if data.manifest is None:
+        return f"`{data.path}`: the sweep that wrote it, with the same output folder"
+    spec = data.spec
+    seeds = sorted({run["meta"]["seed"] for run in data.manifest.get("runs", [])})
+    options = f" --seeds {len(seeds)}" if seeds and seeds == list(range(len(seeds))) else ""
+    device = spec.get("device")
+    if device not in (None, "auto"):
+        options += f" --device {device}"
+    if data.kind == "mad":
+        profile = (spec.get("profile") or {}).get("name", "?")
+        return f"`mixlab mad run --model {spec.get('model', data.label)} --profile {profile}{options} --out {folder}`"
+    return f"`mixlab sweep {shlex.quote(_spec_argument(data.manifest))}{options} --out {folder}`"
+
+
+def _spec_argument(manifest: dict[str, Any]) -> str:
+    """The spec the sweep was started with (a preset name or a YAML path, as its command line gave it), else the
+    sweep's name."""
+    argv = manifest.get("argv") or []
+    for word, after in zip(argv, argv[1:]):
+        if word == "sweep" and not after.startswith("-"):
+            return after
+    return manifest.get("name", "?")
 
 
 def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]:
@@ -116,4 +239,13 @@ def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]
                                  references=papers)
         written.append(figure)
         sections += [f"![{name}: {data.metric} and score groups per model]({figure.name})", ""]
+    return written
+
+
+def _runs_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]:
+    table, rows = runs_table(data)
+    written = [write_csv(out / f"{data.name}_runs.csv", rows)]
+    sections += [f"## Single runs: `{data.path}`", "",
+                 "One row per run record (`mixlab run`): its settings and the metrics of its lowest-perplexity "
+                 "evaluation.", "", table.markdown(), ""]
     return written

@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from mixlab import models
-from mixlab.analysis.aggregate import AVERAGE, MAD_TASK_NAMES, MadScores, Stats, SweepData, grid_summary, mad_scores
+from mixlab.analysis.aggregate import (
+    AVERAGE,
+    GRID_CELL,
+    MAD_TASK_NAMES,
+    METRIC_KEYS,
+    MadScores,
+    Stats,
+    SweepData,
+    grid_summary,
+    mad_scores,
+)
 
 # SPEC 3.3 reference table (dynamic-conv paper), keyed by models.PRESETS name.
 REFERENCE: dict[str, dict[str, float]] = {
@@ -75,9 +85,16 @@ def fmt_diff(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:+.3f}"
 
 
+def partial_cell(cell: str, scored: bool, done: int, total: int) -> str:
+    """The cell of a group only ``done`` of whose ``total`` planned runs have readable records: its value marked
+    partial, or only the count when nothing of it could be scored."""
+    return f"{cell} (partial {done}/{total})" if scored else f"partial {done}/{total}"
+
+
 @dataclasses.dataclass
 class MadEntry:
-    """One model's MAD results: column label, scores, reference values (or None), profile, missing runs."""
+    """One model's MAD results: column label, scores, reference values (or None), profile, missing runs, and
+    (records, planned runs) per (task name, setting) (``SweepData.run_counts``)."""
 
     label: str
     scores: MadScores
@@ -85,6 +102,7 @@ class MadEntry:
     profile: str
     profile_text: str
     missing: int
+    setting_counts: dict[tuple[str, str], tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def reference_name(data: SweepData) -> str | None:
@@ -105,9 +123,12 @@ def mad_entry(data: SweepData) -> MadEntry:
     scores = mad_scores(data.rows, data.metric, data.planned)
     planned_seeds = data.spec.get("seeds")
     seeds = len(planned_seeds) if planned_seeds else (scores.summary[AVERAGE].n if AVERAGE in scores.summary else 0)
+    setting_counts = {(MAD_TASK_NAMES.get(task, task), setting): counts
+                      for (task, setting), counts in data.run_counts(("task", "setting")).items()}
     return MadEntry(label=f"{data.label} ({profile}, n={seeds})", scores=scores,
                     reference=REFERENCE.get(ref) if ref else None, profile=profile,
-                    profile_text=data.spec.get("profile_text", ""), missing=data.missing)
+                    profile_text=data.spec.get("profile_text", ""), missing=data.missing,
+                    setting_counts=setting_counts)
 
 
 def mad_table(entries: Sequence[MadEntry]) -> Table:
@@ -123,8 +144,7 @@ def mad_table(entries: Sequence[MadEntry]) -> Table:
             ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
             cell = fmt_stats(stats)
             if task in entry.scores.coverage:  # some seed not scored: say how far the task got
-                done, total = entry.scores.coverage[task]
-                cell = f"{cell} (partial {done}/{total})" if stats.n else f"partial {done}/{total}"
+                cell = partial_cell(cell, bool(stats.n), *entry.scores.coverage[task])
             elif task == AVERAGE and entry.scores.coverage and not stats.n:
                 cell = "— (tasks partial)"
             row += [cell, "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
@@ -182,15 +202,22 @@ def mad_setting_rows(entries: Sequence[MadEntry], metric: str = "acc_macro") -> 
 
 
 def mad_setting_table(entries: Sequence[MadEntry]) -> Table:
-    """Median over seeds of each setting's best score, one column per model."""
+    """Median over seeds of each setting's best score, one column per model; a setting some but not all of whose
+    planned runs have records is marked partial."""
     cells: dict[tuple[str, str], dict[str, list[float]]] = {}
     for row in mad_setting_rows(entries):
         cells.setdefault((row["task"], row["setting"]), {}).setdefault(row["model"], []).append(row["score"])
     order = {name: i for i, name in enumerate(MAD_ROWS)}
     keys = sorted(cells, key=lambda k: order.get(k[0], len(order)))
-    rows = [[task, setting, *(_fmt3(Stats.of(cells[key].get(e.label, [])).median) for e in entries)]
+    rows = [[task, setting, *(_setting_cell(e, key, cells[key].get(e.label, [])) for e in entries)]
             for key in keys for task, setting in [key]]
     return Table(["Task", "Setting", *(e.label for e in entries)], rows)
+
+
+def _setting_cell(entry: MadEntry, key: tuple[str, str], scores: list[float]) -> str:
+    cell = _fmt3(Stats.of(scores).median)
+    done, total = entry.setting_counts.get(key, (0, 0))
+    return partial_cell(cell, True, done, total) if 0 < done < total else cell
 
 
 def mad_budget_table(entries: Sequence[MadEntry]) -> Table:
@@ -210,8 +237,12 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
     metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), how many seeds' best
     runs were still improving when training ended, and the paper's value for that (task, model) when the
-    sweep's spec gives a reference (``runners.sweep_spec`` ``reference``)."""
+    sweep's spec gives a reference (``runners.sweep_spec`` ``reference``). A cell some planned run of which has no
+    readable record reads ``(partial k/n)`` (k records of its n runs), and then every CSV row gets ``records`` and
+    ``planned``."""
     summary = grid_summary(data)
+    counts = data.run_counts(GRID_CELL)
+    partial = {key: c for key, c in counts.items() if c[0] < c[1]}
     groups = sorted({k[: -len("_median")] for r in summary for k in r if k.endswith("_median")})
     papers = {(v["task"], v["model"]): v for v in data.spec.get("reference", {}).get("values", [])}
     headers = ["task", "setting", "model", "model point", f"{data.metric} median [IQR]", "n",
@@ -220,8 +251,13 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
         headers += ["paper", "diff"]
     rows = []
     for r in summary:
-        row = [r["task"], r["setting"], r["model"], r["model_grid"],
-               fmt_stats(Stats(r["median"], r["q25"], r["q75"], r["n"])), r["n"],
+        key = tuple(r[k] for k in GRID_CELL)
+        cell = fmt_stats(Stats(r["median"], r["q25"], r["q75"], r["n"]))
+        if key in partial:  # a planned run of the cell has no readable record: its best point may not be
+            cell = partial_cell(cell, bool(r["n"]), *partial[key])
+        if partial:
+            r["records"], r["planned"] = counts.get(key, (None, None))
+        row = [r["task"], r["setting"], r["model"], r["model_grid"], cell, r["n"],
                *(_fmt3(r.get(f"{g}_median", math.nan)) for g in groups), r["best_train"], f"{r['at_end']}/{r['n']}"]
         if papers:
             paper = papers.get((r["task"], r["model"]), {})
@@ -231,3 +267,14 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
             row += [paper.get("note") or _fmt3(r["paper"]), fmt_diff(r["median"] - r["paper"])]
         rows.append(row)
     return Table(headers, rows), summary
+
+
+def runs_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
+    """Single runs (``mixlab run`` records), one row each: the record's name, task, setting (the task parameters
+    it changed), model, width, training settings and the metrics of its lowest-perplexity evaluation, score
+    groups included; as a table and CSV rows."""
+    groups = sorted({k for r in data.rows for k in r if k.startswith("acc_") and k not in METRIC_KEYS})
+    columns = ("task", "setting", "model", "d_model", "lr", "weight_decay", "seed", "data_seed", "steps",
+               "best_epoch", "acc_micro", "acc_macro", "test_ppl", *groups)
+    rows = [{"run": r["hash"], **{k: r.get(k, math.nan) for k in columns}} for r in data.rows]
+    return Table(list(rows[0]), [list(row.values()) for row in rows]), rows

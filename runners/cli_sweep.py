@@ -168,15 +168,21 @@ def mad_profiles() -> None:
 
 
 def report(
-    folders: list[str] = typer.Argument(..., help="Sweep or MAD output folders."),
+    folders: list[str] = typer.Argument(..., help="Sweep or MAD output folders, folders of `mixlab run` records, "
+                                        "or folders holding them."),
     out: str = typer.Option(None, help="Report folder (default: the one folder given)."),
 ) -> None:
-    """Write report.md, CSV tables and PNG figures for sweep folders."""
+    """Write report.md, CSV tables and PNG figures for sweep folders and folders of single runs; name every record
+    that could not be read."""
     # imported here: seaborn takes a second or two to import and only the report draws
-    from mixlab.analysis.report import write_report
+    from mixlab.analysis.report import read_folders, render_report, report_folder, unreadable_lines
 
-    written = write_report(folders, out)
+    target = report_folder(folders, out)
+    datas = read_folders(folders)
+    written = render_report(datas, target)
     typer.echo(f"wrote {len(written)} files to {written[0].parent}: " + ", ".join(p.name for p in written))
+    for line in unreadable_lines(datas):
+        typer.echo(line)
 
 
 def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_job: float,

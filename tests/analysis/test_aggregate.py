@@ -13,7 +13,6 @@ from mixlab.analysis.aggregate import (
     best_of_grid,
     derived_meta,
     grid_summary,
-    load_records,
     load_sweep,
     mad_scores,
     run_rows,
@@ -246,9 +245,11 @@ def test_labels_derived_without_a_manifest(tmp_path):
 
 def test_partial_files_are_not_records(tmp_path):
     folder = write_sweep(tmp_path / "s", [record("good", "mqar", {}, 10, [(1.0, 0.5)])])
-    (folder / "runs" / ".good2.json.abc123.tmp").write_text('{"name": "good2"')
+    (folder / "runs" / ".good2.json.abc123.tmp").write_text('{"name": "good2"')  # a run in flight: not looked at
     (folder / "runs" / "cut.json").write_text('{"config": {"task": "mqar"}, "fin')
-    assert [r["name"] for r in load_records(folder)] == ["good"]
+    data = load_sweep(folder)
+    assert [r["name"] for r in data.records] == ["good"]
+    assert [(u.path.name, u.reason.split(" (")[0]) for u in data.unreadable] == [("cut.json", "not valid JSON")]
     with pytest.raises(ValueError, match="no run records"):
         load_sweep(write_sweep(tmp_path / "empty", []))
 
