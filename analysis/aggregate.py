@@ -20,7 +20,7 @@ partial (``SweepData.run_counts``).
 Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
 
-MAD score (SPEC 3.3), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
+MAD score (docs/mad.md), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
 task's settings, mean over the six tasks; then the median, IQR and count over seeds of each task mean and of
 the average. With the sweep's manifest (``SweepData.planned``), a task is scored for a seed only once every
 run of that task and seed has its record, and the average only for seeds whose every task is scored: a partial

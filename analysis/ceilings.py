@@ -1,6 +1,6 @@
 """Accuracy ceilings that a task's data sets for a model class, computed from the data before any training.
 
-Variable-length-key MQAR (SPEC 3.2, ``tasks.mqar_varlen``) read by ONE attention layer with a causal width-W conv
+Variable-length-key MQAR (docs/tasks.md, ``tasks.mqar_varlen``) read by ONE attention layer with a causal width-W conv
 on its keys: at the separator of a pair's second occurrence the layer must output the pair's value, and the only
 position whose value vector holds that token is the value's position in the context (a causal conv there sees
 nothing later). So the query must find that position by its key vector, which sees the W tokens ending there:

@@ -1,4 +1,4 @@
-"""Leakage probes (SPEC 6): is a mixer, or a whole model, exactly blind to the other documents of a row?
+"""Leakage probes (docs/leakage.md): is a mixer, or a whole model, exactly blind to the other documents of a row?
 
 Every probe takes a function ``f(x [B, T, D], cu_seqlens) -> [B, T, D_out]`` (a mixer, or a model with its
 token embedding replaced by ``x``: ``model_function``), an input ``x`` and a packed layout ``cu_seqlens``

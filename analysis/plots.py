@@ -41,7 +41,7 @@ def mad_task_bars(seed_rows: Sequence[Mapping[str, Any]], path: str | Path, titl
     sns.stripplot(frame, x="task", y="score", hue="model", order=order, hue_order=hues, dodge=True,
                   palette="dark:black", size=3, jitter=False, legend=False, ax=ax)
     width = 0.8 / len(hues)  # seaborn's dodge: the hues share 0.8 of each category's slot
-    label = "SPEC 3.3 reference"
+    label = "dynamic-conv paper"
     for j, model in enumerate(hues):
         for i, task in enumerate(order):
             ref = (references or {}).get(model, {}).get(task)

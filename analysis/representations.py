@@ -1,4 +1,4 @@
-"""Token representations (SPEC 7): does the same token id look different after different previous tokens?
+"""Token representations (docs/representations.md): does one token id look different after different previous tokens?
 
 The Qwen3 placement study's case study: a short conv on Q, K and V mixes each position with the few before it,
 so the same token id should carry more of its immediate context in its hidden state than under plain

@@ -1,7 +1,7 @@
-"""Markdown and CSV tables of sweep results, and the MAD table beside SPEC 3.3's reference values.
+"""Markdown and CSV tables of sweep results, and the MAD table beside the dynamic-conv paper's values.
 
 MAD cells read ``median [IQR]`` over seeds of the task score (module ``analysis.aggregate``); ``ref`` is the
-dynamic-conv paper's value (SPEC 3.3) for the models it reports, ``diff`` is median minus ref.
+dynamic-conv paper's value (docs/mad.md) for the models it reports, ``diff`` is median minus ref.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mixlab.analysis.aggregate import (
     mad_scores,
 )
 
-# SPEC 3.3 reference table (dynamic-conv paper), keyed by models.PRESETS name.
+# The dynamic-conv paper's MAD table (docs/mad.md), keyed by models.PRESETS name.
 REFERENCE: dict[str, dict[str, float]] = {
     "transformer": {"Compress": 0.375, "Fuzzy Recall": 0.298, "In-Context Recall": 0.942,
                     "Memorize": 0.791, "Noisy Recall": 0.917, "Selective Copy": 0.930, AVERAGE: 0.709},
@@ -162,8 +162,8 @@ def mad_text(entries: Sequence[MadEntry]) -> str:
                          f"the seeds whose runs of it are all finished")
     lines += ["", mad_table(entries).markdown(), "",
               "cells: median [IQR] over seeds of the task score (best macro accuracy of the lr x wd grid per "
-              "setting, at the lowest-perplexity epoch, averaged over the task's settings); ref: SPEC 3.3 "
-              "(dynamic-conv paper, one seed, full protocol); diff = median - ref. A task is scored for a seed "
+              "setting, at the lowest-perplexity epoch, averaged over the task's settings); ref: the "
+              "dynamic-conv paper (one seed, full protocol); diff = median - ref. A task is scored for a seed "
               "only when all its runs of that seed have records; 'partial k/n' counts its records, and the "
               "Average needs every task."]
     return "\n".join(lines)

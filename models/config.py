@@ -23,7 +23,7 @@ KERNEL_BACKENDS = (None, *BACKENDS)  # None: auto
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Every setting of a mixlab model. Defaults give the MAD protocol's model (SPEC 3.3).
+    """Every setting of a mixlab model. Defaults give the MAD protocol's model (docs/mad.md).
 
     Fields:
         vocab_size: number of token ids; also the output size. Required.
@@ -44,7 +44,7 @@ class ModelConfig:
         rope_base: base of the rotary embedding's frequencies.
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal init of every Linear and Embedding weight.
-        objective: "lm" (next-token logits) or "compression" (MAD autoencoder, SPEC 3.3 item 5).
+        objective: "lm" (next-token logits) or "compression" (the MAD compression autoencoder).
         kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
     """
 
@@ -86,7 +86,7 @@ class ModelConfig:
         return from_mapping(cls, data)
 
 
-# The MAD reference models of the dynamic-conv paper (SPEC 3.3): fields over the ModelConfig defaults.
+# The MAD reference models of the dynamic-conv paper (docs/mad.md): fields over the ModelConfig defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer": {"mixer": "attention"},
     "static_conv_qkv": {"mixer": "attention", "qkv_conv": "static"},

@@ -79,7 +79,7 @@ class LanguageModel(_BlockStack):
 
 
 class CompressionAutoencoder(_BlockStack):
-    """MAD compression model (SPEC 3.3 item 5; mad-lab `AutoEncoder` with global_pool="last").
+    """MAD compression model (docs/mad.md; mad-lab `AutoEncoder` with global_pool="last").
 
     Encoder: the Blocks; the state at the last position of each document (each row without doc_ids) is the
     code. Decoder, for every position p of that document (p counted from the document's start):

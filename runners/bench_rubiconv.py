@@ -1,4 +1,4 @@
-"""``mixlab bench rubiconv``: RubiConv against the long-convolution baselines on one packed row (SPEC 5.3).
+"""``mixlab bench rubiconv``: RubiConv against the long-convolution baselines on one packed row (docs/rubiconv.md).
 
 One row of ``n_tokens`` tokens cut into documents of lognormal lengths (seeded), D channels, a filter as long
 as the row. Rows of the table:
@@ -6,7 +6,7 @@ as the row. Rows of the table:
     per-doc FFT loop       one FFT convolution per document (the reference's FFT on each document)
     pad to longest         every document zero-padded to the longest, one batched FFT
     pow2 buckets           the "torch" backend: documents bucketed by ceil(log2 L), one FFT per bucket
-    gemm / triton          the GEMM form of SPEC 5.2, precision fp32 and bf16, automatic k (and ``blocks``)
+    gemm / triton          the GEMM form (docs/rubiconv.md), precision fp32 and bf16, automatic k (and ``blocks``)
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
 gate); the leaky row's error is its leak. The GPU name and versions go on top.

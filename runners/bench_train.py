@@ -2,7 +2,7 @@
 
 One run at a time is ``runners.train.train_run`` (the baseline is the training loop itself, not a rewrite);
 batched is ``runners.engine.train_runs_batched`` over ``n_runs`` runs of one setting: the MAD grid's learning
-rates and weight decays (SPEC 3.3) in turn, seeds 0, 1, ... once the six grid points are used. Every run
+rates and weight decays (docs/mad.md) in turn, seeds 0, 1, ... once the six grid points are used. Every run
 trains ``steps`` steps with an evaluation every epoch and at the end, no early stop. A short warm-up call of
 each mode first takes one-time costs (CUDA context, cuBLAS, compilation) out of the timings; CUDA graphs are
 captured again in the timed call (every new stack captures its own).
@@ -33,7 +33,7 @@ from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.train import train_run
 from mixlab.tasks.fields import PositiveInt, check
 
-# The MAD protocol's grid (SPEC 3.3): lr x weight decay.
+# The MAD protocol's grid (docs/mad.md): lr x weight decay.
 MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]
 # Largest relative test-loss difference the correctness gate allows. Eager fp32 on the CPU is bitwise; batched
 # GPU kernels and compiled code round differently, and 200 steps amplify that; bf16 autocast more so.

@@ -15,7 +15,7 @@ shape check, whose outputs would mean nothing):
                of max |y| for a module with ``bitwise_causal = False``), with and without a packed layout
   gradients    a backward pass with a random cotangent gives finite input and parameter gradients
   determinism  the same input twice gives bitwise equal outputs
-  leakage.*    SPEC 6's five probes (``analysis.leakage.probe_function``) on a random packed layout:
+  leakage.*    the five leakage probes (``analysis.leakage.probe_function``) on a random packed layout:
                judged when the mixer claims document blindness (its forward takes cu_seqlens and it does
                not set ``leaks_across_documents = True``), shown unjudged for a declared leak, not run for a
                forward without cu_seqlens (packed inputs are refused).

@@ -1,4 +1,4 @@
-"""``mixlab leakage``: the leakage probes of SPEC 6 for one mixer or all of them, printed as a table.
+"""``mixlab leakage``: the leakage probes (docs/leakage.md) for one mixer or all of them, printed as a table.
 
 Exit status 1 when a mixer that claims exact document blindness fails a probe; bad input is a ValueError
 (status 2 through ``runners.cli.main``). The work happens in ``analysis.leakage``.

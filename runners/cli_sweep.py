@@ -151,7 +151,7 @@ def mad_table(
     md: str = typer.Option(None, help="Also write the table as markdown to this file."),
     csv: str = typer.Option(None, help="Also write the table (long form) as CSV to this file."),
 ) -> None:
-    """Print the MAD table: per task median [IQR] over seeds, SPEC 3.3's reference and the difference."""
+    """Print the MAD table: per task median [IQR] over seeds, the paper's value and the difference."""
     entries = [mad_entry(load_sweep(f)) for f in folders]
     text = mad_text(entries)
     typer.echo(text)
@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
     """Add ``sweep``, ``sweeps``, ``mad run|table|profiles`` and ``report`` to ``app``."""
     app.command("sweep")(sweep)
     app.command("sweeps")(sweep_presets)
-    mad_app = typer.Typer(help="The MAD benchmark (SPEC 3.3): run the protocol, print the table.",
+    mad_app = typer.Typer(help="The MAD benchmark (docs/mad.md): run the protocol, print the table.",
                           no_args_is_help=True)
     mad_app.command("run")(mad_run)
     mad_app.command("table")(mad_table)

@@ -1,4 +1,4 @@
-"""The MAD protocol (SPEC 3.3) as a sweep: 66 settings x lr x wd grid x seeds for one model.
+"""The MAD protocol (docs/mad.md) as a sweep: 66 settings x lr x wd grid x seeds for one model.
 
 Every run: the model (a preset of ``models.PRESETS`` or any ``models.MIXERS`` name, on the MAD model: 2
 blocks, width 128, SwiGLU 352), AdamW on every parameter, batch 128, cosine per epoch from lr to 1e-6, no
@@ -27,8 +27,8 @@ smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 6
 =======  ===========  ================  ==============================  =============  ===========
 
 Sizes for one architecture and one seed, before early stopping (``MadProfile.max_total_steps``): ``paper``
-396 runs, 5.38M optimizer steps (SPEC 3.3's 5.4M), about 12 GPU-hours one run at a time at SPEC 5.3's 7.9 ms
-per step; ``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
+396 runs, 5.38M optimizer steps, about 12 GPU-hours one run at a time at 7.9 ms per step (H200, docs/engine.md);
+``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
 run at a time; ``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick``
 keeps every setting because the MAD score averages over them (long sequences and small training sets are the
 hard ones); it drops the grid and caps the steps instead.
@@ -118,7 +118,7 @@ class MadProfile:
 
 
 PROFILES: dict[str, MadProfile] = {
-    "paper": MadProfile(name="paper", summary="the full protocol of SPEC 3.3 (200 epochs, 6-point grid)"),
+    "paper": MadProfile(name="paper", summary="the full MAD protocol (200 epochs, 6-point grid)"),
     "quick": MadProfile(
         name="quick",
         summary="all 66 settings, one grid point (lr 1e-3, wd 0), at most ~1,500 steps (200 epochs) per run",

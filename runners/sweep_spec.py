@@ -238,7 +238,7 @@ def _reference(data: Any, task_names: list[str], model_labels: list[str]) -> dic
     """The paper's results a report prints beside a grid's::
 
         reference:
-          source: "RubiConv paper (SPEC 3.4)"
+          source: "RubiConv paper"
           values:                        # per (task, model): a number and/or a note ("< 25%")
             - {task: packed/noisy_recall, model: rubiconv, value: 1.0, note: "100%"}
           claims: ["dynamic conv beats static conv beats no conv at every width"]

@@ -1,6 +1,9 @@
 """Every notebook runs top to bottom in its small mode, in a kernel of this interpreter, and is committed clean."""
 
 import json
+import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,3 +56,29 @@ def test_notebook_runs_in_small_mode(path, kernel_of_this_interpreter):
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
     assert [out for out in outputs if "image/png" in out.get("data", {})], "every notebook shows a figure"
     assert any(kernel_of_this_interpreter.rglob("*.*")), "the kernel wrote under MIXLAB_NOTEBOOK_OUT"
+
+
+def _readme_notebook_command() -> str:
+    """The README's one command that executes the notebooks."""
+    readme = (NOTEBOOKS_DIR.parent / "README.md").read_text()
+    return next(line for line in readme.splitlines() if "jupyter nbconvert" in line)
+
+
+def test_the_notebooks_extra_brings_what_the_readme_command_runs():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((NOTEBOOKS_DIR.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", requirement).group(0) for requirement in extras["notebooks"]}
+    assert {"nbclient", "nbformat", "ipykernel", "nbconvert"} <= names
+    assert "mixlab[notebooks]" in extras["test"], "the tests execute the notebooks too"
+    assert _readme_notebook_command().startswith('pip install -e ".[notebooks]" && jupyter nbconvert ')
+
+
+def test_readme_command_executes_a_notebook(kernel_of_this_interpreter, tmp_path):
+    """The nbconvert half of the README command, on one notebook, in this interpreter's small-mode kernel."""
+    args = shlex.split(_readme_notebook_command().split(" && ", 1)[1])
+    assert args[:2] == ["jupyter", "nbconvert"] and "notebooks/*.ipynb" in args
+    args[args.index("notebooks/*.ipynb")] = str(NOTEBOOKS_DIR / "mad_table.ipynb")
+    args[args.index("--output-dir") + 1] = str(tmp_path / "executed")
+    subprocess.run([sys.executable, "-m", "nbconvert", *args[2:]], check=True, capture_output=True, timeout=600)
+    executed = nbformat.read(tmp_path / "executed" / "mad_table.ipynb", as_version=4)
+    assert all(cell.execution_count for cell in executed.cells if cell.cell_type == "code")

@@ -1,4 +1,4 @@
-"""RubiConv in the GEMM form of SPEC 5.2, in torch matmuls: the plan of a packed layout, then the transform.
+"""RubiConv in its GEMM form (docs/rubiconv.md), in torch matmuls: the plan of a packed layout, then the transform.
 
 With w_n = exp(-2 pi i / n) and a block (column count) k, document i of length L_i is zero-padded to
 ``P_i = k * ceil((L_i + min(L_i, L_F) - 1) / k)`` tokens, ``m_i = P_i / k`` columns of k tokens:
@@ -41,7 +41,7 @@ _PLAN_CACHE_SIZE = 32
 
 
 def padded_lengths(lengths: np.ndarray, L_F: int, k: int) -> np.ndarray:
-    """P = k * ceil((L + min(L, L_F) - 1) / k): the shortest multiple of k with no wrap-around (SPEC 5.2)."""
+    """P = k * ceil((L + min(L, L_F) - 1) / k): the shortest multiple of k with no wrap-around."""
     raw = lengths + np.minimum(lengths, L_F) - 1
     return k * -(-raw // k)
 

@@ -1,7 +1,7 @@
 """RubiConv over packed documents: input checks, then the public op over three backends.
 
 - "torch": ``naive.rubiconv_ref``, an exact FFT convolution per document (float64 stays float64).
-- "gemm": ``gemm.rubiconv_gemm``, the block-diagonal DFT of SPEC 5.2 in torch matmuls (autograd backward).
+- "gemm": ``gemm.rubiconv_gemm``, the block-diagonal DFT (docs/rubiconv.md) in torch matmuls (autograd backward).
 - "triton": ``triton.rubiconv_triton``, the same GEMM form in three fused Triton kernels with a hand-written
   backward.
 The GEMM backends share one ``gemm.RubiPlan`` per layout (cached), which also picks the block k.
@@ -51,7 +51,7 @@ def rubiconv(
         h: [D, L_F] filter, tap j multiplies x[t - j]; L_F may exceed T.
         cu_seqlens: int32 [n_docs + 1] offsets into the flattened B*T axis (``kernels.utils``), or None for
             one document per row.
-        block: column count k of the GEMM form (SPEC 5.2), or None: the smallest power of two whose square
+        block: column count k of the GEMM form (docs/rubiconv.md), or None: the smallest power of two whose square
             covers the longest padded document, within [16, 512]. "gemm" takes any positive k, "triton" a
             power of two in [16, 512]; "torch" ignores it.
         backend: "torch", "gemm", "triton" or None (auto, ``kernels.utils.resolve_backend``: "triton" on CUDA

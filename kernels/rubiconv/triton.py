@@ -1,4 +1,4 @@
-"""RubiConv's GEMM form (``kernels.rubiconv.gemm``, SPEC 5.2) with its stages fused in three Triton kernels.
+"""RubiConv's GEMM form (``kernels.rubiconv.gemm``, docs/rubiconv.md) with its stages fused in three Triton kernels.
 
 Complex values are two planes of one buffer ``[2, n_cols, k, D]`` (real, imaginary), one half column (k tokens
 x D channels) contiguous per plane, numbered as in ``gemm.RubiPlan``. The padded input never exists (the block
@@ -383,7 +383,7 @@ def _tables(plan: RubiPlan, precision: str) -> dict:
 
 
 def _dot_precision(t: dict) -> str:
-    """tf32 tensor-core dots on fp32 operands (SPEC 5.2: 5e-4 relative RMS); bf16 operands are exact."""
+    """tf32 tensor-core dots on fp32 operands (about 5e-4 relative RMS); bf16 operands are exact."""
     return "tf32" if t["dot_dtype"] == torch.float32 else "ieee"
 
 

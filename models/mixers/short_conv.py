@@ -1,8 +1,8 @@
 """Short causal depthwise convolutions: the static and dynamic conv units and the standalone conv mixers.
 
 A conv unit convolves a signal u [B, T, C] along time, residual (u + conv(u), the kernels' residual=True):
-    StaticShortConv:      weight [W, C] and an output bias [C], both N(0, 0.02) (SPEC 4: zero weights without
-                          bias train clearly worse).
+    StaticShortConv:      weight [W, C] and an output bias [C], both N(0, 0.02) (the Qwen3 conv study found
+                          zero weights without bias clearly worse).
     LowRankDynamicConv:   per-token weights from an affine map of a source x [B, T, D_in]:
                           w[b, t] = ((x A + a) U).view(W, C) + S, A [D_in, R], U [R, W*C]; the map's bias
                           S [W, C] goes to the kernel as static_w: the [B, T, W, C] weights are never built.

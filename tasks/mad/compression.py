@@ -1,7 +1,7 @@
 """MAD compression (mad-lab ``generate_compression_instance``).
 
 ``T - 1`` tokens uniform over ``0..V-2`` followed by the compression token ``V-1``; the target at every
-position is the input itself. The model (SPEC 3.3) encodes the row, keeps only the last position's state and
+position is the input itself. The model (docs/mad.md) encodes the row, keeps only the last position's state and
 must decode every position's token from it, so the task measures how much a mixer can pack into one state.
 
 Worked example (V=5, T=6; compression token ``Z``)::

@@ -1,4 +1,4 @@
-"""The 66 settings of the MAD difficulty sweep (SPEC 3.3; mad-lab ``configs/tasks/*.yml``).
+"""The 66 settings of the MAD difficulty sweep (docs/mad.md; mad-lab ``configs/tasks/*.yml``).
 
 Each task has a baseline (its ``Params`` defaults, 12,800 training rows, 256 for memorization) and variations
 that change one thing at a time: a task parameter or the number of training rows. The test set is always

@@ -13,7 +13,7 @@ or one whose neighbour shares all its keys, takes any key it does not show). The
 emits the answer after reading the query key); nothing else is scored. A mixer that reads the previous document
 answers absent queries with that document's value instead of NONE.
 
-``absent_key`` picks which of the previous document's keys an absent query asks: ``"previous"`` (SPEC 3.4) any
+``absent_key`` picks which of the previous document's keys an absent query asks: ``"previous"`` (the default) any
 of them; ``"previous_last"`` the one shown last (nearest the boundary). Then the absent key's latest occurrence
 sits just before this document's BOS, no farther from the query than a present key shown early in a long
 document: a leaky mixer cannot tell absent from present by distance (a learned decay of its filter), since

@@ -1,4 +1,4 @@
-"""The leakage probes (SPEC 6) and `mixlab leakage`: every boundary-respecting mixer passes every probe on
+"""The leakage probes (docs/leakage.md) and `mixlab leakage`: every boundary-respecting mixer passes every probe on
 random packed layouts, fft_conv_leaky is caught, and each probe fails on a variant built to leak the way it
 detects (a short conv or attention that ignores documents, a dense 0/1 mask, a leak below rounding, absolute
 positions)."""

@@ -1,4 +1,4 @@
-"""Packed training (SPEC 3.4): `mixlab run` trains any mixer on both packed tasks, and associative retrieval
+"""Packed training (docs/packed.md): `mixlab run` trains any mixer on both packed tasks, and associative retrieval
 reports accuracy on present- and absent-key queries."""
 
 import math
@@ -55,7 +55,7 @@ GAP_PARAMS = {"seq_len": 128, "min_doc_len": 8, "doc_len_median": 24, "max_doc_l
 
 
 def test_rubiconv_beats_the_leaky_fft_conv_on_absent_keys(one_torch_thread):
-    """SPEC 3.4 at CPU size: the exact per-document conv answers NONE for a neighbour's key far more often than
+    """RubiConv's claim at CPU size: the exact per-document conv answers NONE for a neighbour's key far more often than
     the same layer with one FFT over the row. Measured (2 seeds, 1,200 steps): absent accuracy .941 / .923
     against .818 / .775; the test takes about a minute on one core."""
     absent = {}

@@ -1,5 +1,5 @@
 """RubiConv's GEMM backends (issue #5): "gemm" (torch matmuls) and "triton" (fused kernels) against an exact
-per-document reference, plus the plan, the edge cases of SPEC 5.2 and document isolation.
+per-document reference, plus the plan, the edge cases of the GEMM form and document isolation.
 
 Forward against numpy.convolve per document and channel; every gradient against autograd of the "torch"
 backend (an exact FFT convolution per document) in float64, driven by a random upstream gradient. Without
@@ -23,7 +23,7 @@ BOUNDS = {
     ("gemm", "fp64"): 1e-10,
     ("gemm", "fp32"): 1e-4,  # fp32 matmuls: ~4e-7 measured on the CPU
     ("gemm", "bf16"): 2e-2,  # bfloat16 operands: ~6e-3 measured
-    ("triton", "fp32"): 1e-3 if ON_GPU else 1e-5,  # tf32 dots on the GPU (SPEC 5.2: 5e-4); exact fp32 here
+    ("triton", "fp32"): 1e-3 if ON_GPU else 1e-5,  # tf32 dots on the GPU (about 5e-4); exact fp32 here
     # bfloat16 spectra; the interpreter truncates fp32 -> bf16 instead of rounding (~2e-2 measured)
     ("triton", "bf16"): 2e-2 if ON_GPU else 5e-2,
 }
@@ -114,7 +114,7 @@ def test_one_zero_fewer_breaks_the_padding(monkeypatch):
     assert rel_rms_error(kernels.rubiconv(x, h, block=1, backend="gemm"), expected) > 1e-3
 
 
-# ---- the GEMM form in torch matmuls, float64: the edge cases of SPEC 5.2 ----
+# ---- the GEMM form in torch matmuls, float64: the edge cases of docs/rubiconv.md ----
 
 EDGE_CASES = [
     # B, T, D, L_F, document lengths per row, block

@@ -1,5 +1,5 @@
 """Every registered mixer (read from MIXERS) and every qkv_conv option: shape, causality, exact document
-blindness (perturbation and NaN injection, SPEC 6), packing invariance and gradients. Each probe also runs on
+blindness (perturbation and NaN injection, docs/leakage.md), packing invariance and gradients. Each probe also runs on
 a variant built to fail it, so a probe that cannot fail is caught."""
 
 import pytest

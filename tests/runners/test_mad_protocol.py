@@ -46,7 +46,7 @@ def test_quick_profile_fits_one_gpu_session():
     assert len({(r.meta["task"], r.meta["setting"]) for r in plan.runs}) == 66
     steps = [r.config.train.epochs * -(-r.config.train.num_train // 128) for r in plan.runs]
     assert max(steps) <= 1500 + 100 and sum(steps) == profile.max_total_steps()
-    assert profile.max_total_steps() * 7.9e-3 / 60 < 15, "GPU-minutes at SPEC 5.3's 7.9 ms per step"
+    assert profile.max_total_steps() * 7.9e-3 / 60 < 15, "GPU-minutes at 7.9 ms per step (docs/engine.md)"
     assert all(r.config.train.epochs <= 200 for r in plan.runs)
 
 

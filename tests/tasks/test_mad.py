@@ -1,4 +1,4 @@
-"""The six MAD generators (SPEC 3.3) and the 66-setting sweep: shapes, seeding, exact targets, invariants."""
+"""The six MAD generators (docs/mad.md) and the 66-setting sweep: shapes, seeding, exact targets, invariants."""
 
 import random
 from collections import Counter
