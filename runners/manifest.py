@@ -71,6 +71,10 @@ def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
 
 
 def _identity(spec: Mapping[str, Any]) -> str:
-    """What makes two specs the same sweep: everything but the seeds and the words around it."""
-    return json.dumps({k: v for k, v in spec.items() if k not in ("seeds", "description", "reference")},
-                      sort_keys=True)
+    """What makes two specs the same sweep: everything but the seeds and the words around it (a grid's
+    description and reference, a MAD profile's summary and the paragraph made from it), so rewording them
+    does not orphan a folder of finished runs."""
+    same = {k: v for k, v in spec.items() if k not in ("seeds", "description", "reference", "profile_text")}
+    if isinstance(same.get("profile"), Mapping):
+        same["profile"] = {k: v for k, v in same["profile"].items() if k != "summary"}
+    return json.dumps(same, sort_keys=True)

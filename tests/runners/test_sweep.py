@@ -13,6 +13,7 @@ import yaml
 from mixlab.analysis.aggregate import grid_summary, load_sweep
 from mixlab.runners import local_backend
 from mixlab.runners.local_backend import JobOutOfMemory
+from mixlab.runners.mad import mad_plan
 from mixlab.runners.manifest import finished_hashes, write_manifest
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import plan_jobs
@@ -183,6 +184,23 @@ def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
     reference = {"source": "a paper", "values": [{"task": "mqar", "model": "conv", "note": "> 90%"}]}
     write_manifest(tmp_path, tiny(description="new words", reference=reference).plan(seeds=[0]))
     assert json.loads((tmp_path / "sweep.json").read_text())["spec"]["reference"]["source"] == "a paper"
+
+
+def test_manifest_of_a_mad_profile_survives_reworded_summaries(tmp_path):
+    """A MAD profile's summary (and the paragraph made from it) are words: a folder written before they were
+    reworded still resumes; a changed number in the profile is another sweep."""
+    plan = mad_plan("transformer", "smoke", device="cpu")
+    write_manifest(tmp_path, plan)
+    path = tmp_path / "sweep.json"
+    manifest = json.loads(path.read_text())
+    manifest["spec"]["profile"]["summary"] = "older words"
+    manifest["spec"]["profile_text"] = "older paragraph"
+    path.write_text(json.dumps(manifest))
+    write_manifest(tmp_path, plan)
+    manifest["spec"]["profile"]["max_epochs"] = 3
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="different sweep"):
+        write_manifest(tmp_path, plan)
 
 
 def test_tasks_option_trains_only_those_tasks(tmp_path):
