@@ -11,11 +11,12 @@ tiles left of the diagonal need no mask, the diagonal tile is masked. Stored: o 
 log-sum-exp ``lse = m + log2(l)`` (fp32 [B, H, T], base 2), so the backward recomputes p = exp2(s - lse)
 without a second pass over the row.
 
-Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta):
+Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), one kernel
+launched in two modes:
     dq = scale * ds @ k          a program per query tile, walking the key tiles up to the diagonal; it
                                  first computes delta of its rows and stores it (fp32 [B, H, T])
-    dk = scale * ds^T @ q        a program per key tile, walking the query tiles from the diagonal to T,
-    dv = p^T @ do                launched after the dq kernel, whose delta it reads
+    dk = scale * ds^T @ q        a program per key tile, walking the query tiles from the diagonal to T;
+    dv = p^T @ do                launched second, it reads the delta of the first
 Each gradient element is summed by one program in a fixed order: no atomics, results are bitwise repeatable.
 
 Head sizes below 16: ``tl.dot`` needs an inner dimension of at least 16, so the head dim is padded to
@@ -59,14 +60,18 @@ def _dot(a, b, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _program_tile(N_TB, PAIRS: tl.constexpr, LONGEST_LAST: tl.constexpr):
-    """The 1-D grid -> (row tile, first pair). Tiles vary fastest, so a pair's programs run together and share
-    its rows in L2; the tiles with the most work go first (the last query tiles, the first key tiles)."""
+def _program_tile(N_TB, BT: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr,
+                  KEY_TILES: tl.constexpr):
+    """The 1-D grid -> (row tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, their mask).
+
+    Tiles vary fastest, so a pair's programs run together and share its rows in L2; the tiles with the most
+    work go first: the last query tiles, or with KEY_TILES the first key tiles."""
     i_p = tl.program_id(0)
     i_t = i_p % N_TB
-    if LONGEST_LAST:
+    if not KEY_TILES:
         i_t = N_TB - 1 - i_t
-    return i_t, (i_p // N_TB) * PAIRS
+    o_d = tl.arange(0, HDP)  # head dim padded for tl.dot
+    return i_t, (i_p // N_TB) * PAIRS, i_t * BT + tl.arange(0, BT), o_d, o_d < HD
 
 
 @triton.jit
@@ -89,6 +94,18 @@ def _store_rows(ptr, b, base, o_t, m_t, o_d, m_d, s_t):
     tl.store(p, b.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
+@triton.jit
+def _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT: tl.constexpr,
+              NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """A pair's key tile i_n..i_n+BT -> ([BT] key rows, k and v [BT, HDP], the base-2 scores [BT, BT] of the
+    query tile b_q against it, unmasked)."""
+    o_n = i_n + tl.arange(0, BT)
+    m_n = o_n < n_t
+    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)
+    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)
+    return o_n, b_k, b_v, _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION) * qk_scale
+
+
 # fmt: off
 @triton.jit
 def _fwd_tile(
@@ -97,11 +114,8 @@ def _fwd_tile(
     BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One key tile (rows i_n..i_n+BT) into the running (m, l, acc) of the query tile b_q."""
-    o_n = i_n + tl.arange(0, BT)  # [BT] key rows
-    m_n = o_n < n_t
-    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)  # [BT, HDP]
-    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)  # [BT, HDP]
-    b_s = _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION) * qk_scale  # [BT, BT] base-2 scores
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
+                                   PRECISION)
     if CAUSAL_MASK:
         b_s = tl.where(o_m[:, None] >= o_n[None, :], b_s, float("-inf"))
     b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))  # finite: key i_n is at or before every query of the tile
@@ -121,10 +135,7 @@ def _attn_fwd_kernel(
     HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
-    i_t, i_bh0 = _program_tile(N_TB, PAIRS, True)
-    o_m = i_t * BT + tl.arange(0, BT)  # [BT] query rows
-    o_d = tl.arange(0, HDP)  # [HDP], head dim padded for tl.dot
-    m_d = o_d < HD
+    i_t, i_bh0, o_m, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, False)  # o_m: [BT] query rows
     for j in range(PAIRS):
         i_bh = i_bh0 + j
         base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
@@ -152,51 +163,14 @@ def _dq_tile(
     BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One key tile's ds @ k added to the query tile's (unscaled) dq."""
-    o_n = i_n + tl.arange(0, BT)  # [BT] key rows
-    m_n = o_n < n_t
-    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)  # [BT, HDP]
-    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)  # [BT, HDP]
-    b_s = _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION) * qk_scale  # [BT, BT]
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
+                                   PRECISION)
     b_p = tl.exp2(b_s - b_lse[:, None])
     if CAUSAL_MASK:
         b_p = tl.where(o_m[:, None] >= o_n[None, :], b_p, 0.0)
     b_dp = _dot(b_do, tl.trans(b_v), NATIVE_DOT, PRECISION)  # [BT, BT]
     b_ds = b_p * (b_dp - b_delta[:, None])
     return b_dq + _dot(b_ds.to(b_k.dtype), b_k, NATIVE_DOT, PRECISION)
-# fmt: on
-
-
-# fmt: off
-@triton.jit
-def _attn_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,  # pointers
-    T, H, BH, N_TB, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scale
-    HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
-):
-    i_t, i_bh0 = _program_tile(N_TB, PAIRS, True)
-    o_m = i_t * BT + tl.arange(0, BT)  # [BT] query rows
-    o_d = tl.arange(0, HDP)
-    m_d = o_d < HD
-    for j in range(PAIRS):
-        i_bh = i_bh0 + j
-        base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
-        m_m = o_m < n_t
-        b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, m_d, s_t)  # [BT, HDP]
-        b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, m_d, s_t)
-        b_o = _load_rows(o_ptr, base, o_m, m_m, o_d, m_d, s_t)
-        b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
-        p_row = i_bh.to(tl.int64) * T + o_m  # [BT] rows of lse and delta
-        tl.store(delta_ptr + p_row, b_delta, mask=m_m)
-        # rows past the pair's end get p = exp2(s - inf) = 0
-        b_lse = tl.load(lse_ptr + p_row, mask=m_m, other=float("inf"))
-        b_dq = tl.zeros([BT, HDP], dtype=tl.float32)
-        for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
-            b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_m, i_n, n_t, s_t, o_d, m_d,
-                            qk_scale, BT, False, NATIVE_DOT, PRECISION)
-        b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_m, i_t * BT, n_t, s_t, o_d, m_d,
-                        qk_scale, BT, True, NATIVE_DOT, PRECISION)
-        _store_rows(dq_ptr, b_dq * scale, base, o_m, m_m, o_d, m_d, s_t)
 # fmt: on
 
 
@@ -229,33 +203,48 @@ def _dkdv_tile(
 
 # fmt: off
 @triton.jit
-def _attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,  # pointers
-    T, H, BH, N_TB, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scale
+def _attn_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,  # pointers
+    T, H, BH, N_TB, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scales
     HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    DKDV: tl.constexpr,  # mode: dq and delta of query tiles, or (launched after, reading delta) dk, dv of key tiles
 ):
-    i_t, i_bh0 = _program_tile(N_TB, PAIRS, False)
-    o_n = i_t * BT + tl.arange(0, BT)  # [BT] key rows
-    o_d = tl.arange(0, HDP)
-    m_d = o_d < HD
+    i_t, i_bh0, o_t, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, DKDV)  # o_t: [BT] rows of the tile
     for j in range(PAIRS):
         i_bh = i_bh0 + j
         base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
-        m_n = o_n < n_t
+        m_t = o_t < n_t
         row0 = i_bh.to(tl.int64) * T  # the pair's first row of lse and delta
-        b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)  # [BT, HDP]
-        b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)
-        b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
-        b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
-        b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_n,
-                                i_t * BT, n_t, s_t, o_d, m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
-        # query tiles right of the diagonal: every query follows every key of the tile
-        for i_m in range((i_t + 1) * BT, n_t, BT):
-            b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_n,
-                                    i_m, n_t, s_t, o_d, m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
-        _store_rows(dk_ptr, b_dk * scale, base, o_n, m_n, o_d, m_d, s_t)
-        _store_rows(dv_ptr, b_dv, base, o_n, m_n, o_d, m_d, s_t)
+        if DKDV:
+            b_k = _load_rows(k_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
+            b_v = _load_rows(v_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
+            b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
+            b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
+                                    i_t * BT, n_t, s_t, o_d, m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
+            # query tiles right of the diagonal: every query follows every key of the tile
+            for i_m in range((i_t + 1) * BT, n_t, BT):
+                b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
+                                        i_m, n_t, s_t, o_d, m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
+            _store_rows(dk_ptr, b_dk * scale, base, o_t, m_t, o_d, m_d, s_t)
+            _store_rows(dv_ptr, b_dv, base, o_t, m_t, o_d, m_d, s_t)
+        else:
+            b_q = _load_rows(q_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
+            b_do = _load_rows(do_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_o = _load_rows(o_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
+            tl.store(delta_ptr + row0 + o_t, b_delta, mask=m_t)
+            # rows past the pair's end get p = exp2(s - inf) = 0
+            b_lse = tl.load(lse_ptr + row0 + o_t, mask=m_t, other=float("inf"))
+            b_dq = tl.zeros([BT, HDP], dtype=tl.float32)
+            # key tiles left of the diagonal, then the diagonal tile
+            for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
+                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_n, n_t, s_t, o_d,
+                                m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
+            b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_t * BT, n_t, s_t, o_d,
+                            m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
+            _store_rows(dq_ptr, b_dq * scale, base, o_t, m_t, o_d, m_d, s_t)
 # fmt: on
 
 
@@ -327,9 +316,9 @@ def _attention_bwd(
     grid, args = _plan(q, BWD_BT)
     scales = {"scale": scale, "qk_scale": scale * LOG2E}
     launch = {"num_warps": BWD_WARPS, "num_stages": BWD_STAGES}
-    # the dq kernel stores delta, which the dk/dv kernel (next on the stream) reads
-    _attn_bwd_dq_kernel[grid](q, k, v, o, do, lse, delta, dq, **args, **scales, **launch)
-    _attn_bwd_dkdv_kernel[grid](q, k, v, do, lse, delta, dk, dv, **args, **scales, **launch)
+    # the dq mode stores delta, which the dk/dv mode (next on the stream) reads
+    for dkdv in (False, True):
+        _attn_bwd_kernel[grid](q, k, v, o, do, lse, delta, dq, dk, dv, **args, **scales, DKDV=dkdv, **launch)
     return dq, dk, dv
 
 
