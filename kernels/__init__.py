@@ -1,11 +1,13 @@
-"""Document-aware sequence-mixing ops: short causal convolutions (static, head-wise, low-rank) and RubiConv.
+"""Sequence-mixing ops: document-aware short causal convolutions (static, head-wise, low-rank) and RubiConv, and
+causal softmax attention for tiny heads.
 
-Every op takes ``cu_seqlens`` (int32 [n_docs + 1], see ``kernels.utils``) and a ``backend``: "torch" is the
-plain-torch reference (``naive.py`` beside each op), "triton" the kernels of issues #4 and #5, None picks one
+The convolutions take ``cu_seqlens`` (int32 [n_docs + 1], see ``kernels.utils``); every op takes a ``backend``:
+"torch" is the plain-torch reference (``naive.py`` beside each op), "triton" its Triton kernels, None picks one
 (``kernels.utils.BACKENDS``). Each op's folder holds ``naive.py`` (the reference), its Triton modules (kernels,
 launchers, autograd; RubiConv also ``gemm.py``) and ``op.py`` (the input checks and the public function).
 """
 
+from mixlab.kernels.attention import causal_attention
 from mixlab.kernels.dynamic_conv import dynamic_conv_headwise, dynamic_conv_lowrank
 from mixlab.kernels.rubiconv import rubiconv
 from mixlab.kernels.short_conv import short_conv
@@ -18,6 +20,7 @@ from mixlab.kernels.utils import (
 )
 
 __all__ = [
+    "causal_attention",
     "cu_seqlens_to_doc_ids",
     "doc_ids_to_cu_seqlens",
     "dynamic_conv_headwise",

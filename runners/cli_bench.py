@@ -49,6 +49,22 @@ def bench_rubiconv_cmd(
     typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed))
 
 
+@bench_app.command("attention")
+def bench_attention_cmd(
+    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each."),
+    heads: int = typer.Option(16, help="Heads H."),
+    head_dim: int = typer.Option(8, help="Head size hd."),
+    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T sequences."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+) -> None:
+    """Triton causal attention against SDPA with each backend forced: fwd and fwd+bwd, tokens/s, byte floor."""
+    from mixlab.runners.bench_attention import bench_attention
+
+    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    typer.echo(bench_attention(lens, n_heads=heads, head_dim=head_dim, tokens=tokens, dtype=dtype, repeats=repeats))
+
+
 @bench_app.command("train")
 def bench_train_cmd(
     task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),

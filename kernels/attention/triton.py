@@ -1,0 +1,379 @@
+"""Causal softmax attention for tiny heads in Triton: the kernels, their launchers and the op with its backward
+(``kernels.attention.op`` checks the inputs and picks the backend).
+
+q, k, v, o: [B, H, T, hd], each (batch, head) pair one independent sequence of T rows. With ``c = scale *
+log2(e)`` the scores are kept in base-2 units, ``s[t, u] = c * q[t] . k[u]`` for u <= t, so every exponential
+is one ``exp2``.
+
+Forward, a program per (row tile of BT queries, PAIRS consecutive pairs), flash-style: the key tiles up to the
+diagonal stream past with a running row maximum m, sum l and fp32 accumulator, rescaled as m grows; the
+tiles left of the diagonal need no mask, the diagonal tile is masked. Stored: o = acc / l and, per row, the
+log-sum-exp ``lse = m + log2(l)`` (fp32 [B, H, T], base 2), so the backward recomputes p = exp2(s - lse)
+without a second pass over the row.
+
+Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), one kernel
+launched in two modes:
+    dq = scale * ds @ k          a program per query tile, walking the key tiles up to the diagonal; it
+                                 first computes delta of its rows and stores it (fp32 [B, H, T])
+    dk = scale * ds^T @ q        a program per key tile, walking the query tiles from the diagonal to T;
+    dv = p^T @ do                launched second, it reads the delta of the first
+Each gradient element is summed by one program in a fixed order: no atomics, results are bitwise repeatable.
+
+Head sizes below 16: ``tl.dot`` needs an inner dimension of at least 16, so the head dim is padded to
+HDP = max(16, next power of two) with masked loads (zeros add nothing to q . k, and the padded columns of
+o, dq, dk, dv are never stored). One code path for every head size, and the products stay on the tensor
+cores; elementwise products would move the two [BT, BT, hd] contractions onto the CUDA cores instead.
+
+Layout: the kernels take one set of (batch, head, time) strides for every [B, H, T, hd] tensor, the head dim
+contiguous. q may be contiguous or a transposed contiguous [B, T, H, hd] (the mixers' layout, no copy); k, v,
+the upstream gradient and every output take q's layout (copied when they differ).
+
+Dots: in the inputs' half type on the tensor cores with fp32 accumulation, p and ds rounded to it first (as
+flash attention does); fp32 inputs in exact fp32 products. The interpreter's bf16 ``tl.dot`` is wrong
+(Triton 3.9), so there bf16 operands are widened to fp32 after the same rounding.
+"""
+
+import math
+from functools import partial
+
+import torch
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels._triton import tl, triton
+
+# Tiles, warps and pipelining stages, fixed by shape (no autotuning). BT: query and key rows of a tile (16 to
+# FWD_BT / BWD_BT, clamped to T). A program walks about PAIR_ROWS query rows: PAIR_ROWS / T pairs when a
+# pair's rows fit one tile, so short rows do not get one tiny program per pair.
+FWD_BT, FWD_WARPS, FWD_STAGES = 64, 4, 2
+BWD_BT, BWD_WARPS, BWD_STAGES = 64, 4, 2
+PAIR_ROWS = 128
+# The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
+MAX_HEAD_DIM = 128
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _dot(a, b, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b in fp32: on the tensor cores in the operands' half type (NATIVE_DOT), else widened to fp32."""
+    if NATIVE_DOT:
+        return tl.dot(a, b)
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def _program_tile(N_TB, BT: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr,
+                  KEY_TILES: tl.constexpr):
+    """The 1-D grid -> (row tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, their mask).
+
+    Tiles vary fastest, so a pair's programs run together and share its rows in L2; the tiles with the most
+    work go first: the last query tiles, or with KEY_TILES the first key tiles."""
+    i_p = tl.program_id(0)
+    i_t = i_p % N_TB
+    if not KEY_TILES:
+        i_t = N_TB - 1 - i_t
+    o_d = tl.arange(0, HDP)  # head dim padded for tl.dot
+    return i_t, (i_p // N_TB) * PAIRS, i_t * BT + tl.arange(0, BT), o_d, o_d < HD
+
+
+@triton.jit
+def _pair(i_bh, H, BH, T, s_b, s_h):
+    """Pair i_bh -> (offset of its [T, hd] rows, rows it holds: T, or 0 for a pair past the last one)."""
+    i_b, i_h = i_bh // H, i_bh % H
+    return i_b.to(tl.int64) * s_b + i_h.to(tl.int64) * s_h, tl.where(i_bh < BH, T, 0)
+
+
+@triton.jit
+def _load_rows(ptr, base, o_t, m_t, o_d, m_d, s_t):
+    """[BT, HDP] rows o_t of a pair's [T, hd] block, zero past its rows and head dim."""
+    p = ptr + base + o_t.to(tl.int64)[:, None] * s_t + o_d[None, :]
+    return tl.load(p, mask=m_t[:, None] & m_d[None, :], other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, b, base, o_t, m_t, o_d, m_d, s_t):
+    p = ptr + base + o_t.to(tl.int64)[:, None] * s_t + o_d[None, :]
+    tl.store(p, b.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT: tl.constexpr,
+              NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """A pair's key tile i_n..i_n+BT -> ([BT] key rows, k and v [BT, HDP], the base-2 scores [BT, BT] of the
+    query tile b_q against it, unmasked)."""
+    o_n = i_n + tl.arange(0, BT)
+    m_n = o_n < n_t
+    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)
+    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)
+    return o_n, b_k, b_v, _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION) * qk_scale
+
+
+# fmt: off
+@triton.jit
+def _fwd_tile(
+    b_q, b_m, b_l, b_acc, k_ptr, v_ptr,  # query tile, running state, pointers
+    base, o_m, i_n, n_t, s_t, o_d, m_d, qk_scale,  # where
+    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One key tile (rows i_n..i_n+BT) into the running (m, l, acc) of the query tile b_q."""
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
+                                   PRECISION)
+    if CAUSAL_MASK:
+        b_s = tl.where(o_m[:, None] >= o_n[None, :], b_s, float("-inf"))
+    b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))  # finite: key i_n is at or before every query of the tile
+    b_p = tl.exp2(b_s - b_mn[:, None])  # [BT, BT]
+    b_alpha = tl.exp2(b_m - b_mn)  # [BT], 0 on the first tile (m = -inf)
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    b_pv = _dot(b_p.to(b_v.dtype), b_v, NATIVE_DOT, PRECISION)  # [BT, HDP]
+    return b_mn, b_l, b_acc * b_alpha[:, None] + b_pv
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,  # pointers
+    T, H, BH, N_TB, s_b, s_h, s_t, qk_scale,  # sizes, strides, scale
+    HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    i_t, i_bh0, o_m, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, False)  # o_m: [BT] query rows
+    for j in range(PAIRS):
+        i_bh = i_bh0 + j
+        base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
+        m_m = o_m < n_t
+        b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, m_d, s_t)  # [BT, HDP]
+        b_m = tl.full([BT], float("-inf"), dtype=tl.float32)  # running row maximum
+        b_l = tl.zeros([BT], dtype=tl.float32)  # running row sum of exp2(s - m)
+        b_acc = tl.zeros([BT, HDP], dtype=tl.float32)
+        # key tiles left of the diagonal: every key precedes every query of the tile
+        for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
+            b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_n, n_t, s_t, o_d, m_d,
+                                        qk_scale, BT, False, NATIVE_DOT, PRECISION)
+        b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_t * BT, n_t, s_t, o_d, m_d,
+                                    qk_scale, BT, True, NATIVE_DOT, PRECISION)
+        _store_rows(o_ptr, b_acc / b_l[:, None], base, o_m, m_m, o_d, m_d, s_t)
+        tl.store(lse_ptr + i_bh.to(tl.int64) * T + o_m, b_m + tl.log2(b_l), mask=m_m)
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dq_tile(
+    b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr,  # query tile state, pointers
+    base, o_m, i_n, n_t, s_t, o_d, m_d, qk_scale,  # where
+    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One key tile's ds @ k added to the query tile's (unscaled) dq."""
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
+                                   PRECISION)
+    b_p = tl.exp2(b_s - b_lse[:, None])
+    if CAUSAL_MASK:
+        b_p = tl.where(o_m[:, None] >= o_n[None, :], b_p, 0.0)
+    b_dp = _dot(b_do, tl.trans(b_v), NATIVE_DOT, PRECISION)  # [BT, BT]
+    b_ds = b_p * (b_dp - b_delta[:, None])
+    return b_dq + _dot(b_ds.to(b_k.dtype), b_k, NATIVE_DOT, PRECISION)
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dkdv_tile(
+    b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr,  # key tile state, pointers
+    base, row0, o_n, i_m, n_t, s_t, o_d, m_d, qk_scale,  # where
+    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One query tile's ds^T @ q and p^T @ do added to the key tile's (unscaled) dk and dv."""
+    o_m = i_m + tl.arange(0, BT)  # [BT] query rows
+    m_m = o_m < n_t
+    b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, m_d, s_t)  # [BT, HDP]
+    b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, m_d, s_t)
+    # queries past the pair's end get p = exp2(s - inf) = 0
+    b_lse = tl.load(lse_ptr + row0 + o_m, mask=m_m, other=float("inf"))  # [BT]
+    b_delta = tl.load(delta_ptr + row0 + o_m, mask=m_m, other=0.0)
+    b_st = _dot(b_k, tl.trans(b_q), NATIVE_DOT, PRECISION) * qk_scale  # [BT keys, BT queries]
+    b_pt = tl.exp2(b_st - b_lse[None, :])
+    if CAUSAL_MASK:
+        b_pt = tl.where(o_m[None, :] >= o_n[:, None], b_pt, 0.0)
+    b_dv += _dot(b_pt.to(b_do.dtype), b_do, NATIVE_DOT, PRECISION)
+    b_dpt = _dot(b_v, tl.trans(b_do), NATIVE_DOT, PRECISION)  # [BT, BT]
+    b_dst = b_pt * (b_dpt - b_delta[None, :])
+    b_dk += _dot(b_dst.to(b_q.dtype), b_q, NATIVE_DOT, PRECISION)
+    return b_dk, b_dv
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _attn_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,  # pointers
+    T, H, BH, N_TB, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scales
+    HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    DKDV: tl.constexpr,  # mode: dq and delta of query tiles, or (launched after, reading delta) dk, dv of key tiles
+):
+    i_t, i_bh0, o_t, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, DKDV)  # o_t: [BT] rows of the tile
+    for j in range(PAIRS):
+        i_bh = i_bh0 + j
+        base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
+        m_t = o_t < n_t
+        row0 = i_bh.to(tl.int64) * T  # the pair's first row of lse and delta
+        if DKDV:
+            b_k = _load_rows(k_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
+            b_v = _load_rows(v_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
+            b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
+            b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
+                                    i_t * BT, n_t, s_t, o_d, m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
+            # query tiles right of the diagonal: every query follows every key of the tile
+            for i_m in range((i_t + 1) * BT, n_t, BT):
+                b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
+                                        i_m, n_t, s_t, o_d, m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
+            _store_rows(dk_ptr, b_dk * scale, base, o_t, m_t, o_d, m_d, s_t)
+            _store_rows(dv_ptr, b_dv, base, o_t, m_t, o_d, m_d, s_t)
+        else:
+            b_q = _load_rows(q_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
+            b_do = _load_rows(do_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_o = _load_rows(o_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
+            tl.store(delta_ptr + row0 + o_t, b_delta, mask=m_t)
+            # rows past the pair's end get p = exp2(s - inf) = 0
+            b_lse = tl.load(lse_ptr + row0 + o_t, mask=m_t, other=float("inf"))
+            b_dq = tl.zeros([BT, HDP], dtype=tl.float32)
+            # key tiles left of the diagonal, then the diagonal tile
+            for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
+                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_n, n_t, s_t, o_d,
+                                m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
+            b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_t * BT, n_t, s_t, o_d,
+                            m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
+            _store_rows(dq_ptr, b_dq * scale, base, o_t, m_t, o_d, m_d, s_t)
+# fmt: on
+
+
+# ---- host side: layouts, launchers, autograd ----
+
+
+def _dense(q: torch.Tensor) -> torch.Tensor:
+    """q if it is contiguous [B, H, T, hd] or a transposed contiguous [B, T, H, hd], else a contiguous copy."""
+    return q if q.is_contiguous() or q.transpose(1, 2).is_contiguous() else q.contiguous()
+
+
+def _empty_as(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An output shaped and laid out as ``ref`` (a ``_dense`` [B, H, T, hd]), NaN-filled in tests."""
+    B, H, T, hd = ref.shape
+    if ref.is_contiguous():
+        return tu.empty((B, H, T, hd), dtype, ref.device)
+    return tu.empty((B, T, H, hd), dtype, ref.device).transpose(1, 2)
+
+
+def _as_layout(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t in ref's layout, so that one set of strides serves both: t itself, or a copy."""
+    return t if t.stride() == ref.stride() else _empty_as(ref, t.dtype).copy_(t)
+
+
+def _plan(q: torch.Tensor, bt_max: int) -> tuple[tuple[int, ...], dict]:
+    """(grid, the launch arguments every kernel shares after its pointers) for q: [B, H, T, hd]."""
+    B, H, T, hd = q.shape
+    BT, HDP = tu.tiles(T, hd, bt_max, MAX_HEAD_DIM)
+    n_tb = triton.cdiv(T, BT)
+    pairs = max(1, PAIR_ROWS // (n_tb * BT))
+    s_b, s_h, s_t, _ = q.stride()
+    native = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not tu.is_interpreted(_attn_fwd_kernel))
+    sizes = {"T": T, "H": H, "BH": B * H, "N_TB": n_tb, "s_b": s_b, "s_h": s_h, "s_t": s_t}
+    tile = {"HD": hd, "HDP": HDP, "BT": BT, "PAIRS": pairs, "NATIVE_DOT": native,
+            "PRECISION": tu.dot_precision(q)}
+    return (n_tb * triton.cdiv(B * H, pairs),), sizes | tile
+
+
+def _attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k, v: [B, H, T, hd] -> (o [B, H, T, hd] in q's dtype and layout, lse fp32 [B, H, T] in base 2)."""
+    q = _dense(q)
+    k, v = _as_layout(k, q), _as_layout(v, q)
+    B, H, T, _ = q.shape
+    o = _empty_as(q, q.dtype)
+    lse = tu.empty((B, H, T), torch.float32, q.device)
+    grid, args = _plan(q, FWD_BT)
+    _attn_fwd_kernel[grid](q, k, v, o, lse, **args, qk_scale=scale * LOG2E, num_warps=FWD_WARPS,
+                           num_stages=FWD_STAGES)
+    return o, lse
+
+
+def _attention_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """do and the forward's q, k, v, o, lse -> (dq, dk, dv) [B, H, T, hd] in q's dtype and layout."""
+    q = _dense(q)
+    k, v, o, do = (_as_layout(t, q) for t in (k, v, o, do))
+    B, H, T, _ = q.shape
+    delta = tu.empty((B, H, T), torch.float32, q.device)
+    dq, dk, dv = (_empty_as(q, q.dtype) for _ in range(3))
+    grid, args = _plan(q, BWD_BT)
+    scales = {"scale": scale, "qk_scale": scale * LOG2E}
+    launch = {"num_warps": BWD_WARPS, "num_stages": BWD_STAGES}
+    # the dq mode stores delta, which the dk/dv mode (next on the stream) reads
+    for dkdv in (False, True):
+        _attn_bwd_kernel[grid](q, k, v, o, do, lse, delta, dq, dk, dv, **args, **scales, DKDV=dkdv, **launch)
+    return dq, dk, dv
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(bwd, ctx, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+    q, k, v, o, lse = ctx.saved_tensors
+    return (*bwd(do, q, k, v, o, lse, ctx.scale), None)
+
+
+def _fake_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    q = _dense(q)
+    return _empty_as(q, q.dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _fake_bwd(do: torch.Tensor, q: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = _dense(q)
+    return _empty_as(q, q.dtype), _empty_as(q, q.dtype), _empty_as(q, q.dtype)
+
+
+def _fold_runs(info, in_dims: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """vmap rule: stacked runs share no weights here, so the run axis folds into the batch axis and the
+    kernels launch once; every pair meets the same arithmetic as in a run alone."""
+    folded = []
+    for t, dim in zip((q, k, v), in_dims[:3], strict=True):
+        t = t.movedim(dim, 0) if dim is not None else t.expand(info.batch_size, *t.shape)
+        folded.append(t.reshape(-1, *t.shape[2:]))  # [R * B, H, T, hd]
+    o, lse = _fwd_op(*folded, scale)
+    return (o.unflatten(0, (info.batch_size, -1)), lse.unflatten(0, (info.batch_size, -1))), (0, 0)
+
+
+# The custom ops serve torch.compile graphs and torch.func.vmap (stacked runs); eager calls go through the
+# autograd.Function straight to the launchers. Both share _setup_context and _backward.
+_fwd_op = torch.library.custom_op("mixlab::causal_attention", _attention_fwd, mutates_args=())
+_bwd_op = torch.library.custom_op("mixlab::causal_attention_bwd", _attention_bwd, mutates_args=())
+_fwd_op.register_fake(_fake_fwd)
+_bwd_op.register_fake(_fake_bwd)
+_fwd_op.register_autograd(partial(_backward, _bwd_op), setup_context=_setup_context)
+_fwd_op.register_vmap(_fold_runs)
+
+
+class _CausalAttention(torch.autograd.Function):
+    forward = staticmethod(_attention_fwd)
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(partial(_backward, _attention_bwd))
+
+
+def causal_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q, k, v: [B, H, T, hd] (checked by the public op) -> o: [B, H, T, hd] in q's dtype."""
+    if torch.compiler.is_compiling() or tu.is_batched(q):
+        return _fwd_op(q, k, v, scale)[0]
+    return _CausalAttention.apply(q, k, v, scale)[0]
