@@ -1,7 +1,8 @@
 """The ``mixlab`` command line: parse, build a config, call a library function.
 
 Every library error that comes from bad input is a ``ValueError`` with a one-line message; ``main`` prints it as
-``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead).
+``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead), and so
+does an ``OSError`` (a file that cannot be read or written: the line names it).
 """
 
 from __future__ import annotations
@@ -193,15 +194,22 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("mixlab: interrupted", file=sys.stderr)
         sys.exit(130)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         if debug:
             raise
-        print(f"mixlab: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        print(f"mixlab: error: {_error_line(exc)}", file=sys.stderr)
         sys.exit(2)
     if isinstance(code, int) and code != 0:
         if code == 130:
             print("mixlab: interrupted", file=sys.stderr)
         sys.exit(code)
+
+
+def _error_line(exc: ValueError | OSError) -> str:
+    """One line for an error: an OSError as ``<file>: <reason>``, else the message's first line."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 if __name__ == "__main__":

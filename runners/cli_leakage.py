@@ -6,9 +6,12 @@ Exit status 1 when a mixer that claims exact document blindness fails a probe; b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import typer
 from mixlab.analysis import leakage
+from mixlab.runners.atomic import writable_folder
 from mixlab.tasks.fields import PositiveInt, check
 
 
@@ -33,6 +36,8 @@ def leakage_command(
     perturbation, NaN and gradient probes, the packing-invariance max difference and the leakage metric."""
     names = leakage.resolve_names(mixer)
     check("--threads", threads, PositiveInt)
+    if plot:
+        writable_folder(Path(plot).parent)  # before the probes, not after them
     settings = {"level": "model" if model else "mixer", "backend": backend, "device": device, "rows": rows,
                 "seq_len": seq_len, "d_model": d_model, "seed": seed}
     previous_threads = torch.get_num_threads()

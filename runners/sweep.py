@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from mixlab.runners import local_backend, ray_backend
+from mixlab.runners.atomic import writable_folder
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
@@ -109,7 +110,7 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     The missing runs are split into jobs (``plan_jobs``), each trained by one call of the engine
     (``sweep_jobs.run_job``). A run that raises stops the sweep (finished records stay); so does Ctrl-C, without
     partial records. With workers > 1, a job out of device memory beside others runs again alone after them
-    (``local_backend.run_pool``).
+    (``local_backend.run_pool``). ``out_dir`` is made and checked (``writable_folder``) before anything trains.
     """
     options = options or SweepOptions()
     # checked before anything is written: the devices this process sees, and whether Ray is installed
@@ -133,7 +134,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     if options.limit is not None:
         todo = todo[: options.limit]
     jobs = plan_jobs(todo, options.max_stack if options.batch else 1)
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    writable_folder(out)
+    runs_dir.mkdir(exist_ok=True)
     write_manifest(out, plan)
     started = time.monotonic()
 

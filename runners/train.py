@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from mixlab import models
+from mixlab.runners.atomic import writable_folder
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import evaluate
 from mixlab.runners.metrics import scored_view, training_loss
@@ -33,9 +34,12 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     weights of the evaluation the record's ``final`` metrics come from (the lowest test perplexity), not those
     after the last step, with the run's config, resolved parameters, versions and final metrics as metadata.
     The record then names the file under ``checkpoint``; the checkpoint is written before the record.
+    ``out_dir`` is made and checked (``writable_folder``) before anything trains.
     """
     if save and out_dir is None:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
+    if out_dir is not None:
+        writable_folder(out_dir)
     tc = config.train
     task, model_config = resolve(config)
     device = pick_device(tc.device)
