@@ -2,18 +2,21 @@
 
 Every library error that comes from bad input is a ``ValueError`` with a one-line message; ``main`` prints it as
 ``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead), and so
-does an ``OSError`` (a file that cannot be read or written: the line names it).
+does an ``OSError`` (a file that cannot be read or written: the line names it). Ctrl-C exits with status 130;
+for a sweep the line counts its records and gives the command that resumes it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 import typer
 from mixlab import models, tasks
 from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
 from mixlab.runners.config import RunConfig, TrainConfig
+from mixlab.runners.sweep import SweepInterrupted
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS
 from mixlab.runners.train import train_run
 from mixlab.tasks import fields
@@ -180,9 +183,10 @@ for _module in (cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep):
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors and exit status 2 for bad input, 130 for Ctrl-C."""
     debug = os.environ.get("MIXLAB_DEBUG") == "1"
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
         # Without standalone mode click returns (not raises) the status of typer.Exit and of Ctrl-C (130).
-        code = app(args=argv, prog_name="mixlab", standalone_mode=False)
+        code = app(args=args, prog_name="mixlab", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except ClickException as exc:
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("mixlab: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SweepInterrupted as exc:
+        # running the same command again skips every run that has a record
+        print(f"mixlab: interrupted: {exc}; resume with: mixlab {shlex.join(args)}", file=sys.stderr)
         sys.exit(130)
     except (ValueError, OSError) as exc:
         if debug:

@@ -1,10 +1,15 @@
-"""What the runners leave on disk: output folders checked before training, write errors as one line naming the
-file, files as readable as the umask allows."""
+"""What the runners leave on disk and say when they stop: output folders checked before training, write errors
+as one line naming the file, files as readable as the umask allows, and Ctrl-C on a sweep as one line that
+counts its records and gives the command that resumes it."""
 
 import errno
 import os
 import re
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +18,7 @@ from mixlab import models
 from mixlab.runners import local_backend, train
 from mixlab.runners.atomic import write_json_atomic
 from mixlab.runners.cli import main
+from mixlab.runners.manifest import finished_hashes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -126,3 +132,37 @@ def test_written_files_get_the_permissions_of_the_umask(tmp_path, umask):
     models.save(models.build_model(config), tmp_path / "model.pt")
     for path in tmp_path.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
+
+
+def wait_until(condition, proc, what, timeout=180.0):
+    """Poll ``condition`` until it holds; fail if ``proc`` ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the sweep ended before {what}: {proc.stderr.read().decode()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("whom", ["sweep-process", "process-group"])
+def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, whom):
+    spec, out = tmp_path / "tiny.yaml", tmp_path / "out"
+    spec.write_text(yaml.safe_dump(TINY_SWEEP))
+    args = ["sweep", str(spec), "--out", str(out), "--workers", "2", "--max-stack", "1", "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "mixlab.runners.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            start_new_session=True)
+    try:
+        wait_until(lambda: finished_hashes(out), proc, "a record")
+        if whom == "sweep-process":
+            proc.send_signal(signal.SIGINT)
+        else:  # what Ctrl-C in a terminal does: every process of the foreground group gets SIGINT
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    done = len(finished_hashes(out))
+    assert err.decode().splitlines() == [
+        f"mixlab: interrupted: {done} of 24 runs have records, {24 - done} remain; resume with: mixlab "
+        + " ".join(args)]
+    assert 1 <= done < 24
