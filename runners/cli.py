@@ -8,9 +8,11 @@ for a sweep the line counts its records and gives the command that resumes it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 import sys
+from importlib.metadata import version
 
 import typer
 from mixlab import models, tasks
@@ -34,6 +36,21 @@ tasks_app = typer.Typer(help="List the task generators and show decoded examples
 app.add_typer(tasks_app, name="tasks")
 mixers_app = typer.Typer(help="List the sequence mixers.", no_args_is_help=True)
 app.add_typer(mixers_app, name="mixers")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mixlab {version('mixlab')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the installed mixlab version and exit."),
+) -> None:
+    """The options of ``mixlab`` itself, given before the command (typer reads them from this signature)."""
+
 
 # typer >= 0.22 vendors its own click: take the exception classes from typer so both kinds are caught.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -84,12 +101,12 @@ def tasks_show(
 @mixers_app.command("list")
 def mixers_list() -> None:
     """Every mixer reachable by name (the built-ins, then installed plugins of the entry point group
-    mixlab.mixers) with its origin and the first line of its docstring. An import path package.module:Factory
-    is accepted wherever a name is."""
+    mixlab.mixers) with its origin and the first paragraph of its docstring. An import path
+    package.module:Factory is accepted wherever a name is."""
     for name, origin in models.mixer_origins().items():
         try:
-            doc = (models.resolve_mixer(name).__doc__ or "").strip().splitlines()
-            summary = doc[0] if doc else ""
+            doc = inspect.cleandoc(models.resolve_mixer(name).__doc__ or "")
+            summary = " ".join(doc.split("\n\n")[0].split())
         except ValueError as exc:  # a broken plugin is listed, not fatal
             summary = f"cannot load: {exc}"
         typer.echo(f"{name:24s} {summary}  [{origin}]")
@@ -137,7 +154,9 @@ def run(
     set_: list[str] = typer.Option(None, "--set", help=RUN_SET_HELP),
     seed: int = typer.Option(0, help="Initialisation seed (model init and shuffling)."),
     data_seed: int = typer.Option(0, help="Data seed (train and test sets)."),
-    epochs: int = typer.Option(None, help="Epochs (default: the training config's, 200)."),
+    epochs: int = typer.Option(None, help="Epochs (default: the training config's, 200, the MAD protocol's). "
+                               "With --progress a line on stderr says the epochs, steps and parameters before "
+                               "training starts."),
     steps: int = typer.Option(None, help="Optimizer steps instead of epochs."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     out: str = typer.Option("runs", help="Folder for the run's JSON record."),

@@ -9,6 +9,7 @@ the lowest test perplexity).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     after the last step, with the run's config, resolved parameters, versions and final metrics as metadata.
     The record then names the file under ``checkpoint``; the checkpoint is written before the record.
     ``out_dir`` is made and checked (``writable_folder``) before anything trains.
+
+    With ``progress``, one line on stderr says what the run will do before its first step (task, mixer,
+    device, epochs, steps, parameters), then a bar counts the steps.
     """
     if save and out_dir is None:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
@@ -52,6 +56,11 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                                   weight_decay=tc.weight_decay)
     plan = StepPlan.of(tc)
+    if progress:
+        length = (f"{plan.total_epochs} epochs x {plan.steps_per_epoch} steps = {plan.total_steps:,} steps"
+                  if tc.steps is None else f"{plan.total_steps:,} steps in epochs of {plan.steps_per_epoch}")
+        tqdm.write(f"{config.task} {model_config.mixer} on {device.type}: {length}, {n_params:,} parameters",
+                   file=sys.stderr)
 
     log = RunLog(config=config, task=task, model_config=model_config, name=run_name)
     best_state: dict[str, torch.Tensor] | None = None  # weights at log.best, kept only when saving
