@@ -15,8 +15,6 @@ holding the weights of the evaluation the record's ``final`` metrics come from.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import torch
 from mixlab.models.config import ModelConfig
 from mixlab.models.lm import build_model
+from mixlab.runners.atomic import atomic_file
 from torch import nn
 
 FORMAT = "mixlab-checkpoint"
@@ -32,7 +31,8 @@ FORMAT_VERSION = 1
 
 def save(model: nn.Module, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
          state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
-    """Write ``model`` (a ``models.build_model`` model) and its config to ``path``, atomically.
+    """Write ``model`` (a ``models.build_model`` model) and its config to ``path``, atomically
+    (``runners.atomic.atomic_file``: a reader never sees half a checkpoint; the umask sets its permissions).
 
     ``state_dict`` replaces the model's current weights (e.g. a snapshot of an earlier step); ``metadata``
     must be JSON-serialisable (tuples come back as lists). Returns the path.
@@ -53,16 +53,9 @@ def save(model: nn.Module, path: str | Path, *, metadata: Mapping[str, Any] | No
         "metadata": meta,
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # temporary file in the same folder, then rename: a reader never sees half a checkpoint
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # to a file object, not a path: a failed write is then an OSError naming the checkpoint
+    with atomic_file(path) as f:
+        torch.save(payload, f)
     return path
 
 

@@ -97,11 +97,12 @@ def timed(fn) -> tuple[list[dict[str, Any]], float]:
 def bench_train(task: str = "mad/in_context_recall", model: str = "transformer", n_runs: int = 6,
                 steps: int = 200, device: str = "auto", *, task_params: dict[str, Any] | None = None,
                 solo_runs: int = 1, compile: bool = False, cuda_graph: bool = False, epochs: int = 200,
-                **train: Any) -> str:
+                progress: bool = False, **train: Any) -> str:
     """Markdown report: device and versions, then one row for one run at a time (``solo_runs`` of the runs,
     trained by train_run) and one for the ``n_runs`` runs batched (eager; plus compiled and/or CUDA-graphed
     rows when asked). ``train`` sets other TrainConfig fields (batch_size, num_train, precision, ...);
-    ``epochs`` is the full run's length that runs/hour refers to."""
+    ``epochs`` is the full run's length that runs/hour refers to. ``progress``: the step bars of train_run and
+    of the batched engine on stderr while the benchmark runs (a microsecond a step, within the timings' noise)."""
     steps = check("steps", steps, PositiveInt)
     configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)  # checks n_runs
     if check("solo_runs", solo_runs, PositiveInt) > n_runs:
@@ -123,14 +124,14 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     if compile and cuda_graph:
         modes.append(("batched, compiled + CUDA graph", {"compile": True, "cuda_graph": True}))
 
-    train_run(warm[0], progress=False)
-    solo, solo_total = timed(lambda: [train_run(c, progress=False) for c in configs[:solo_runs]])
+    train_run(warm[0], progress=progress)
+    solo, solo_total = timed(lambda: [train_run(c, progress=progress) for c in configs[:solo_runs]])
     rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
                  seq_len, full_steps, None, "reference")]
     base_rate = rows[0][1]
     for label, options in modes:
-        train_runs_batched(warm, progress=False, **options)
-        batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=False, **opts))
+        train_runs_batched(warm, progress=progress, **options)
+        batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=progress, **opts))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
         gate = gate_text(diff, dev, bf16, compiled=options.get("compile", False))
         loop = max(r["wall_time_s"] for r in batched)

@@ -1,18 +1,24 @@
 """The ``mixlab`` command line: parse, build a config, call a library function.
 
 Every library error that comes from bad input is a ``ValueError`` with a one-line message; ``main`` prints it as
-``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead).
+``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead), and so
+does an ``OSError`` (a file that cannot be read or written: the line names it). Ctrl-C exits with status 130;
+for a sweep the line counts its records and gives the command that resumes it.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import shlex
 import sys
+from importlib.metadata import version
 
 import typer
 from mixlab import models, tasks
 from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
 from mixlab.runners.config import RunConfig, TrainConfig
+from mixlab.runners.sweep import SweepInterrupted
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS
 from mixlab.runners.train import train_run
 from mixlab.tasks import fields
@@ -30,6 +36,21 @@ tasks_app = typer.Typer(help="List the task generators and show decoded examples
 app.add_typer(tasks_app, name="tasks")
 mixers_app = typer.Typer(help="List the sequence mixers.", no_args_is_help=True)
 app.add_typer(mixers_app, name="mixers")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mixlab {version('mixlab')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the installed mixlab version and exit."),
+) -> None:
+    """The options of ``mixlab`` itself, given before the command (typer reads them from this signature)."""
+
 
 # typer >= 0.22 vendors its own click: take the exception classes from typer so both kinds are caught.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -80,12 +101,12 @@ def tasks_show(
 @mixers_app.command("list")
 def mixers_list() -> None:
     """Every mixer reachable by name (the built-ins, then installed plugins of the entry point group
-    mixlab.mixers) with its origin and the first line of its docstring. An import path package.module:Factory
-    is accepted wherever a name is."""
+    mixlab.mixers) with its origin and the first paragraph of its docstring. An import path
+    package.module:Factory is accepted wherever a name is."""
     for name, origin in models.mixer_origins().items():
         try:
-            doc = (models.resolve_mixer(name).__doc__ or "").strip().splitlines()
-            summary = doc[0] if doc else ""
+            doc = inspect.cleandoc(models.resolve_mixer(name).__doc__ or "")
+            summary = " ".join(doc.split("\n\n")[0].split())
         except ValueError as exc:  # a broken plugin is listed, not fatal
             summary = f"cannot load: {exc}"
         typer.echo(f"{name:24s} {summary}  [{origin}]")
@@ -133,7 +154,9 @@ def run(
     set_: list[str] = typer.Option(None, "--set", help=RUN_SET_HELP),
     seed: int = typer.Option(0, help="Initialisation seed (model init and shuffling)."),
     data_seed: int = typer.Option(0, help="Data seed (train and test sets)."),
-    epochs: int = typer.Option(None, help="Epochs (default: the training config's, 200)."),
+    epochs: int = typer.Option(None, help="Epochs (default: the training config's, 200, the MAD protocol's). "
+                               "With --progress a line on stderr says the epochs, steps and parameters before "
+                               "training starts."),
     steps: int = typer.Option(None, help="Optimizer steps instead of epochs."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     out: str = typer.Option("runs", help="Folder for the run's JSON record."),
@@ -179,9 +202,10 @@ for _module in (cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep):
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors and exit status 2 for bad input, 130 for Ctrl-C."""
     debug = os.environ.get("MIXLAB_DEBUG") == "1"
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
         # Without standalone mode click returns (not raises) the status of typer.Exit and of Ctrl-C (130).
-        code = app(args=argv, prog_name="mixlab", standalone_mode=False)
+        code = app(args=args, prog_name="mixlab", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except ClickException as exc:
@@ -193,15 +217,26 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("mixlab: interrupted", file=sys.stderr)
         sys.exit(130)
-    except ValueError as exc:
+    except SweepInterrupted as exc:
+        # running the same command again skips every run that has a record
+        print(f"mixlab: interrupted: {exc}; resume with: mixlab {shlex.join(args)}", file=sys.stderr)
+        sys.exit(130)
+    except (ValueError, OSError) as exc:
         if debug:
             raise
-        print(f"mixlab: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        print(f"mixlab: error: {_error_line(exc)}", file=sys.stderr)
         sys.exit(2)
     if isinstance(code, int) and code != 0:
         if code == 130:
             print("mixlab: interrupted", file=sys.stderr)
         sys.exit(code)
+
+
+def _error_line(exc: ValueError | OSError) -> str:
+    """One line for an error: an OSError as ``<file>: <reason>``, else the message's first line."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 if __name__ == "__main__":

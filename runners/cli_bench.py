@@ -74,12 +74,14 @@ def bench_train_cmd(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     compile: bool = typer.Option(False, "--compile", help="Add a torch.compile row."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row."),
+    progress: bool = typer.Option(True, help="Show the runs' progress bars on stderr (on the CPU the benchmark "
+                                  "takes minutes)."),
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
     from mixlab.runners.bench_train import bench_train
 
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
-                           cuda_graph=cuda_graph))
+                           cuda_graph=cuda_graph, progress=progress))
 
 
 @bench_app.command("mad")

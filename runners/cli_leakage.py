@@ -6,15 +6,20 @@ Exit status 1 when a mixer that claims exact document blindness fails a probe; b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import typer
+from mixlab import models
 from mixlab.analysis import leakage
+from mixlab.runners.atomic import writable_folder
 from mixlab.tasks.fields import PositiveInt, check
 
 
 def leakage_command(
     mixer: str = typer.Option("all", help="Mixer name, attention+qkv_<conv> (static, dynamic_lowrank, "
-                              "dynamic_headwise), or all."),
+                              "dynamic_headwise), an import path package.module:Factory, or all (the "
+                              "built-ins, attention with each qkv conv, then every installed plugin)."),
     backend: str = typer.Option("auto", help="Kernel backend: auto, torch or triton (ops without a Triton "
                                 "kernel run torch; on a CPU set TRITON_INTERPRET=1 for the run)."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
@@ -31,8 +36,10 @@ def leakage_command(
 ) -> None:
     """Probe every mixer for leaks across packed documents: one row per mixer with the verdicts of the
     perturbation, NaN and gradient probes, the packing-invariance max difference and the leakage metric."""
-    names = leakage.resolve_names(mixer)
+    names = leakage.resolve_names(leakage.mixer_names() + plugin_names() if mixer == "all" else mixer)
     check("--threads", threads, PositiveInt)
+    if plot:
+        writable_folder(Path(plot).parent)  # before the probes, not after them
     settings = {"level": "model" if model else "mixer", "backend": backend, "device": device, "rows": rows,
                 "seq_len": seq_len, "d_model": d_model, "seed": seed}
     previous_threads = torch.get_num_threads()
@@ -49,6 +56,11 @@ def leakage_command(
     if failed:
         typer.echo(f"leak in a mixer that claims exact document blindness: {', '.join(failed)}")
         raise typer.Exit(1)
+
+
+def plugin_names() -> list[str]:
+    """The installed plugin mixers (entry points of the group mixlab.mixers) that no built-in name hides."""
+    return [name for name in models.mixer_origins() if name not in models.MIXERS]
 
 
 def register(app: typer.Typer) -> None:

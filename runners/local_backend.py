@@ -8,12 +8,13 @@ memory beside others runs again alone after them; Ctrl-C or a failed run ends ev
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,10 @@ def _init_worker(threads: int, parent: int, device_ids: Sequence[str] | None = N
                  started: Synchronized | None = None) -> None:
     # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore, registered with the resource tracker that the workers
+    # share with the parent: a worker ended mid-run would leave it registered, and the tracker would warn of a
+    # leaked semaphore when the sweep exits. A worker's bars are off; a thread lock is all it needs.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(threads)
     if device_ids:
         # before this process touches CUDA: its one device becomes "cuda" (cuda:0) for every run it trains
@@ -96,6 +101,22 @@ def run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
     raise JobOutOfMemory(message)
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT held back (blocked) in this thread inside the block, delivered when it ends. A worker started
+    inside inherits the mask, so a Ctrl-C at the terminal cannot kill it with a traceback before its
+    initializer ignores SIGINT; and a second Ctrl-C cannot break off the pool's cleanup, leaving workers
+    running and a traceback from inside concurrent.futures."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
              job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
              run: Callable[[Job, str, dict[str, bool]], int] = run_in_worker,
@@ -121,6 +142,12 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
     deferred: list[Job] = []  # ran out of memory beside other jobs: again, alone, once the rest is done
     alone: set[concurrent.futures.Future] = set()
 
+    def start(job: Job) -> concurrent.futures.Future:
+        with _sigint_held():  # the pool may start a worker here
+            future = executor.submit(run, job, str(runs_dir), engine)
+        in_flight[future] = job
+        return future
+
     def submit(n: int) -> None:
         for _ in range(n):
             if not may_start():
@@ -128,11 +155,9 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
             job = next(pending, None)
             if job is None:
                 if deferred and not in_flight:  # the rest is done: a deferred job, alone
-                    job = deferred.pop(0)
-                    alone.add(future := executor.submit(run, job, str(runs_dir), engine))
-                    in_flight[future] = job
+                    alone.add(start(deferred.pop(0)))
                 return
-            in_flight[executor.submit(run, job, str(runs_dir), engine)] = job
+            start(job)
 
     try:
         submit(workers)
@@ -153,9 +178,10 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
                 submit(1)
     except BaseException:
         # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
-        executor.shutdown(wait=False, cancel_futures=True)
-        for child in set(multiprocessing.active_children()) - before:
-            child.terminate()
-        executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
+        with _sigint_held():
+            executor.shutdown(wait=False, cancel_futures=True)
+            for child in set(multiprocessing.active_children()) - before:
+                child.terminate()
+            executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
         raise
     executor.shutdown(wait=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from mixlab.runners import local_backend, ray_backend
+from mixlab.runners.atomic import writable_folder
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
@@ -93,6 +94,18 @@ class SweepOptions:
         return {"batch": self.batch, "compile": self.compile, "cuda_graph": self.cuda_graph}
 
 
+class SweepInterrupted(BaseException):
+    """Ctrl-C stopped a sweep; the workers are ended and every record on disk is whole. Its message is one
+    line: how many of the plan's runs have records and how many remain (running the sweep again trains those).
+
+    Like KeyboardInterrupt it is not an Exception, so code that catches Exception does not swallow a Ctrl-C.
+    """
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"{done} of {total} runs have records, {total - done} remain")
+        self.done, self.total = done, total
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
     total: int
@@ -108,8 +121,9 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
 
     The missing runs are split into jobs (``plan_jobs``), each trained by one call of the engine
     (``sweep_jobs.run_job``). A run that raises stops the sweep (finished records stay); so does Ctrl-C, without
-    partial records. With workers > 1, a job out of device memory beside others runs again alone after them
-    (``local_backend.run_pool``).
+    partial records: it raises SweepInterrupted, which counts the records. With workers > 1, a job out of
+    device memory beside others runs again alone after them (``local_backend.run_pool``). ``out_dir`` is made
+    and checked (``writable_folder``) before anything trains.
     """
     options = options or SweepOptions()
     # checked before anything is written: the devices this process sees, and whether Ray is installed
@@ -133,7 +147,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     if options.limit is not None:
         todo = todo[: options.limit]
     jobs = plan_jobs(todo, options.max_stack if options.batch else 1)
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    writable_folder(out)
+    runs_dir.mkdir(exist_ok=True)
     write_manifest(out, plan)
     started = time.monotonic()
 
@@ -159,6 +174,9 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
         else:
             local_backend.run_jobs(jobs, runs_dir, options.engine, job_done, may_start, workers=options.workers,
                                    device_ids=device_ids)
+    except KeyboardInterrupt:
+        planned = {r.hash for r in plan.runs}
+        raise SweepInterrupted(len(finished_hashes(out) & planned), len(planned)) from None
     finally:
         bar.close()
     return SweepResult(total=len(plan.runs), skipped=skipped, ran=ran, out_dir=out,

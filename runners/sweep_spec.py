@@ -200,10 +200,14 @@ def _fmt(value: Any) -> str:
 
 def _section(where: str, data: Any, cls: type, allowed: Iterable[str] | None = None) -> dict[str, Any]:
     """A mapping of fields of the dataclass ``cls`` (keys in ``allowed``, default all of them), each value as
-    YAML read it for the field (``fields.from_yaml``: text in a float field becomes a number)."""
+    YAML read it for the field (``fields.from_yaml``: text in a float field becomes a number), checked against
+    the field's annotation here, so that a bad value is named by its place in the file (``train.lr must be a
+    positive number, got [0.001]``). Ints stay ints in float fields, as the configs keep them."""
     annotations = field_types(cls)
     data = check_mapping(where, data, annotations if allowed is None else allowed)
-    return {key: from_yaml(key, value, annotations[key], where=where) for key, value in data.items()}
+    return {key: check(key, from_yaml(key, value, annotations[key], where=where), annotations[key], where=where,
+                       keep_ints=True)
+            for key, value in data.items()}
 
 
 def _grid(where: str, data: Any, cls: type, allowed: Iterable[str] | None = None) -> tuple[dict[str, Any], ...]:

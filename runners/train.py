@@ -9,12 +9,14 @@ the lowest test perplexity).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from mixlab import models
+from mixlab.runners.atomic import writable_folder
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import evaluate
 from mixlab.runners.metrics import scored_view, training_loss
@@ -33,9 +35,15 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     weights of the evaluation the record's ``final`` metrics come from (the lowest test perplexity), not those
     after the last step, with the run's config, resolved parameters, versions and final metrics as metadata.
     The record then names the file under ``checkpoint``; the checkpoint is written before the record.
+    ``out_dir`` is made and checked (``writable_folder``) before anything trains.
+
+    With ``progress``, one line on stderr says what the run will do before its first step (task, mixer,
+    device, epochs, steps, parameters), then a bar counts the steps.
     """
     if save and out_dir is None:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
+    if out_dir is not None:
+        writable_folder(out_dir)
     tc = config.train
     task, model_config = resolve(config)
     device = pick_device(tc.device)
@@ -48,6 +56,11 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                                   weight_decay=tc.weight_decay)
     plan = StepPlan.of(tc)
+    if progress:
+        length = (f"{plan.total_epochs} epochs x {plan.steps_per_epoch} steps = {plan.total_steps:,} steps"
+                  if tc.steps is None else f"{plan.total_steps:,} steps in epochs of {plan.steps_per_epoch}")
+        tqdm.write(f"{config.task} {model_config.mixer} on {device.type}: {length}, {n_params:,} parameters",
+                   file=sys.stderr)
 
     log = RunLog(config=config, task=task, model_config=model_config, name=run_name)
     best_state: dict[str, torch.Tensor] | None = None  # weights at log.best, kept only when saving

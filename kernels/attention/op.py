@@ -28,8 +28,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         if t.dtype != q.dtype:
             raise ValueError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
     number = isinstance(scale, int | float) and not isinstance(scale, bool)
-    if scale is not None and not (number and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    if scale is not None and not (number and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
 
 
 def causal_attention(
@@ -45,7 +45,7 @@ def causal_attention(
     Args:
         q, k, v: [B, H, T, hd] float16/bfloat16/float32/float64, one shape and dtype. The Triton backend takes
             them contiguous or as transposed contiguous [B, T, H, hd] without a copy.
-        scale: multiplies the scores; None is hd ** -0.5.
+        scale: multiplies the scores, > 0; None is hd ** -0.5.
         backend: "torch", "triton" or None (auto, ``kernels.utils.resolve_backend``; float64, and head sizes
             above the kernels' largest (128), stay on "torch" under auto).
 

@@ -42,9 +42,12 @@ from mixlab.kernels._triton import tl, triton
 
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning). BT: query and key rows of a tile (16 to
 # FWD_BT / BWD_BT, clamped to T). A program walks about PAIR_ROWS query rows: PAIR_ROWS / T pairs when a
-# pair's rows fit one tile, so short rows do not get one tiny program per pair.
+# pair's rows fit one tile, so short rows do not get one tiny program per pair. Chosen on an H200 (bf16,
+# H=16, hd=8, T=128 and 1024) from BT in {32, 64, 128} x warps {2, 4, 8} x stages {1, 2, 3}: 64/4/2
+# forward and 64/4/1 backward were best or within 2% of it at both lengths; PAIR_ROWS from 64 to 1024
+# changed little.
 FWD_BT, FWD_WARPS, FWD_STAGES = 64, 4, 2
-BWD_BT, BWD_WARPS, BWD_STAGES = 64, 4, 2
+BWD_BT, BWD_WARPS, BWD_STAGES = 64, 4, 1
 PAIR_ROWS = 128
 # The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
 MAX_HEAD_DIM = 128
@@ -60,9 +63,8 @@ def _dot(a, b, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _program_tile(N_TB, BT: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr,
-                  KEY_TILES: tl.constexpr):
-    """The 1-D grid -> (row tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, their mask).
+def _program_tile(N_TB, BT: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr, KEY_TILES: tl.constexpr):
+    """The 1-D grid -> (row tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, padded for tl.dot).
 
     Tiles vary fastest, so a pair's programs run together and share its rows in L2; the tiles with the most
     work go first: the last query tiles, or with KEY_TILES the first key tiles."""
@@ -70,8 +72,7 @@ def _program_tile(N_TB, BT: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, P
     i_t = i_p % N_TB
     if not KEY_TILES:
         i_t = N_TB - 1 - i_t
-    o_d = tl.arange(0, HDP)  # head dim padded for tl.dot
-    return i_t, (i_p // N_TB) * PAIRS, i_t * BT + tl.arange(0, BT), o_d, o_d < HD
+    return i_t, (i_p // N_TB) * PAIRS, i_t * BT + tl.arange(0, BT), tl.arange(0, HDP)
 
 
 @triton.jit
@@ -82,44 +83,53 @@ def _pair(i_bh, H, BH, T, s_b, s_h):
 
 
 @triton.jit
-def _load_rows(ptr, base, o_t, m_t, o_d, m_d, s_t):
-    """[BT, HDP] rows o_t of a pair's [T, hd] block, zero past its rows and head dim."""
-    p = ptr + base + o_t.to(tl.int64)[:, None] * s_t + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None] & m_d[None, :], other=0.0)
+def _rows(ptr, base, o_t, m_t, o_d, s_t, HD: tl.constexpr):
+    """([BT, HDP] pointers to rows o_t of a pair's [T, HD] block, their mask). Every row starts at a multiple
+    of HD elements (``_plan``'s strides are multiples of it), so the loads and stores of a row vectorise."""
+    o_row = tl.multiple_of(base + o_t.to(tl.int64) * s_t, HD & -HD)  # [BT]
+    return ptr + o_row[:, None] + o_d[None, :], m_t[:, None] & (o_d < HD)[None, :]
 
 
 @triton.jit
-def _store_rows(ptr, b, base, o_t, m_t, o_d, m_d, s_t):
-    p = ptr + base + o_t.to(tl.int64)[:, None] * s_t + o_d[None, :]
-    tl.store(p, b.to(ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+def _load_rows(ptr, base, o_t, m_t, o_d, s_t, HD: tl.constexpr):
+    """[BT, HDP] rows o_t of a pair's [T, HD] block, zero past its rows and head dim."""
+    p, m = _rows(ptr, base, o_t, m_t, o_d, s_t, HD)
+    return tl.load(p, mask=m, other=0.0)
 
 
 @triton.jit
-def _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT: tl.constexpr,
+def _store_rows(ptr, b, base, o_t, m_t, o_d, s_t, HD: tl.constexpr):
+    p, m = _rows(ptr, base, o_t, m_t, o_d, s_t, HD)
+    tl.store(p, b.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, HD: tl.constexpr, BT: tl.constexpr,
               NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """A pair's key tile i_n..i_n+BT -> ([BT] key rows, k and v [BT, HDP], the base-2 scores [BT, BT] of the
-    query tile b_q against it, unmasked)."""
+    """A pair's key tile i_n..i_n+BT -> ([BT] key rows, k and v [BT, HDP], the products q . k [BT, BT] of the
+    query tile b_q with it, unscaled and unmasked: callers scale them by c inside the subtraction that
+    precedes exp2, one fused multiply-add an element)."""
     o_n = i_n + tl.arange(0, BT)
     m_n = o_n < n_t
-    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, m_d, s_t)
-    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, m_d, s_t)
-    return o_n, b_k, b_v, _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION) * qk_scale
+    b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, s_t, HD)
+    b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, s_t, HD)
+    return o_n, b_k, b_v, _dot(b_q, tl.trans(b_k), NATIVE_DOT, PRECISION)
 
 
 # fmt: off
 @triton.jit
 def _fwd_tile(
     b_q, b_m, b_l, b_acc, k_ptr, v_ptr,  # query tile, running state, pointers
-    base, o_m, i_n, n_t, s_t, o_d, m_d, qk_scale,  # where
-    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    base, o_m, i_n, n_t, s_t, o_d, qk_scale,  # where
+    HD: tl.constexpr, BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One key tile (rows i_n..i_n+BT) into the running (m, l, acc) of the query tile b_q."""
-    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
-                                   PRECISION)
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, HD, BT, NATIVE_DOT, PRECISION)
     if CAUSAL_MASK:
         b_s = tl.where(o_m[:, None] >= o_n[None, :], b_s, float("-inf"))
-    b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))  # finite: key i_n is at or before every query of the tile
-    b_p = tl.exp2(b_s - b_mn[:, None])  # [BT, BT]
+    # finite: key i_n is at or before every query of the tile; c > 0, so max(c s) = c max(s)
+    b_mn = tl.maximum(b_m, tl.max(b_s, axis=1) * qk_scale)
+    b_p = tl.exp2(b_s * qk_scale - b_mn[:, None])  # [BT, BT]
     b_alpha = tl.exp2(b_m - b_mn)  # [BT], 0 on the first tile (m = -inf)
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     b_pv = _dot(b_p.to(b_v.dtype), b_v, NATIVE_DOT, PRECISION)  # [BT, HDP]
@@ -135,22 +145,22 @@ def _attn_fwd_kernel(
     HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
-    i_t, i_bh0, o_m, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, False)  # o_m: [BT] query rows
+    i_t, i_bh0, o_m, o_d = _program_tile(N_TB, BT, HDP, PAIRS, False)  # o_m: [BT] query rows
     for j in range(PAIRS):
         i_bh = i_bh0 + j
         base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
         m_m = o_m < n_t
-        b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, m_d, s_t)  # [BT, HDP]
+        b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, s_t, HD)  # [BT, HDP]
         b_m = tl.full([BT], float("-inf"), dtype=tl.float32)  # running row maximum
         b_l = tl.zeros([BT], dtype=tl.float32)  # running row sum of exp2(s - m)
         b_acc = tl.zeros([BT, HDP], dtype=tl.float32)
         # key tiles left of the diagonal: every key precedes every query of the tile
         for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
-            b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_n, n_t, s_t, o_d, m_d,
-                                        qk_scale, BT, False, NATIVE_DOT, PRECISION)
-        b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_t * BT, n_t, s_t, o_d, m_d,
-                                    qk_scale, BT, True, NATIVE_DOT, PRECISION)
-        _store_rows(o_ptr, b_acc / b_l[:, None], base, o_m, m_m, o_d, m_d, s_t)
+            b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_n, n_t, s_t, o_d,
+                                        qk_scale, HD, BT, False, NATIVE_DOT, PRECISION)
+        b_m, b_l, b_acc = _fwd_tile(b_q, b_m, b_l, b_acc, k_ptr, v_ptr, base, o_m, i_t * BT, n_t, s_t, o_d,
+                                    qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
+        _store_rows(o_ptr, b_acc / b_l[:, None], base, o_m, m_m, o_d, s_t, HD)
         tl.store(lse_ptr + i_bh.to(tl.int64) * T + o_m, b_m + tl.log2(b_l), mask=m_m)
 # fmt: on
 
@@ -159,13 +169,12 @@ def _attn_fwd_kernel(
 @triton.jit
 def _dq_tile(
     b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr,  # query tile state, pointers
-    base, o_m, i_n, n_t, s_t, o_d, m_d, qk_scale,  # where
-    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    base, o_m, i_n, n_t, s_t, o_d, qk_scale,  # where
+    HD: tl.constexpr, BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One key tile's ds @ k added to the query tile's (unscaled) dq."""
-    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, m_d, qk_scale, BT, NATIVE_DOT,
-                                   PRECISION)
-    b_p = tl.exp2(b_s - b_lse[:, None])
+    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, HD, BT, NATIVE_DOT, PRECISION)
+    b_p = tl.exp2(b_s * qk_scale - b_lse[:, None])
     if CAUSAL_MASK:
         b_p = tl.where(o_m[:, None] >= o_n[None, :], b_p, 0.0)
     b_dp = _dot(b_do, tl.trans(b_v), NATIVE_DOT, PRECISION)  # [BT, BT]
@@ -178,19 +187,19 @@ def _dq_tile(
 @triton.jit
 def _dkdv_tile(
     b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr,  # key tile state, pointers
-    base, row0, o_n, i_m, n_t, s_t, o_d, m_d, qk_scale,  # where
-    BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    base, row0, o_n, i_m, n_t, s_t, o_d, qk_scale,  # where
+    HD: tl.constexpr, BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One query tile's ds^T @ q and p^T @ do added to the key tile's (unscaled) dk and dv."""
     o_m = i_m + tl.arange(0, BT)  # [BT] query rows
     m_m = o_m < n_t
-    b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, m_d, s_t)  # [BT, HDP]
-    b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, m_d, s_t)
+    b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, s_t, HD)  # [BT, HDP]
+    b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, s_t, HD)
     # queries past the pair's end get p = exp2(s - inf) = 0
     b_lse = tl.load(lse_ptr + row0 + o_m, mask=m_m, other=float("inf"))  # [BT]
     b_delta = tl.load(delta_ptr + row0 + o_m, mask=m_m, other=0.0)
-    b_st = _dot(b_k, tl.trans(b_q), NATIVE_DOT, PRECISION) * qk_scale  # [BT keys, BT queries]
-    b_pt = tl.exp2(b_st - b_lse[None, :])
+    b_st = _dot(b_k, tl.trans(b_q), NATIVE_DOT, PRECISION)  # [BT keys, BT queries]
+    b_pt = tl.exp2(b_st * qk_scale - b_lse[None, :])
     if CAUSAL_MASK:
         b_pt = tl.where(o_m[None, :] >= o_n[:, None], b_pt, 0.0)
     b_dv += _dot(b_pt.to(b_do.dtype), b_do, NATIVE_DOT, PRECISION)
@@ -210,29 +219,29 @@ def _attn_bwd_kernel(
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
     DKDV: tl.constexpr,  # mode: dq and delta of query tiles, or (launched after, reading delta) dk, dv of key tiles
 ):
-    i_t, i_bh0, o_t, o_d, m_d = _program_tile(N_TB, BT, HD, HDP, PAIRS, DKDV)  # o_t: [BT] rows of the tile
+    i_t, i_bh0, o_t, o_d = _program_tile(N_TB, BT, HDP, PAIRS, DKDV)  # o_t: [BT] rows of the tile
     for j in range(PAIRS):
         i_bh = i_bh0 + j
         base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
         m_t = o_t < n_t
         row0 = i_bh.to(tl.int64) * T  # the pair's first row of lse and delta
         if DKDV:
-            b_k = _load_rows(k_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
-            b_v = _load_rows(v_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_k = _load_rows(k_ptr, base, o_t, m_t, o_d, s_t, HD)  # [BT, HDP]
+            b_v = _load_rows(v_ptr, base, o_t, m_t, o_d, s_t, HD)
             b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
             b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
             b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
-                                    i_t * BT, n_t, s_t, o_d, m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
+                                    i_t * BT, n_t, s_t, o_d, qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
             # query tiles right of the diagonal: every query follows every key of the tile
             for i_m in range((i_t + 1) * BT, n_t, BT):
                 b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
-                                        i_m, n_t, s_t, o_d, m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
-            _store_rows(dk_ptr, b_dk * scale, base, o_t, m_t, o_d, m_d, s_t)
-            _store_rows(dv_ptr, b_dv, base, o_t, m_t, o_d, m_d, s_t)
+                                        i_m, n_t, s_t, o_d, qk_scale, HD, BT, False, NATIVE_DOT, PRECISION)
+            _store_rows(dk_ptr, b_dk * scale, base, o_t, m_t, o_d, s_t, HD)
+            _store_rows(dv_ptr, b_dv, base, o_t, m_t, o_d, s_t, HD)
         else:
-            b_q = _load_rows(q_ptr, base, o_t, m_t, o_d, m_d, s_t)  # [BT, HDP]
-            b_do = _load_rows(do_ptr, base, o_t, m_t, o_d, m_d, s_t)
-            b_o = _load_rows(o_ptr, base, o_t, m_t, o_d, m_d, s_t)
+            b_q = _load_rows(q_ptr, base, o_t, m_t, o_d, s_t, HD)  # [BT, HDP]
+            b_do = _load_rows(do_ptr, base, o_t, m_t, o_d, s_t, HD)
+            b_o = _load_rows(o_ptr, base, o_t, m_t, o_d, s_t, HD)
             b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
             tl.store(delta_ptr + row0 + o_t, b_delta, mask=m_t)
             # rows past the pair's end get p = exp2(s - inf) = 0
@@ -241,10 +250,10 @@ def _attn_bwd_kernel(
             # key tiles left of the diagonal, then the diagonal tile
             for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
                 b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_n, n_t, s_t, o_d,
-                                m_d, qk_scale, BT, False, NATIVE_DOT, PRECISION)
+                                qk_scale, HD, BT, False, NATIVE_DOT, PRECISION)
             b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_t * BT, n_t, s_t, o_d,
-                            m_d, qk_scale, BT, True, NATIVE_DOT, PRECISION)
-            _store_rows(dq_ptr, b_dq * scale, base, o_t, m_t, o_d, m_d, s_t)
+                            qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
+            _store_rows(dq_ptr, b_dq * scale, base, o_t, m_t, o_d, s_t, HD)
 # fmt: on
 
 
@@ -275,7 +284,9 @@ def _plan(q: torch.Tensor, bt_max: int) -> tuple[tuple[int, ...], dict]:
     BT, HDP = tu.tiles(T, hd, bt_max, MAX_HEAD_DIM)
     n_tb = triton.cdiv(T, BT)
     pairs = max(1, PAIR_ROWS // (n_tb * BT))
-    s_b, s_h, s_t, _ = q.stride()
+    # a _dense q's strides, written out: every one a multiple of hd (_rows relies on it), whatever the strides
+    # torch keeps for axes of size 1 (whose only index is 0)
+    s_b, s_h, s_t = (H * T * hd, T * hd, hd) if q.is_contiguous() else (T * H * hd, hd, H * hd)
     native = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not tu.is_interpreted(_attn_fwd_kernel))
     sizes = {"T": T, "H": H, "BH": B * H, "N_TB": n_tb, "s_b": s_b, "s_h": s_h, "s_t": s_t}
     tile = {"HD": hd, "HDP": HDP, "BT": BT, "PAIRS": pairs, "NATIVE_DOT": native,

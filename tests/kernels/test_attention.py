@@ -250,7 +250,8 @@ def test_reference_matches_torch_sdpa():
         pytest.param({"k": torch.ones(1, 2, 6, 8)}, "k must have q's shape", id="shape"),
         pytest.param({"v": torch.ones(1, 2, 5, 8, dtype=BF16)}, "v must have q's dtype", id="dtype"),
         pytest.param({"q": torch.ones(2, 5, 8)}, "q must have 4 dimensions", id="dims"),
-        pytest.param({"scale": float("nan")}, "scale must be a finite number", id="scale"),
+        pytest.param({"scale": float("nan")}, "scale must be a positive finite number", id="scale-nan"),
+        pytest.param({"scale": -1.0}, "scale must be a positive finite number", id="scale-negative"),
         pytest.param({"backend": "cuda"}, "unknown backend 'cuda'", id="backend"),
     ],
 )

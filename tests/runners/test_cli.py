@@ -141,3 +141,54 @@ def test_cuda_devices_must_be_indices(capsys, tmp_path, command):
     assert code == 2 and "Traceback" not in err
     assert err.strip() == "mixlab: error: --cuda-devices expects comma-separated device indices, got 'gpu1'"
     assert not (tmp_path / "out").exists()
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out == f"mixlab {version('mixlab')}\n"
+
+
+def test_mixers_list_prints_whole_first_paragraphs(capsys):
+    code, out, _ = run(capsys, "mixers", "list")
+    assert code == 0
+    summaries = {line.split()[0]: line.split(None, 1)[1].rsplit("  [", 1)[0] for line in out.splitlines()}
+    assert summaries["fft_conv_leaky"].endswith("(the negative control for the leakage probes).")
+    assert all(s.count("(") == s.count(")") for s in summaries.values()), summaries
+
+
+def test_leakage_all_probes_the_installed_plugins_too(capsys, monkeypatch):
+    from mixlab import models
+    from mixlab.analysis import leakage
+
+    plugins = [name for name in models.mixer_origins() if name not in models.MIXERS]
+    assert "gated_maxpool" in plugins, "example plugin not installed: pip install -e examples/mixlab-maxpool"
+    probed = []
+    monkeypatch.setattr(leakage, "probe_all", lambda names, **settings: probed.extend(names) or [])
+    code, _, err = run(capsys, "leakage", "--mixer", "all")
+    assert code == 0, err
+    assert probed == leakage.mixer_names() + plugins
+
+
+@pytest.mark.parametrize("length,said", [(["--steps", "3"], "3 steps in epochs of 2"),
+                                         (["--epochs", "2"], "2 epochs x 2 steps = 4 steps")],
+                         ids=["steps", "epochs"])
+def test_run_says_what_it_will_train_before_it_starts(capsys, tmp_path, length, said):
+    code, _, err = run(capsys, "run", "mqar", "--mixer", "static_conv", *TINY_RUN, *length, "--device", "cpu",
+                       "--out", str(tmp_path))
+    assert code == 0, err
+    assert re.match(rf"mqar static_conv on cpu: {said}, [\d,]+ parameters\n", err), err
+
+
+def test_bench_train_shows_progress_on_stderr(capsys, monkeypatch):
+    from mixlab.runners import bench_train
+
+    report = bench_train.bench_train(n_runs=2, steps=2, device="cpu", task_params={"seq_len": 16}, num_train=16,
+                                     num_test=8, batch_size=8, progress=True)
+    err = capsys.readouterr().err
+    assert "| batched | 2 |" in report and "2/2" in err and "x2" in err, err  # train_run's bar, the stack's
+    asked = {}
+    monkeypatch.setattr(bench_train, "bench_train", lambda **kwargs: asked.update(kwargs) or "")
+    run(capsys, "bench", "train", "--device", "cpu")
+    assert asked["progress"] is True, "the command shows progress unless --no-progress"

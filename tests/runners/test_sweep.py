@@ -81,6 +81,31 @@ def test_spec_rejects_bad_input_naming_it(changes, named):
         tiny(**changes)
 
 
+@pytest.mark.parametrize(
+    "yaml_text,message",
+    [
+        ("train: {lr: [1.0e-3]}", "train.lr must be a positive number, got [0.001]"),
+        ("train_grid: {lr: [[1.0e-3]]}", "train_grid.lr must be a positive number, got [0.001]"),
+        ("train_grid: {epochs: [many]}", "train_grid.epochs must be a positive integer, got 'many'"),
+        ("tasks: [{task: mqar, params: {seq_len: [16]}}]", "tasks[0].params.seq_len must be an integer, got [16]"),
+        ("tasks: [{task: mqar, grid: {num_kv_pairs: [[2]]}}]",
+         "tasks[0].grid.num_kv_pairs must be an integer, got [2]"),
+        ("tasks: [{task: mqar, train: {batch_size: 0}}]",
+         "tasks[0].train.batch_size must be a positive integer, got 0"),
+        ("models: {attn: {mixer: attention, d_model: [8]}}", "models.attn.d_model must be a positive integer, got [8]"),
+        ("model_grid: {d_model: [wide]}", "model_grid.d_model must be a positive integer, got 'wide'"),
+    ],
+    ids=["train", "train_grid", "train_grid-text", "task-params", "task-grid", "task-train", "models",
+         "model_grid"],
+)
+def test_a_bad_value_is_named_by_its_place_in_the_file(tmp_path, yaml_text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **yaml.safe_load(yaml_text)}))
+    with pytest.raises(ValueError) as info:
+        load_spec(path)
+    assert str(info.value) == message
+
+
 def test_numbers_written_as_yaml_reads_them():
     grid = yaml.safe_load("lr: [1e-3, 1.0e-2]")
     assert grid["lr"][0] == "1e-3", "PyYAML reads 1e-3 as text"
