@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from mixlab import kernels
+from mixlab.kernels.attention.triton import MAX_HEAD_DIM
+from mixlab.kernels.triton_utils import TRITON_DTYPES
 from mixlab.models.layers import Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
 from mixlab.models.mixers.short_conv import check_conv_unit, make_conv_unit
 from torch import nn
@@ -84,13 +87,18 @@ def document_slots(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tenso
 
 
 class Attention(Mixer):
-    """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal SDPA -> out projection.
+    """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal attention -> out projection.
 
     qkv_conv (config): "none", or a conv unit (models.mixers.short_conv) on the 3D channels of [Q, K, V]
     after the projection and before RoPE; dynamic weights are generated from the mixer's input x.
+    The attention itself: with the kernel backend resolving to "triton" (auto on CUDA), the tiny-head Triton
+    kernel (``kernels.causal_attention``: at the MAD head size of 8 it beats every fused SDPA backend); else
+    torch's fused SDPA, which is this mixer's plain-torch path (the CPU default, float64, heads over the
+    kernel's largest).
     """
 
     takes_qkv_conv = True
+    kernel_op = "causal_attention"
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:
@@ -108,6 +116,7 @@ class Attention(Mixer):
         self.n_heads = config.n_heads
         self.head_dim = config.d_model // config.n_heads
         self.rope_base = config.rope_base
+        self.backend = config.kernel_backend
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.qkv_conv = None
         if config.qkv_conv != "none":
@@ -136,6 +145,16 @@ class Attention(Mixer):
         cos, sin = rope_cos_sin(qkv.shape[1], self.head_dim, self.rope_base, qkv.device)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
+        if self._on_kernel(q):
+            # the kernel takes the transposed layout without a copy; its custom op folds stacked runs itself
+            return kernels.causal_attention(q, k, v, backend="triton").transpose(1, 2)
         if running_stacked():
             return causal_sdpa_stacked(q, k, v).transpose(1, 2)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+    def _on_kernel(self, q: torch.Tensor) -> bool:
+        """Whether the Triton kernel runs: the backend resolves to "triton" and the kernel takes q's dtype and
+        head size (under auto, anything else stays on SDPA; an explicit "triton" then fails in the kernel)."""
+        if kernels.resolve_backend(self.backend, q, self.kernel_op) != "triton":
+            return False
+        return self.backend == "triton" or (q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_HEAD_DIM)

@@ -2,6 +2,8 @@
 blindness (perturbation and NaN injection, docs/leakage.md), packing invariance and gradients. Each probe also runs on
 a variant built to fail it, so a probe that cannot fail is caught."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -244,3 +246,24 @@ def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
     expected = torch.stack([mixer(x[0]), mixer(x[1])])
     assert len(calls) == inside  # plain SDPA outside the context
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_docs", [False, True], ids=["rows", "docs"])
+def test_attention_on_the_triton_kernel_matches_sdpa(with_docs):
+    """kernel_backend="triton" sends attention through kernels.causal_attention (the Triton interpreter here):
+    outputs and every parameter gradient as on the SDPA path, with and without documents, also stacked."""
+    config = dataclasses.replace(make_config("attention"), kernel_backend="triton")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        on_kernel = MIXERS["attention"](config, 0)
+    on_sdpa = make_mixer("attention")
+    assert on_kernel._on_kernel(randn(1, 2, 3, 8)) and not on_sdpa._on_kernel(randn(1, 2, 3, 8))
+    x, up = randn(B, T, D), randn(B, T, D, seed=1)
+    cu = layout_cu_seqlens() if with_docs else None
+    outs = [m(x, cu_seqlens=cu) for m in (on_kernel, on_sdpa)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    grads = [torch.autograd.grad(o, list(m.parameters()), up) for o, m in zip(outs, (on_kernel, on_sdpa))]
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    stacked = torch.func.vmap(on_kernel)(torch.stack([x, x.flip(1)]))  # two runs through the op's vmap rule
+    torch.testing.assert_close(stacked[1], on_kernel(x.flip(1)), rtol=1e-6, atol=1e-6)
