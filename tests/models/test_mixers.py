@@ -248,6 +248,8 @@ def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors need the Triton interpreter, set only without "
+                    "CUDA; on a GPU tests/runners/test_engine.py's CUDA tests train attention on the kernel")
 @pytest.mark.parametrize("with_docs", [False, True], ids=["rows", "docs"])
 def test_attention_on_the_triton_kernel_matches_sdpa(with_docs):
     """kernel_backend="triton" sends attention through kernels.causal_attention (the Triton interpreter here):
