@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# "SPEC 3.3", "SPEC section 6", "SPEC 5.2's": section numbers of a design document kept outside the repository
+# the word SPEC followed by a section number (optionally "section" between): a design document kept outside the
+# repository, which nothing here may cite
 OUTSIDE_CITATION = re.compile(rb"\bSPEC\b(\s+section)?\s+\d")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = "```"
