@@ -27,8 +27,8 @@ import torch.nn.functional as F
 import triton
 from mixlab import kernels
 from mixlab.kernels.attention.naive import causal_attention_ref
-from mixlab.runners.bench_shortconv import DTYPES, RMS_BOUND, _copy_bandwidth, _fwd, _fwd_bwd, _measure
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench_shortconv import DTYPES, RMS_BOUND
+from mixlab.runners.bench_utils import copy_bandwidth, fwd_bwd_call, fwd_call, measure_pair, rel_rms
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 MAD_TOKENS = 18 * 128 * 128  # 18 stacked runs of batch 128 at T=128
@@ -57,9 +57,9 @@ def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _gate(inputs: dict, upstream: torch.Tensor) -> float:
     """Worst relative RMS error of the Triton output and gradients on the first GATE_ROWS sequences."""
-    got = _fwd_bwd(_triton, inputs, upstream)()
+    got = fwd_bwd_call(_triton, inputs, upstream)()
     first = {name: t[:GATE_ROWS].double() for name, t in inputs.items()}
-    want = _fwd_bwd(causal_attention_ref, first, upstream[:GATE_ROWS].double())()
+    want = fwd_bwd_call(causal_attention_ref, first, upstream[:GATE_ROWS].double())()
     return max(rel_rms(a[:GATE_ROWS], b) for a, b in zip(got, want, strict=True))
 
 
@@ -122,7 +122,7 @@ def bench_attention(
                          f"{CPU_MAX_TOKENS}")
     torch_dtype = DTYPES[dtype]
     size = torch.tensor([], dtype=torch_dtype).element_size()
-    bw = _copy_bandwidth(dev, repeats)
+    bw = copy_bandwidth(dev, repeats)
     on_cuda = dev.type == "cuda"
     gpu = torch.cuda.get_device_name(dev) if on_cuda else "CPU (Triton interpreter)"
     sdpa = SDPA_BACKENDS if on_cuda else {"math": SDPBackend.MATH}
@@ -171,7 +171,7 @@ def bench_attention(
             if not allowed:
                 lines.append(_row(f"{label} (gate failed)", None, None, n_tokens, floor, bw))
                 continue
-            fwd_us, total_us, note = _measure(_fwd(fn, args), _fwd_bwd(fn, args, grad), repeats, dev)
+            fwd_us, total_us, note = measure_pair(fwd_call(fn, args), fwd_bwd_call(fn, args, grad), repeats, dev)
             lines.append(_row(label, fwd_us, total_us, n_tokens, floor, bw))
             if note:
                 notes.append(f"{label}: {note}")

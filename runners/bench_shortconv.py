@@ -27,7 +27,7 @@ import triton
 from mixlab import kernels
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
-from mixlab.runners.bench_utils import median_time_ms, rel_rms
+from mixlab.runners.bench_utils import copy_bandwidth, fwd_bwd_call, fwd_call, measure_pair, rel_rms
 from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,7 +42,7 @@ class _Kernel:
     ref: Callable  # its plain-torch reference, naive.*
     inputs: dict  # name -> tensor (None: absent), the op's leading arguments
     bytes_fwd: int
-    bytes_fwd_bwd: int
+    bytesfwd_bwd_call: int
 
 
 def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.device) -> list[_Kernel]:
@@ -100,45 +100,11 @@ def _doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tens
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
-def _time_us(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    return 1e3 * median_time_ms(fn, repeats, device)
-
-
-def _copy_bandwidth(device: torch.device, repeats: int) -> float:
-    """Bytes per second of a 1 GiB (256 MiB on a CPU) device copy, read plus write."""
-    n = (1 << 28) if device.type == "cuda" else (1 << 26)
-    src = torch.empty(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.nbytes / (_time_us(lambda: dst.copy_(src), repeats, device) * 1e-6)
-
-
-def _fwd_bwd(
-    fn: Callable, inputs: dict, upstream: torch.Tensor, **kwargs
-) -> Callable[[], list[torch.Tensor]]:
-    """A closure running fn forward and backward: -> [y, gradient of every input that is not None]."""
-    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
-    grads_of = [v for v in leaves.values() if v is not None]
-
-    def run():
-        y = fn(**leaves, **kwargs)
-        return [y, *torch.autograd.grad(y, grads_of, upstream)]
-
-    return run
-
-
-def _fwd(fn: Callable, inputs: dict, **kwargs) -> Callable[[], torch.Tensor]:
-    def run():
-        with torch.no_grad():
-            return fn(**inputs, **kwargs)
-
-    return run
-
-
 def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
     """Worst relative RMS error of the Triton output and input gradients (with documents) against float64."""
-    got = _fwd_bwd(kernel.op, kernel.inputs, upstream, cu_seqlens=cu, residual=True, backend="triton")()
+    got = fwd_bwd_call(kernel.op, kernel.inputs, upstream, cu_seqlens=cu, residual=True, backend="triton")()
     as64 = {k: None if v is None else v.double() for k, v in kernel.inputs.items()}
-    want = _fwd_bwd(kernel.ref, as64, upstream.double(), cu_seqlens=cu, residual=True)()
+    want = fwd_bwd_call(kernel.ref, as64, upstream.double(), cu_seqlens=cu, residual=True)()
     return max(rel_rms(a, b) for a, b in zip(got, want, strict=True))
 
 
@@ -146,19 +112,11 @@ def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kern
     def us(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
 
-    floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytes_fwd_bwd / bw
+    floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytesfwd_bwd_call / bw
     tbs = "—" if fwd_us is None else f"{kernel.bytes_fwd / (fwd_us * 1e-6) / 1e12:.2f}"
     r_fwd = "—" if fwd_us is None else f"{fwd_us / floor_fwd:.2f}"
     r_total = "—" if total_us is None else f"{total_us / floor_total:.2f}"
     return f"| {label} | {us(fwd_us)} | {us(total_us)} | {tbs} | {r_fwd} | {r_total} |"
-
-
-def _measure(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[float | None, float | None, str]:
-    """(fwd µs, fwd+bwd µs, note); a failing implementation gets no timings and a note naming the error."""
-    try:
-        return _time_us(fn_fwd, repeats, device), _time_us(fn_total, repeats, device), ""
-    except Exception as err:  # noqa: BLE001 - one broken baseline must not hide the other rows
-        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
 
 
 def bench_shortconv(
@@ -182,7 +140,7 @@ def bench_shortconv(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = DTYPES[dtype]
     cu = _doc_layout(B, T, n_docs, dev)
-    bw = _copy_bandwidth(dev, repeats)
+    bw = copy_bandwidth(dev, repeats)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     lines = [
         f"# Short-convolution kernels, {datetime.date.today().isoformat()}",
@@ -205,7 +163,7 @@ def bench_shortconv(
             f"## {kernel.name}",
             "",
             f"byte floor: fwd {kernel.bytes_fwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd / bw:.1f} µs, "
-            f"fwd+bwd {kernel.bytes_fwd_bwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd_bwd / bw:.1f} µs. "
+            f"fwd+bwd {kernel.bytesfwd_bwd_call / 1e6:.1f} MB = {1e6 * kernel.bytesfwd_bwd_call / bw:.1f} µs. "
             f"Correctness gate (Triton with documents vs float64, output and every gradient): "
             f"{'PASS' if ok else 'FAIL'}, worst relative RMS {worst:.2e} (bound {RMS_BOUND[torch_dtype]:g}).",
             "",
@@ -225,9 +183,9 @@ def bench_shortconv(
                 lines.append(_row(f"{label} (gate failed)", None, None, kernel, bw))
                 continue
             kwargs = {"cu_seqlens": docs, "residual": True, **extra}
-            fwd_us, total_us, note = _measure(
-                _fwd(fn, kernel.inputs, **kwargs),
-                _fwd_bwd(fn, kernel.inputs, upstream, **kwargs),
+            fwd_us, total_us, note = measure_pair(
+                fwd_call(fn, kernel.inputs, **kwargs),
+                fwd_bwd_call(fn, kernel.inputs, upstream, **kwargs),
                 repeats,
                 dev,
             )

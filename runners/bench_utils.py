@@ -1,4 +1,5 @@
-"""What every benchmark shares: median timing and the error measure of its correctness gate."""
+"""What every benchmark shares: median timing, the device's copy bandwidth, forward and forward+backward
+closures, and the error measure of its correctness gate."""
 
 from __future__ import annotations
 
@@ -35,3 +36,46 @@ def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if scale == 0.0:
         return 0.0 if err == 0.0 else math.inf
     return err / scale
+
+
+def time_us(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    return 1e3 * median_time_ms(fn, repeats, device)
+
+
+def copy_bandwidth(device: torch.device, repeats: int) -> float:
+    """Bytes per second of a 1 GiB (256 MiB on a CPU) device copy, read plus write."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 26)
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / (time_us(lambda: dst.copy_(src), repeats, device) * 1e-6)
+
+
+def fwd_bwd_call(
+    fn: Callable, inputs: dict, upstream: torch.Tensor, **kwargs
+) -> Callable[[], list[torch.Tensor]]:
+    """A closure running fn forward and backward: -> [y, gradient of every input that is not None]."""
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
+    grads_of = [v for v in leaves.values() if v is not None]
+
+    def run():
+        y = fn(**leaves, **kwargs)
+        return [y, *torch.autograd.grad(y, grads_of, upstream)]
+
+    return run
+
+
+def fwd_call(fn: Callable, inputs: dict, **kwargs) -> Callable[[], torch.Tensor]:
+    """A closure running fn forward only, without autograd: -> y."""
+    def run():
+        with torch.no_grad():
+            return fn(**inputs, **kwargs)
+
+    return run
+
+
+def measure_pair(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[float | None, float | None, str]:
+    """(fwd µs, fwd+bwd µs, note); a failing implementation gets no timings and a note naming the error."""
+    try:
+        return time_us(fn_fwd, repeats, device), time_us(fn_total, repeats, device), ""
+    except Exception as err:  # noqa: BLE001 - one broken baseline must not hide the other rows
+        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
