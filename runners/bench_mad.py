@@ -60,6 +60,7 @@ class StepShape:
     stacked: float | None = None  # tokens/s
     alone: float | None = None
     gate: str = ""
+    error: str = ""  # why timing this shape failed; its tokens are then left out of the totals
 
 
 def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
@@ -166,12 +167,21 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
     dev = pick_device(device)
     peak = matmul_tflops(dev)
     for shape in tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not progress):
-        _measure(shape, steps, compile, cuda_graph, alone)
+        try:
+            _measure(shape, steps, compile, cuda_graph, alone)
+        except Exception as err:  # noqa: BLE001 - one shape that fails (out of memory, a kernel) must not hide the rest
+            message = str(err).splitlines()[0][:160] if str(err) else ""
+            shape.error, shape.stacked, shape.alone = f"{type(err).__name__}: {message}", None, None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
 
-    total_tokens = sum(s.tokens for s in shapes)
-    stacked_min = sum(_minutes(s.tokens, s.stacked) for s in shapes)
-    alone_min = sum(_minutes(s.tokens, s.alone) for s in shapes) if alone else None
-    floor_min = (sum(s.tokens * s.flop_per_token for s in shapes) / (peak * 1e12) / 60) if peak else None
+    timed_shapes = [s for s in shapes if s.stacked]
+    if not timed_shapes:
+        raise ValueError("every step shape failed: " + "; ".join(sorted({s.error for s in shapes})))
+    total_tokens = sum(s.tokens for s in timed_shapes)
+    stacked_min = sum(_minutes(s.tokens, s.stacked) for s in timed_shapes)
+    alone_min = sum(_minutes(s.tokens, s.alone) for s in timed_shapes) if alone else None
+    floor_min = (sum(s.tokens * s.flop_per_token for s in timed_shapes) / (peak * 1e12) / 60) if peak else None
     first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
     _, model_config = resolve(first)
     bf16 = uses_bf16(first.train.precision, dev)
@@ -202,12 +212,18 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
         floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
         lines.append(
             f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
-            f"{len(s.jobs)} | {s.stacked:,.0f} | {_fmt(s.alone, ',.0f')} | {speedup} | {s.tokens / 1e6:,.1f} | "
-            f"{_minutes(s.tokens, s.stacked):.2f} | {_fmt(_minutes(s.tokens, s.alone), '.2f')} | "
-            f"{_fmt(floor, '.2f')} | {s.gate or '-'} |")
-    slowest = min(shapes, key=lambda s: s.stacked)
+            f"{len(s.jobs)} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
+            f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
+            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | "
+            f"{('FAILED ' + s.error) if s.error else s.gate or '-'} |")
+    slowest = min(timed_shapes, key=lambda s: s.stacked)
+    failed = [s for s in shapes if s.error]
+    lines += [""]
+    if failed:
+        lost = sum(s.tokens for s in failed) / (total_tokens + sum(s.tokens for s in failed))
+        lines.append(f"{len(failed)} step shape(s) failed (gate column); their tokens, {lost:.1%} of the protocol's, "
+                     "are left out of the totals below.")
     lines += [
-        "",
         f"Protocol ({seeds} seed(s), {total_tokens / 1e9:.2f}G training tokens): token-weighted mean "
         f"{total_tokens / (stacked_min * 60):,.0f} tokens/s stacked; slowest shape {slowest.stacked:,.0f} tokens/s "
         f"({slowest.task}, T={slowest.seq_len}, V={slowest.vocab_size}).",

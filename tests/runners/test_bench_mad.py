@@ -5,6 +5,7 @@ import re
 
 import pytest
 from mixlab.models import ModelConfig, preset_config
+from mixlab.runners import bench_mad as bench_mad_module
 from mixlab.runners.bench_mad import bench_mad, flop_per_token, step_shapes
 from mixlab.runners.cli import main
 from mixlab.runners.mad import mad_plan
@@ -69,3 +70,34 @@ def test_bad_input_is_one_line(argv, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_shape_that_fails_is_named_and_left_out_of_the_totals(monkeypatch):
+    """One failing step shape (here: memorization's stack raises) costs its row, not the report."""
+    real = bench_mad_module.train_runs_batched
+
+    def failing(configs, **options):
+        if configs[0].task == "mad/memorization":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return real(configs, **options)
+
+    monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
+    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1,
+                     tasks=["mad/memorization", "mad/compression"], alone=False, progress=False)
+    row = next(line for line in text.splitlines() if line.startswith("| mad/memorization"))
+    assert row.endswith("| FAILED RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB |")
+    assert "1 step shape(s) failed" in text
+    compression = next(line for line in text.splitlines() if line.startswith("| mad/compression"))
+    rate = compression.split("|")[7].strip()
+    assert f"token-weighted mean {rate} tokens/s" in text  # the totals are the one timed shape's
+
+
+def test_every_shape_failing_is_one_error(monkeypatch):
+    def failing(configs, **options):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
+    with pytest.raises(ValueError, match="every step shape failed: RuntimeError: no kernel image"):
+        bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
+                  alone=False, progress=False)
