@@ -5,6 +5,7 @@ import mixlab.runners.engine as engine
 import pytest
 import torch
 from mixlab import models
+from mixlab.runners import train as train_module
 from mixlab.runners.bench_train import bench_train
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
@@ -301,3 +302,39 @@ def test_bench_train_names_the_kernel_backend_it_ran(monkeypatch):
 def test_bench_train_rejects_unknown_model():
     with pytest.raises(ValueError, match="unknown model 'transformr'"):
         bench_train(model="transformr", n_runs=1, steps=1, device="cpu")
+
+
+# Scripted test metrics: micro accuracy above the MAD threshold, macro below it until the third evaluation.
+SCRIPTED = [{"acc_micro": 1.0, "acc_macro": 0.5}, {"acc_micro": 1.0, "acc_macro": 0.998},
+            {"acc_micro": 0.9, "acc_macro": 0.999}]
+
+
+def _scripted(real_metrics: dict, count: int) -> dict:
+    return {**real_metrics, **SCRIPTED[min(count, len(SCRIPTED) - 1)]}
+
+
+def test_early_stop_needs_the_threshold_on_macro_accuracy_in_both_loops(monkeypatch):
+    """The early stop compares macro accuracy with the threshold: a run whose micro accuracy is 1.0 from the
+    start goes on while macro stays below 0.999, and stops at the evaluation where macro reaches it (step 6 of
+    10); a threshold never reached trains to the end. Checked alone (train_run) and stacked (the engine)."""
+    calls = {"alone": 0, "stack": 0}
+    real_evaluate, real_stack_evaluate = train_module.evaluate, engine._Stack.evaluate
+
+    def alone(*args, **kwargs):
+        calls["alone"] += 1
+        return _scripted(real_evaluate(*args, **kwargs), calls["alone"] - 1)
+
+    def stacked(self, run_tasks, rows, batch_size):
+        calls["stack"] += 1
+        return [_scripted(m, calls["stack"] - 1) for m in real_stack_evaluate(self, run_tasks, rows, batch_size)]
+
+    monkeypatch.setattr(train_module, "evaluate", alone)
+    monkeypatch.setattr(engine._Stack, "evaluate", stacked)
+    stops = tiny(epochs=None, steps=10, eval_every=2, early_stop_acc=0.999)
+    never = tiny(epochs=None, steps=10, eval_every=2, early_stop_acc=0.9995, init_seed=1)
+    for record in (train_run(stops, progress=False), train_runs_batched([stops], progress=False)[0]):
+        assert record["stopped_early"] and record["steps"] == 6
+        assert [h["acc_macro"] for h in record["history"]] == [0.5, 0.998, 0.999]
+    calls.update(alone=0, stack=0)
+    for record in (train_run(never, progress=False), train_runs_batched([never], progress=False)[0]):
+        assert not record["stopped_early"] and record["steps"] == 10 and len(record["history"]) == 5
