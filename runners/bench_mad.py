@@ -16,25 +16,39 @@ each rate before early stops (every run its full ``epochs x num_train`` rows). T
 its tokens: the protocol's mean rate is its total tokens over its total time. The FLOP floor counts 6 FLOP per
 matmul weight and token (forward and backward) plus causal attention's ``6 d (T + 1)`` per attention layer and
 token, over the bf16 matmul rate measured at the start (CUDA only).
+
+End to end (``sweep_epochs``): the same runs then go through ``run_sweep`` as ``mixlab mad run`` would train them
+(``workers`` jobs at a time, every early stop and evaluation included), each run's epochs cut to ``sweep_epochs``
+so the call fits a time budget; the shapes and stacks are the protocol's. The sweep's rate is the tokens its runs
+trained over its wall time; the benchmark's prediction for the same tokens is each run's tokens at its shape's
+stacked rate, summed. Their ratio says how much of the benchmark a real sweep keeps: stacks that shrink as runs
+stop early, evaluations, process start, compilation and graph capture all count against it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import tempfile
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from mixlab import models
 from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
 from mixlab.runners.bench_utils import median_time_ms
-from mixlab.runners.config import RunConfig, resolve
+from mixlab.runners.config import RunConfig, config_hash, resolve
 from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.mad import get_profile, mad_plan
+from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
+from mixlab.runners.sweep_plan import PlannedRun, SweepPlan
 from mixlab.runners.train import train_run
 from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
@@ -137,6 +151,70 @@ def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alon
     shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
 
 
+@dataclasses.dataclass
+class EndToEnd:
+    """What one real sweep over the benchmark's runs measured, beside the benchmark's prediction for it."""
+
+    runs: int
+    stopped_early: int
+    tokens: int  # trained by every run, early stops included
+    wall_s: float
+    predicted_s: float  # the same tokens at each run's step-shape rate
+    workers: int
+    epochs: int
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def predicted_rate(self) -> float:
+        return self.tokens / self.predicted_s
+
+
+def _rows_trained(record: dict) -> int:
+    """Training rows a run's steps went through: whole epochs of num_train rows, then full batches (an epoch's
+    last batch holds the rows left)."""
+    tc = record["config"]["train"]
+    per_epoch = -(-tc["num_train"] // tc["batch_size"])
+    epochs, steps = divmod(record["steps"], per_epoch)
+    return epochs * tc["num_train"] + min(steps * tc["batch_size"], tc["num_train"])
+
+
+def _capped(run: PlannedRun, epochs: int) -> PlannedRun:
+    """The run with at most ``epochs`` epochs (its cosine spans them), renamed by its new hash."""
+    tc = run.config.train
+    config = dataclasses.replace(run.config, train=dataclasses.replace(tc, epochs=min(tc.epochs, epochs)))
+    return PlannedRun(config_hash(config), config, run.meta)
+
+
+def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epochs: int, workers: int,
+               max_stack: int, compile: bool, cuda_graph: bool, progress: bool) -> EndToEnd:
+    """Train ``runs`` (epochs cut to ``epochs``) with ``run_sweep`` in a scratch folder and time the whole sweep;
+    each run's tokens are predicted at the stacked rate of the step shape its uncut run belongs to."""
+    rate_of = {h: s.stacked for s in shapes if s.stacked for job in s.jobs for h in job.hashes}
+    kept = [r for r in runs if r.hash in rate_of]  # a shape that failed in the benchmark has no prediction
+    capped = [_capped(r, epochs) for r in kept]
+    original = {c.hash: r.hash for c, r in zip(capped, kept)}
+    plan = SweepPlan(name="bench-mad-end-to-end", kind="mad", spec={"bench": "mad", "epochs": epochs},
+                     runs=capped)
+    options = SweepOptions(workers=workers, max_stack=max_stack, compile=compile, cuda_graph=cuda_graph,
+                           progress=progress)
+    with tempfile.TemporaryDirectory(prefix="mixlab-bench-mad-") as folder:
+        start = time.perf_counter()
+        run_sweep(plan, folder, options)
+        wall = time.perf_counter() - start
+        records = [json.loads(f.read_text()) for f in sorted((Path(folder) / RUNS).glob("*.json"))]
+    tokens, predicted, stopped = 0, 0.0, 0
+    for record in records:
+        run_tokens = _rows_trained(record) * record["resolved"]["model"]["max_seq_len"]
+        tokens += run_tokens
+        predicted += run_tokens / rate_of[original[record["name"]]]
+        stopped += bool(record["stopped_early"])
+    return EndToEnd(runs=len(records), stopped_early=stopped, tokens=tokens, wall_s=wall, predicted_s=predicted,
+                    workers=workers, epochs=epochs)
+
+
 def _minutes(tokens: float, rate: float | None) -> float | None:
     return None if not rate else tokens / rate / 60
 
@@ -147,10 +225,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str = "auto", seeds: int = 3,
               steps: int = 30, tasks: Sequence[str] | None = None, max_stack: int = DEFAULT_MAX_STACK,
-              compile: bool = False, cuda_graph: bool = False, alone: bool = True, progress: bool = True) -> str:
+              compile: bool = False, cuda_graph: bool = False, alone: bool = True, sweep_epochs: int | None = None,
+              workers: int = 1, progress: bool = True) -> str:
     """Markdown report: device and versions, one row per step shape of the profile (``tasks``: only those MAD
-    tasks), then the protocol's totals per seed. Raises ValueError on a bad model, profile, task or count."""
+    tasks), then the protocol's totals per seed; with ``sweep_epochs``, a real sweep of the same runs cut to that
+    many epochs (``workers`` jobs at a time) against the benchmark's prediction. Raises ValueError on a bad
+    model, profile, task or count."""
     steps, seeds = check("steps", steps, PositiveInt), check("seeds", seeds, PositiveInt)
+    sweep_epochs = check("sweep_epochs", sweep_epochs, PositiveInt | None)
+    workers = check("workers", workers, PositiveInt)
     plan = mad_plan(model, profile, seeds=seeds, device=device)
     runs = plan.runs
     if tasks:
@@ -178,6 +261,10 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
     timed_shapes = [s for s in shapes if s.stacked]
     if not timed_shapes:
         raise ValueError("every step shape failed: " + "; ".join(sorted({s.error for s in shapes})))
+    e2e = None
+    if sweep_epochs is not None:
+        e2e = end_to_end(runs, shapes, epochs=sweep_epochs, workers=workers, max_stack=max_stack, compile=compile,
+                         cuda_graph=cuda_graph, progress=progress)
     total_tokens = sum(s.tokens for s in timed_shapes)
     stacked_min = sum(_minutes(s.tokens, s.stacked) for s in timed_shapes)
     alone_min = sum(_minutes(s.tokens, s.alone) for s in timed_shapes) if alone else None
@@ -198,7 +285,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
         + (f", bf16 matmul {peak:.0f} TFLOP/s measured" if peak else ""),
         f"bench_mad(model={model!r}, profile={profile!r}, device={device!r}, seeds={seeds}, steps={steps}, "
         f"tasks={list(tasks) if tasks else None}, max_stack={max_stack}, compile={compile}, "
-        f"cuda_graph={cuda_graph}, alone={alone})",
+        f"cuda_graph={cuda_graph}, alone={alone}, sweep_epochs={sweep_epochs}, workers={workers})",
         prof.describe(),
         f"{len(runs)} runs in {sum(len(s.jobs) for s in shapes)} jobs of {len(shapes)} step shapes; each shape's "
         f"largest job timed for {steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops.",
@@ -231,4 +318,13 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
         f"time {_fmt(alone_min and alone_min / seeds, '.1f')}, "
         f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}.",
     ]
+    if e2e is not None:
+        lines += [
+            "",
+            f"End to end: `run_sweep` of these {e2e.runs} runs, epochs cut to {e2e.epochs}, {e2e.workers} worker(s): "
+            f"{e2e.stopped_early} stopped early, {e2e.tokens / 1e6:,.1f}M tokens trained in {e2e.wall_s:.3g} s of "
+            f"wall time = {e2e.rate:,.0f} tokens/s; the shapes' stacked rates predict {e2e.predicted_s:.3g} s "
+            f"({e2e.predicted_rate:,.0f} tokens/s): the sweep keeps {e2e.predicted_s / e2e.wall_s:.0%} of the "
+            f"benchmark.",
+        ]
     return "\n".join(lines) + "\n"

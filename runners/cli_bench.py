@@ -96,13 +96,16 @@ def bench_mad_cmd(
     compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs."),
     alone: bool = typer.Option(True, "--alone/--no-alone", help="Also time one run at a time in the plain loop."),
+    sweep_epochs: int = typer.Option(0, help="Then run a real sweep of the same runs cut to this many epochs and "
+                                              "compare its tokens/s with the benchmark's (0: skip)."),
+    workers: int = typer.Option(1, help="Jobs at a time in that sweep (as mad run --workers)."),
 ) -> None:
     """The MAD protocol's train tokens/s per step shape, stacked as a sweep stacks it, and its GPU-minutes."""
     from mixlab.runners.bench_mad import bench_mad
 
     typer.echo(bench_mad(model, profile, device=device, seeds=seeds, steps=steps,
                          tasks=[t for t in tasks.split(",") if t] or None, max_stack=max_stack, compile=compile,
-                         cuda_graph=cuda_graph, alone=alone))
+                         cuda_graph=cuda_graph, alone=alone, sweep_epochs=sweep_epochs or None, workers=workers))
 
 
 def register(app: typer.Typer) -> None:

@@ -101,3 +101,21 @@ def test_every_shape_failing_is_one_error(monkeypatch):
     with pytest.raises(ValueError, match="every step shape failed: RuntimeError: no kernel image"):
         bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
                   alone=False, progress=False)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_end_to_end_sweep_counts_the_tokens_its_runs_trained():
+    """The sweep's line counts every run once, with epochs cut (1 epoch of num_train rows here: none can stop
+    earlier), and compares its wall time with the shapes' prediction for exactly those tokens."""
+    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2, tasks=["mad/memorization"],
+                     alone=False, sweep_epochs=1, progress=False)
+    runs = [r for r in mad_plan("transformer", "smoke", seeds=1, device="cpu").runs
+            if r.meta["task"] == "mad/memorization"]
+    tokens = sum(r.config.train.num_train * get_task(r.config.task, **r.config.task_params).generate(1, seed=0)
+                 .inputs.shape[1] for r in runs)
+    line = next(line for line in text.splitlines() if line.startswith("End to end"))
+    assert f"these {len(runs)} runs, epochs cut to 1, 1 worker(s): 0 stopped early" in line
+    assert f"{tokens / 1e6:,.1f}M tokens trained" in line
+    wall, predicted = (float(x) for x in re.search(r"in ([\d.]+) s of wall.*predict ([\d.]+) s", line).groups())
+    keeps = int(re.search(r"keeps (\d+)% of", line).group(1))
+    assert abs(keeps - 100 * predicted / wall) <= 2
