@@ -9,7 +9,9 @@ as the row. Rows of the table:
     gemm / triton          the GEMM form (docs/rubiconv.md), precision fp32 and bf16, automatic k (and ``blocks``)
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
-gate); the leaky row's error is its leak. The GPU name and versions go on top.
+gate); the leaky row's error is its leak. The GPU name and versions go on top. Public long convs
+(``runners.bench_anchors``, fla-core's FFT conv) get rows of their own when they import; they leak as the leaky
+row does, so they are timed without a gate.
 """
 
 import datetime
@@ -24,6 +26,7 @@ from mixlab import kernels
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
+from mixlab.runners.bench_anchors import Anchor, long_conv_anchors
 from mixlab.runners.bench_utils import median_time_ms, rel_rms
 from mixlab.tasks.fields import PositiveInt, check
 
@@ -109,6 +112,13 @@ def bench_rubiconv(
         ("pad to longest", lambda a, b: pad_to_longest(a, b, cu), BOUND_EXACT),
         ("pow2 buckets (torch backend)", lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), BOUND_EXACT),
     ]
+    notes = []
+    for anchor in long_conv_anchors():
+        if isinstance(anchor, Anchor):
+            methods.append((f"anchor: {anchor.name} (leaks)", anchor.fn, None))
+            notes.append(f"anchor: {anchor.name}: {anchor.note}")
+        else:
+            notes.append(f"anchor: {anchor.name}: skipped, {anchor.reason}")
     for backend in ("gemm", "triton"):
         for block in (None, *blocks):
             for precision in ("fp32", "bf16"):
@@ -136,7 +146,6 @@ def bench_rubiconv(
         "| method | fwd ms | fwd+bwd ms | err y | err dx | err dh | gate |",
         "|---|---|---|---|---|---|---|",
     ]
-    notes = []
     for label, fn, bound in methods:
         try:
             got = _grads(fn, x, h, upstream)

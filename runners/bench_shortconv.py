@@ -7,6 +7,10 @@ byte floor. The GPU name and versions go on top. Before timing, each Triton kern
 shape (with documents) against the float64 reference, output and every input gradient; a kernel that fails
 gets no Triton timings (the correctness gate).
 
+Public anchors (``runners.bench_anchors``: fla-core's and causal-conv1d's static convs, the dynamic-conv paper's
+kernels) are timed in the same table when they import, after the same kind of check of their output against our
+float64 reference; the lines under each table give our Triton time over each anchor's (below 1: ours is faster).
+
 Byte floor: the bytes an op must move at least, divided by the device's measured copy bandwidth (a large
 ``copy_``, read + write). With N = B*T tokens, s the bytes of an activation element, s_w of a weight element:
     static      fwd  2 N D s                fwd+bwd  5 N D s                (x, y; then x, dy, dx)
@@ -27,6 +31,7 @@ import triton
 from mixlab import kernels
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
+from mixlab.runners.bench_anchors import Anchor, short_conv_anchors
 from mixlab.runners.bench_utils import copy_bandwidth, fwd_bwd_call, fwd_call, measure_pair, rel_rms
 from mixlab.tasks.fields import PositiveInt, check
 
@@ -38,6 +43,7 @@ RMS_BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 @dataclasses.dataclass
 class _Kernel:
     name: str
+    kind: str  # static, headwise or lowrank: which anchors apply
     op: Callable  # the public op, kernels.*
     ref: Callable  # its plain-torch reference, naive.*
     inputs: dict  # name -> tensor (None: absent), the op's leading arguments
@@ -58,6 +64,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
     out = [
         _Kernel(
             "static",
+            "static",
             kernels.short_conv,
             short_conv_ref,
             static,
@@ -73,7 +80,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
         fwd, fwd_bwd = 2 * N * D * s + N * H * W * s + params, 5 * N * D * s + 3 * N * H * W * s + params
         name = f"head-wise, head size {hs}"
         out.append(
-            _Kernel(name, kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs, fwd, fwd_bwd)
+            _Kernel(name, "headwise", kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs, fwd, fwd_bwd)
         )
     R = 16
     inputs = {"x": x, "z": randn(B, T, R), "U": randn(R, W * D, scale=(R * W) ** -0.5), "static_w": static_w}
@@ -81,7 +88,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
     fwd, fwd_bwd = 2 * N * D * s + N * R * s + params, 5 * N * D * s + 3 * N * R * s + params
     out.append(
         _Kernel(
-            f"low-rank, R={R}", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs, fwd, fwd_bwd
+            f"low-rank, R={R}", "lowrank", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs, fwd, fwd_bwd
         )
     )
     return out
@@ -106,6 +113,51 @@ def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
     as64 = {k: None if v is None else v.double() for k, v in kernel.inputs.items()}
     want = fwd_bwd_call(kernel.ref, as64, upstream.double(), cu_seqlens=cu, residual=True)()
     return max(rel_rms(a, b) for a, b in zip(got, want, strict=True))
+
+
+def _anchor_error(kernel: _Kernel, anchor: Anchor, cu: torch.Tensor | None) -> float:
+    """Relative RMS error of an anchor's output against our float64 reference of the same function."""
+    with torch.no_grad():
+        got = anchor.fn(**anchor.inputs)
+        ours = kernel.inputs if anchor.ours is None else anchor.ours
+        want = kernel.ref(**{k: None if v is None else v.double() for k, v in ours.items()}, cu_seqlens=cu,
+                          residual=True)
+    return rel_rms(got, want)
+
+
+def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
+                 timed: dict[str, tuple[float | None, float | None]], upstream: torch.Tensor, repeats: int,
+                 bw: float) -> tuple[list[str], list[str]]:
+    """Table rows and notes of the public anchors of ``kernel`` for each (cu_seqlens, label suffix) case; each
+    ratio is our time (``timed["Triton" + suffix]``) over the anchor's."""
+    lines, notes = [], []
+    bound = RMS_BOUND[kernel.inputs["x"].dtype]
+    for docs, suffix in cases:
+        ours = timed.get(f"Triton{suffix}")
+        for anchor in short_conv_anchors(kernel.kind, kernel.inputs, docs):
+            label = f"anchor: {anchor.name}{suffix}"
+            if not isinstance(anchor, Anchor):
+                notes.append(f"{label}: skipped, {anchor.reason}")
+                continue
+            try:
+                error = _anchor_error(kernel, anchor, docs)
+            except Exception as err:  # noqa: BLE001 - a broken anchor install must not end the benchmark
+                notes.append(f"{label}: failed, {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+                continue
+            if error > bound:
+                notes.append(f"{label}: not timed, disagrees with our reference (relative RMS {error:.2e})")
+                continue
+            fwd_us, total_us, note = measure_pair(fwd_call(anchor.fn, anchor.inputs),
+                                                  fwd_bwd_call(anchor.fn, anchor.inputs, upstream), repeats,
+                                                  upstream.device)
+            lines.append(_row(label, fwd_us, total_us, kernel, bw))
+            extra = f" ({anchor.note})" if anchor.note else ""
+            if note:
+                notes.append(f"{label}: {note}")
+            elif ours and None not in ours:
+                notes.append(f"Triton{suffix} / {anchor.name}: fwd {ours[0] / fwd_us:.2f}x, fwd+bwd "
+                             f"{ours[1] / total_us:.2f}x (below 1: ours faster){extra}")
+    return lines, notes
 
 
 def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float) -> str:
@@ -193,6 +245,10 @@ def bench_shortconv(
             lines.append(_row(label, fwd_us, total_us, kernel, bw))
             if note:
                 notes.append(f"{label}: {note}")
+        anchor_lines, anchor_notes = _anchor_rows(kernel, [(None, ""), (cu, f", {n_docs} documents")], timed,
+                                                  upstream, repeats, bw)
+        lines += anchor_lines
+        notes += anchor_notes
         plain, packed = timed.get("Triton"), timed.get(f"Triton, {n_docs} documents")
         if plain and packed and None not in plain + packed:
             lines += ["", f"documents cost: fwd {100 * (packed[0] / plain[0] - 1):+.1f}%, fwd+bwd "
