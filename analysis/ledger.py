@@ -148,7 +148,8 @@ def ledger_markdown(datas: Sequence[SweepData]) -> str:
     for paper, evidence in sections:
         lines += [f"## {paper.title}", "", Table(list(LEDGER_HEADERS), paper_rows(paper, evidence)).markdown(), ""]
         for mark, item in zip("abcdefghijklmnopqrstuvwxyz", evidence):
-            lines += [f"({mark}) {item.name}: {item.text()}. Deviations: {'; '.join(d.rstrip('.') for d in item.deviations)}.", ""]
+            deviations = "; ".join(d.rstrip(".") for d in item.deviations)
+            lines += [f"({mark}) {item.name}: {item.text()}. Deviations: {deviations}.", ""]
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
-"""``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles``, ``mixlab report`` and ``mixlab claims``: thin commands over
-runners.sweep, runners.sweep_spec, runners.mad and analysis. ``register(app)`` adds them to the typer app of
-runners/cli.py."""
+"""``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles``, ``mixlab report`` and ``mixlab claims``: thin
+commands over runners.sweep, runners.sweep_spec, runners.mad and analysis. ``register(app)`` adds them to the
+typer app of runners/cli.py."""
 
 from __future__ import annotations
 
