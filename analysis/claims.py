@@ -342,8 +342,15 @@ def mad_claims() -> list[Claim]:
     return claims
 
 
-def verdict_table(verdicts: Iterable[Verdict]) -> Table:
-    return Table(list(VERDICT_HEADERS), verdict_rows(verdicts))
+def verdict_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """Markdown for a report: the table of the verdicts with scored seeds, how many claims have none (a MAD
+    profile run for some tasks only), and the rule (VERDICT_RULE)."""
+    scored = [v for v in verdicts if v.n]
+    lines = [Table(list(VERDICT_HEADERS), verdict_rows(scored)).markdown(), ""] if scored else []
+    if len(scored) < len(verdicts):
+        lines += [f"{len(verdicts) - len(scored)} claims have no scored seed here (no complete records of their "
+                  "models and settings).", ""]
+    return lines + [VERDICT_RULE, ""]
 
 
 def grid_verdicts(data: SweepData) -> list[Verdict]:

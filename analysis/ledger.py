@@ -21,6 +21,7 @@ from mixlab.analysis.tables import Table
 from mixlab.runners.sweep_spec import load_spec
 
 NOTES = "NOTES.md"
+MARKS = "abcdefghijklmnopqrstuvwxyz"  # how a row cites its evidence's deviations, listed below the table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +65,10 @@ class Evidence:
 
 
 def _span(seeds: Sequence[int]) -> str:
-    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1 else (
-        ",".join(map(str, seeds)) or "none")
+    """``[0, 1, 2]`` -> ``"0-2"``; seeds with gaps listed; none -> ``"none"``."""
+    if len(seeds) > 1 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds)) or "none"
 
 
 def grid_evidence(data: SweepData) -> Evidence:
@@ -116,7 +119,7 @@ def paper_rows(paper: Paper, evidence: Sequence[Evidence]) -> list[list[str]]:
         texts = [c.text for c in paper_claims(paper)] + list(paper.sentences)
         return [[text, "—", "no runs", "—", "no records in the folders given", "—"] for text in texts]
     rows = []
-    for mark, item in zip("abcdefghijklmnopqrstuvwxyz", evidence):
+    for mark, item in zip(MARKS, evidence):
         scored = [v for v in item.verdicts if v.n]
         for v in scored:
             interval = f" {v.interval.text()}" if v.interval else ""
@@ -147,7 +150,7 @@ def ledger_markdown(datas: Sequence[SweepData]) -> str:
         sections.append((Paper("Other sweeps with claims"), others))
     for paper, evidence in sections:
         lines += [f"## {paper.title}", "", Table(list(LEDGER_HEADERS), paper_rows(paper, evidence)).markdown(), ""]
-        for mark, item in zip("abcdefghijklmnopqrstuvwxyz", evidence):
+        for mark, item in zip(MARKS, evidence):
             deviations = "; ".join(d.rstrip(".") for d in item.deviations)
             lines += [f"({mark}) {item.name}: {item.text()}. Deviations: {deviations}.", ""]
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from mixlab.analysis.aggregate import (
     load_runs,
     load_sweep,
 )
-from mixlab.analysis.claims import VERDICT_RULE, grid_verdicts, mad_verdicts, sweep_claims, verdict_table
+from mixlab.analysis.claims import grid_verdicts, mad_verdicts, sweep_claims, verdict_lines
 from mixlab.analysis.tables import (
     REFERENCE,
     grid_table,
@@ -131,8 +131,7 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
                      "still falling when training ended, so these are the runs a longer budget could change.", "",
                      mad_budget_table(entries).markdown(), ""]
         for profile, verdicts in mad_verdicts(mads).items():
-            sections += [f"### The paper's claims, {profile} profile", "", verdict_table(verdicts).markdown(), "",
-                         VERDICT_RULE, ""]
+            sections += [f"### The paper's claims, {profile} profile", "", *verdict_lines(verdicts)]
 
     for data in (d for d in datas if d.kind == "grid"):
         written += _grid_section(data, out, sections)
@@ -252,7 +251,7 @@ def _claims_lines(data: SweepData) -> list[str]:
         return []
     lines = [f"Paper: {reference.get('source', '')}".rstrip(": "), ""]
     if checks:
-        lines += [verdict_table(grid_verdicts(data)).markdown(), "", VERDICT_RULE, ""]
+        lines += verdict_lines(grid_verdicts(data))
     if sentences:
         lines += [*(f"- {text} (a sentence, not a check: no verdict)" for text in sentences), ""]
     return lines
