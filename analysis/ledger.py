@@ -57,11 +57,14 @@ class Evidence:
     verdicts: list[claims.Verdict]
     deviations: list[str]
 
-    def text(self) -> str:
+    def counts(self) -> str:
+        """``594 runs, seeds 0-2``: the records read and their seeds."""
         runs = sum(len(d.records) for d in self.datas)
         seeds = sorted({row["seed"] for d in self.datas for row in d.rows})
-        folders = ", ".join(f"`{d.path}`" for d in self.datas)
-        return f"{folders}: {runs} runs, seeds {_span(seeds)}"
+        return f"{runs} runs, seeds {_span(seeds)}"
+
+    def folders(self) -> str:
+        return ", ".join(f"`{d.path}`" for d in self.datas)
 
 
 def _span(seeds: Sequence[int]) -> str:
@@ -126,11 +129,11 @@ def paper_rows(paper: Paper, evidence: Sequence[Evidence]) -> list[list[str]]:
             needed = v.needed_text()
             verdict = f"{v.verdict_text()}, {needed} seeds to decide" if needed else v.verdict_text()
             rows.append([v.claim.text, claims.split_text(v.split), verdict,
-                         f"{v.effect_text()}{interval}, n={v.n}", item.name, f"({mark})"])
+                         f"{v.effect_text()}{interval}, n={v.n}", f"{item.name} ({item.counts()})", f"({mark})"])
         unscored = len(item.verdicts) - len(scored)
         if unscored:
             rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—",
-                         item.name, f"({mark})"])
+                         f"{item.name} ({item.counts()})", f"({mark})"])
     return rows
 
 
@@ -151,8 +154,8 @@ def ledger_markdown(datas: Sequence[SweepData]) -> str:
     for paper, evidence in sections:
         lines += [f"## {paper.title}", "", Table(list(LEDGER_HEADERS), paper_rows(paper, evidence)).markdown(), ""]
         for mark, item in zip(MARKS, evidence):
-            deviations = "; ".join(d.rstrip(".") for d in item.deviations)
-            lines += [f"({mark}) {item.name}: {item.text()}. Deviations: {deviations}.", ""]
+            lines += [f"({mark}) {item.name}: {item.folders()}. Deviations from the paper's protocol:", "",
+                      *(f"- {d}" for d in item.deviations), ""]
     return "\n".join(lines)
 
 

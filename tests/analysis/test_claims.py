@@ -209,7 +209,8 @@ def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp
     assert "## Other sweeps with claims" in text
     row = next(line for line in text.splitlines() if "d_model=64" in line)
     assert "reproduced" in row and "widths" in row
-    assert "(a) widths: " in text and "seeds 0-2" in text and "toy size; 3 seeds" in text
+    assert "widths (24 runs, seeds 0-2)" in row
+    assert f"(a) widths: `{grid_dir}`. Deviations from the paper's protocol:\n\n- toy size\n- 3 seeds\n" in text
     case_study = text.split("post-QKV conv case study")[1]
     assert "no runs" in case_study
     fig2 = text.split("Figure 2")[1].split("##")[0]  # no folder of its sweeps: its preset's claims, no runs
