@@ -144,11 +144,8 @@ def claim_dict(claim: Claim) -> dict[str, Any]:
     """The mapping ``parse_claim`` reads back, without the fields left at their defaults (a manifest's form)."""
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 for f in dataclasses.fields(Claim)}
-    out = {}
-    for key, value in dataclasses.asdict(claim).items():
-        if key not in defaults or value != defaults[key]:
-            out[key] = list(value) if isinstance(value, tuple) else value
-    return out
+    return {key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(claim).items() if value != defaults[key]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,10 +223,8 @@ def evaluate(claim: Claim, observations: Sequence[Observation], metric: str) -> 
     splits: dict[tuple, list[Observation]] = {}
     for obs in chosen:
         splits.setdefault(tuple(obs.labels.get(k, "—") for k in claim.each), []).append(obs)
-    if not splits:
-        return [Verdict(claim, {}, metric, 0, note="no scored seeds of its models and settings")]
     return [_judge(claim, dict(zip(claim.each, key)), metric, _paired(claim, group, metric))
-            for key, group in splits.items()]
+            for key, group in (splits or {(): []}).items()]
 
 
 def _paired(claim: Claim, group: Sequence[Observation], metric: str) -> list[float]:
@@ -244,11 +239,16 @@ def _paired(claim: Claim, group: Sequence[Observation], metric: str) -> list[flo
             raise ValueError(f"claim {claim.text!r} matches several cells of {obs.model} for seed {obs.seed} "
                              f"(they differ in {', '.join(differ)}): give them in where or each")
         per_model[obs.model][obs.seed] = obs
-    first = per_model[claim.models[0]]
-    seeds = sorted(set(first).intersection(*(per_model[m] for m in claim.models[1:])))
-    values = [first[s].values.get(metric, math.nan) - (per_model[claim.models[1]][s].values.get(metric, math.nan)
-                                                       if claim.difference is not None else 0.0)
-              for s in seeds]
+    def value(model: str, seed: int) -> float:
+        return per_model[model][seed].values.get(metric, math.nan)
+
+    first = claim.models[0]
+    if claim.difference is None:
+        values = [value(first, seed) for seed in sorted(per_model[first])]
+    else:
+        second = claim.models[1]
+        values = [value(first, seed) - value(second, seed)
+                  for seed in sorted(set(per_model[first]) & set(per_model[second]))]
     return [v for v in values if not math.isnan(v)]
 
 

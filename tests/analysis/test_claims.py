@@ -57,6 +57,12 @@ def test_too_few_seeds_is_inconclusive_whatever_the_values():
     assert "too few seeds (2 < 3)" in verdict.verdict_text()
 
 
+def test_a_claim_without_any_scored_seed_has_no_data():
+    (verdict,) = evaluate(Claim(text="c wins", level="c", op=">", value=0.5), observations({"a": [0.9] * 3}),
+                          "acc_micro")
+    assert (verdict.verdict, verdict.n, verdict.effect_text()) == ("no data", 0, "—")
+
+
 def test_differences_pair_seeds_and_skip_seeds_one_model_lacks():
     obs = observations({"a": [0.9, 0.9, 0.9, 0.9], "b": [0.1, 0.2, 0.3]})
     (verdict,) = evaluate(BEATS, obs, "acc_micro")
