@@ -2,6 +2,8 @@
 token representations.
 
 Modules: ``aggregate`` (load run records, median/IQR/n over seeds, MAD scoring), ``tables`` (markdown and CSV),
-``plots`` (seaborn figures), ``report`` (``mixlab report``), ``leakage`` (the five cross-document probes),
-``representations`` (hidden states per layer, cosine similarity, PCA, linear probes for the previous token).
+``plots`` (seaborn figures), ``report`` (``mixlab report``), ``claims`` (papers' claims as checks, their verdicts),
+``stats`` (intervals and tests over seeds), ``ledger`` (``mixlab claims``, reproductions/CLAIMS.md),
+``leakage`` (the five cross-document probes), ``representations`` (hidden states per layer, cosine similarity,
+PCA, linear probes for the previous token).
 """

@@ -5,7 +5,8 @@ records of single runs (``mixlab run --out``), or both (``find_folders``). MAD f
 MAD table and one per-task bar chart; every grid folder gets its own summary table and, when it varies d_model, an
 accuracy-against-width figure; every folder of single runs gets a table with one row per run. Files written::
 
-    report.md                     the tables (markdown) with links to the figures
+    report.md                     the tables (markdown) with links to the figures, and the verdicts of the
+                                  papers' claims (analysis.claims: the MAD table's, a grid's reference.claims)
     mad_tasks.csv                 model, task, median, q25, q75, iqr, n, reference, diff
     mad_settings.csv              best grid point per (model, task, setting, seed)
     mad_tasks.png                 per-task bars, median and IQR over seeds, one dot per seed
@@ -36,6 +37,7 @@ from mixlab.analysis.aggregate import (
     load_runs,
     load_sweep,
 )
+from mixlab.analysis.claims import grid_verdicts, mad_verdicts, sweep_claims, verdict_lines
 from mixlab.analysis.tables import (
     REFERENCE,
     grid_table,
@@ -128,6 +130,8 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
                      "perplexity evaluation was their last and that did not stop early: their test perplexity was "
                      "still falling when training ended, so these are the runs a longer budget could change.", "",
                      mad_budget_table(entries).markdown(), ""]
+        for profile, verdicts in mad_verdicts(mads).items():
+            sections += [f"### The paper's claims, {profile} profile", "", *verdict_lines(verdicts)]
 
     for data in (d for d in datas if d.kind == "grid"):
         written += _grid_section(data, out, sections)
@@ -221,10 +225,7 @@ def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]
                  "improving: of those best runs, how many had their lowest test perplexity at their last "
                  "evaluation without stopping early (a longer budget could change them).", "",
                  table.markdown(), ""]
-    reference = data.spec.get("reference") or {}
-    if reference.get("source") or reference.get("claims"):
-        sections += [f"Paper: {reference.get('source', '')}".rstrip(": "), "",
-                     *(f"- {claim}" for claim in reference.get("claims", [])), ""]
+    sections += _claims_lines(data)
     if len({r["d_model"] for r in data.rows}) > 1:
         best = best_of_grid(data.rows, ("task", "setting", "model", "d_model", "seed"), data.metric)
         figure = plots.accuracy_vs_width(best, data.metric, out / f"{name}_acc_vs_width.png", title=name)
@@ -240,6 +241,20 @@ def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]
         written.append(figure)
         sections += [f"![{name}: {data.metric} and score groups per model]({figure.name})", ""]
     return written
+
+
+def _claims_lines(data: SweepData) -> list[str]:
+    """The paper a grid reproduces, its claims' verdicts, and any claim that is a sentence only."""
+    reference = data.spec.get("reference") or {}
+    checks, sentences = sweep_claims(data)
+    if not (reference.get("source") or checks or sentences):
+        return []
+    lines = [f"Paper: {reference.get('source', '')}".rstrip(": "), ""]
+    if checks:
+        lines += verdict_lines(grid_verdicts(data))
+    if sentences:
+        lines += [*(f"- {text} (a sentence, not a check: no verdict)" for text in sentences), ""]
+    return lines
 
 
 def _runs_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]:

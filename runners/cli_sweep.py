@@ -1,6 +1,6 @@
-"""``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles`` and ``mixlab report``: thin commands over
-runners.sweep, runners.sweep_spec, runners.mad and analysis. ``register(app)`` adds them to the typer app of
-runners/cli.py."""
+"""``mixlab sweep|sweeps``, ``mixlab mad run|table|profiles``, ``mixlab report`` and ``mixlab claims``: thin
+commands over runners.sweep, runners.sweep_spec, runners.mad and analysis. ``register(app)`` adds them to the
+typer app of runners/cli.py."""
 
 from __future__ import annotations
 
@@ -185,6 +185,19 @@ def report(
         typer.echo(line)
 
 
+def claims_command(
+    folders: list[str] = typer.Argument(..., help="Folders of run records, or folders holding them (e.g. "
+                                        "reproductions/)."),
+    out: str = typer.Option(None, help="Write the ledger (markdown) to this file instead of printing it."),
+) -> None:
+    """The claims ledger: every claim of the reproduced papers with its verdict on the records of FOLDERS, the
+    evidence and the deviations from the paper's protocol (docs/claims.md)."""
+    from mixlab.analysis.ledger import write_ledger  # imported here, as report's: seaborn is slow to import
+
+    text = write_ledger(folders, out)
+    typer.echo(f"wrote {out}" if out else text)
+
+
 def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_job: float,
                  max_retries: int) -> RayOptions | None:
     """The Ray options of a command line; None for the local backend, where --address would be a mistake."""
@@ -204,7 +217,7 @@ def _echo_result(result: SweepResult) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``sweep``, ``sweeps``, ``mad run|table|profiles`` and ``report`` to ``app``."""
+    """Add ``sweep``, ``sweeps``, ``mad run|table|profiles``, ``report`` and ``claims`` to ``app``."""
     app.command("sweep")(sweep)
     app.command("sweeps")(sweep_presets)
     mad_app = typer.Typer(help="The MAD benchmark (docs/mad.md): run the protocol, print the table.",
@@ -214,3 +227,4 @@ def register(app: typer.Typer) -> None:
     mad_app.command("profiles")(mad_profiles)
     app.add_typer(mad_app, name="mad")
     app.command("report")(report)
+    app.command("claims")(claims_command)

@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import yaml
 from mixlab import models, tasks
+from mixlab.analysis import claims
+from mixlab.analysis.aggregate import METRIC_KEYS
 from mixlab.runners.config import TrainConfig, config_hash
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
 from mixlab.tasks.fields import check, check_mapping, field_types, from_yaml
@@ -123,7 +125,7 @@ class SweepSpec:
         train = _section("train", data.get("train", {}), TrainConfig, train_fields)
         train_grid = _grid("train_grid", data.get("train_grid"), TrainConfig, train_fields)
         metric = check("metric", data.get("metric", "acc_micro"), annotations["metric"])
-        reference = _reference(data.get("reference", {}), [e.task for e in task_entries], list(resolved_models))
+        reference = _reference(data.get("reference", {}), task_entries, list(resolved_models), model_grid)
         return cls(name=name, description=str(data.get("description", "")), tasks=tuple(task_entries),
                    models=resolved_models, model_grid=model_grid, train=train, train_grid=train_grid,
                    seeds=parse_seeds(data.get("seeds", 1)), vary_data_seed=vary_data, metric=metric,
@@ -238,16 +240,23 @@ def _unique(runs: list[PlannedRun]) -> list[PlannedRun]:
     return out
 
 
-def _reference(data: Any, task_names: list[str], model_labels: list[str]) -> dict[str, Any]:
-    """The paper's results a report prints beside a grid's::
+def _reference(data: Any, entries: Sequence[TaskEntry], model_labels: list[str],
+               model_grid: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The paper's results a report prints beside a grid's, and its claims as checks (``analysis.claims``)::
 
         reference:
           source: "RubiConv paper"
           values:                        # per (task, model): a number and/or a note ("< 25%")
             - {task: packed/noisy_recall, model: rubiconv, value: 1.0, note: "100%"}
-          claims: ["dynamic conv beats static conv beats no conv at every width"]
+          claims:                        # each a sentence of the paper and its check
+            - {text: "Boundary-respecting conv beats the leaky one.", difference: [rubiconv, fft_conv_leaky],
+               op: ">", each: [task]}
+          deviations: ["3 seeds; our model, not the paper's"]   # from the paper's protocol, for the ledger
+
+    A claim that names a model, metric or setting the sweep lacks is refused.
     """
-    data = check_mapping("reference", data, {"source", "values", "claims"})
+    data = check_mapping("reference", data, {"source", "values", "claims", "deviations"})
+    task_names = [e.task for e in entries]
     values = check("reference.values", data.get("values", []), list)
     for i, entry in enumerate(values):
         where = f"reference.values[{i}]"
@@ -257,5 +266,37 @@ def _reference(data: Any, task_names: list[str], model_labels: list[str]) -> dic
         if entry["model"] not in model_labels:
             raise ValueError(f"{where}: model {entry['model']!r} is not in the sweep ({', '.join(model_labels)})")
         check("value", entry.get("value"), float | None, where=where)  # checked only: the number stays as written
-    claims = check("reference.claims", data.get("claims", []), tuple[str, ...])
-    return {"source": str(data.get("source", "")), "values": [dict(v) for v in values], "claims": list(claims)}
+    claims = claims_data(data.get("claims", []), entries, model_labels, model_grid)
+    deviations = check("reference.deviations", data.get("deviations", []), tuple[str, ...])
+    return {"source": str(data.get("source", "")), "values": [dict(v) for v in values], "claims": claims,
+            "deviations": list(deviations)}
+
+
+def claims_data(items: Any, entries: Sequence[TaskEntry], model_labels: list[str],
+                model_grid: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The claims of a grid (``analysis.claims``), checked against its models, metrics and settings, in the
+    form the manifest keeps. Metrics: the four every run records, and the score groups of the sweep's tasks
+    (``acc_present``), found by scoring one generated test row of each task."""
+    labels = {"task": list(dict.fromkeys(e.task for e in entries)),
+              "setting": list(dict.fromkeys(grid_label(p) for e in entries for p in e.grid))}
+    for point in model_grid:
+        for key, value in point.items():
+            labels.setdefault(key, [])
+            if str(value) not in labels[key]:
+                labels[key].append(str(value))
+    need_groups = isinstance(items, list) and any(
+        isinstance(c, Mapping) and c.get("metric") not in (None, *METRIC_KEYS) for c in items)
+    groups = _score_groups(entries) if need_groups else []
+    names = claims.Names(models=model_labels, metrics=[*METRIC_KEYS, *groups], labels=labels)
+    return [claims.claim_dict(c) for c in claims.parse_claims(items, names)]
+
+
+def _score_groups(entries: Sequence[TaskEntry]) -> list[str]:
+    """``acc_<group>`` for every score group of the sweep's tasks (``Task.score_groups``), in order."""
+    groups: list[str] = []
+    for entry in entries:
+        for point in entry.grid:
+            task = tasks.get_task(entry.task, **{**entry.params, **point})
+            targets = task.generate(1, seed=0, split="test").targets
+            groups += [f"acc_{g}" for g in task.score_groups(targets) if f"acc_{g}" not in groups]
+    return groups

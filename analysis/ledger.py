@@ -1,0 +1,167 @@
+"""The claims ledger (``mixlab claims``, ``reproductions/CLAIMS.md``): every claim of the papers mixlab reproduces,
+with its verdict on the folders of records given, the evidence and the deviations from the paper's protocol.
+
+``PAPERS`` lists the papers and where their claims live: the MAD table's in ``analysis.tables``
+(``claims.mad_claims``), a grid's in its sweep file's ``reference.claims`` (the manifest's copy is judged; the
+first sweep named supplies the claims when no folder holds records), and claims with no check yet as sentences.
+A folder's deviations: its sweep file's ``reference.deviations``, or for MAD its profile's summary, then what
+the records show (seeds, runs without a record); the NOTES.md beside a folder holds the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from mixlab.analysis import claims
+from mixlab.analysis.aggregate import SweepData
+from mixlab.analysis.report import read_folders
+from mixlab.analysis.tables import Table
+from mixlab.runners.sweep_spec import load_spec
+
+NOTES = "NOTES.md"
+MARKS = "abcdefghijklmnopqrstuvwxyz"  # how a row cites its evidence's deviations, listed below the table
+
+
+@dataclasses.dataclass(frozen=True)
+class Paper:
+    """A paper's claims: from the MAD table (``mad``), from the grid sweeps named ``sweeps`` (manifest names),
+    or ``sentences`` that nothing checks yet."""
+
+    title: str
+    sweeps: tuple[str, ...] = ()
+    mad: bool = False
+    sentences: tuple[str, ...] = ()
+
+
+PAPERS = (
+    Paper("Dynamic Short Convolutions Improve Transformers: the MAD table", mad=True),
+    Paper("Dynamic Short Convolutions Improve Transformers: Figure 2, variable-length-key MQAR",
+          sweeps=("mqar_varlen_fig2", "mqar_varlen_fig2_lr1e-3", "mqar_varlen_small")),
+    Paper("RubiConv: packed associative retrieval and packed noisy recall",
+          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k")),
+    Paper("Convolutions for Large Language Models: the post-QKV conv case study",
+          sentences=("A short conv after the Q, K and V projections makes a token's hidden state carry the tokens "
+                     "just before it (docs/representations.md).",)),
+)
+
+
+@dataclasses.dataclass
+class Evidence:
+    """The folders that judge a paper's claims together (one grid sweep, or the MAD folders of one profile),
+    their verdicts, and the deviations from the paper's protocol that might matter."""
+
+    name: str
+    datas: list[SweepData]
+    verdicts: list[claims.Verdict]
+    deviations: list[str]
+
+    def counts(self) -> str:
+        """``594 runs, seeds 0-2``: the records read and their seeds."""
+        runs = sum(len(d.records) for d in self.datas)
+        seeds = sorted({row["seed"] for d in self.datas for row in d.rows})
+        return f"{runs} runs, seeds {_span(seeds)}"
+
+    def folders(self) -> str:
+        return ", ".join(f"`{d.path}`" for d in self.datas)
+
+
+def _span(seeds: Sequence[int]) -> str:
+    """``[0, 1, 2]`` -> ``"0-2"``; seeds with gaps listed; none -> ``"none"``."""
+    if len(seeds) > 1 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds)) or "none"
+
+
+def grid_evidence(data: SweepData) -> Evidence:
+    deviations = list((data.spec.get("reference") or {}).get("deviations", []))
+    return Evidence(data.name, [data], claims.grid_verdicts(data), deviations + _record_facts([data]))
+
+
+def mad_evidence(datas: Sequence[SweepData]) -> list[Evidence]:
+    """One Evidence per MAD profile among ``datas``."""
+    out = []
+    for profile, verdicts in claims.mad_verdicts(datas).items():
+        mine = [d for d in datas if d.kind == "mad" and d.spec.get("profile", {}).get("name") == profile]
+        summary = mine[0].spec.get("profile", {}).get("summary", "")
+        out.append(Evidence(f"MAD, {profile} profile", mine, verdicts,
+                            [f"profile {profile}: {summary}"] + _record_facts(mine, paper_seeds=1)))
+    return out
+
+
+def _record_facts(datas: Sequence[SweepData], paper_seeds: int | None = None) -> list[str]:
+    """What the records themselves say about the protocol: the seeds, and planned runs without a record."""
+    seeds = len({row["seed"] for d in datas for row in d.rows})
+    facts = [f"{seeds} seeds" + (f" (the paper: {paper_seeds})" if paper_seeds else "")]
+    missing = sum(d.missing for d in datas)
+    if missing:
+        planned = sum(len((d.manifest or {}).get("runs", [])) for d in datas)
+        facts.append(f"{missing} of {planned} planned runs have no record")
+    notes = sorted({str(d.path.parent / NOTES) for d in datas if (d.path.parent / NOTES).is_file()})
+    return facts + [f"more in `{n}`" for n in notes]
+
+
+def paper_claims(paper: Paper) -> list[claims.Claim]:
+    """The claims of a paper when no folder holds its records."""
+    if paper.mad:
+        return claims.mad_claims()
+    if paper.sweeps:
+        items = load_spec(paper.sweeps[0]).reference.get("claims", [])
+        return [claims.parse_claim(item, f"{paper.sweeps[0]}: reference.claims[{i}]") for i, item in enumerate(items)]
+    return []
+
+
+LEDGER_HEADERS = ["claim", "at", "verdict", "effect [95% interval], n", "evidence", "deviations"]
+
+
+def paper_rows(paper: Paper, evidence: Sequence[Evidence]) -> list[list[str]]:
+    """One row per claim and split of each evidence; the claims without any scored seed in one evidence share
+    one row; a paper without evidence gets one row per claim saying so."""
+    if not evidence:
+        texts = [c.text for c in paper_claims(paper)] + list(paper.sentences)
+        return [[text, "—", "no runs", "—", "no records in the folders given", "—"] for text in texts]
+    rows = []
+    for mark, item in zip(MARKS, evidence):
+        scored = [v for v in item.verdicts if v.n]
+        for v in scored:
+            interval = f" {v.interval.text()}" if v.interval else ""
+            needed = v.needed_text()
+            verdict = f"{v.verdict_text()}, {needed} seeds to decide" if needed else v.verdict_text()
+            rows.append([v.claim.text, claims.split_text(v.split), verdict,
+                         f"{v.effect_text()}{interval}, n={v.n}", f"{item.name} ({item.counts()})", f"({mark})"])
+        unscored = len(item.verdicts) - len(scored)
+        if unscored:
+            rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—",
+                         f"{item.name} ({item.counts()})", f"({mark})"])
+    return rows
+
+
+def ledger_markdown(datas: Sequence[SweepData]) -> str:
+    """CLAIMS.md for the folders read: per paper a table of its claims' verdicts, then its evidence and the
+    deviations, lettered as the rows cite them; grid sweeps no paper lists come last."""
+    grids = [d for d in datas if d.kind == "grid"]
+    lines = ["# Claims ledger", "",
+             "Every claim of the papers mixlab reproduces, judged on the committed run records. Generated by",
+             "", "    mixlab claims reproductions/ --out reproductions/CLAIMS.md", "",
+             "(do not edit by hand; docs/claims.md says how verdicts are decided). " + claims.VERDICT_RULE, ""]
+    listed = {name for paper in PAPERS for name in paper.sweeps}
+    sections = [(paper, mad_evidence(datas) if paper.mad else
+                 [grid_evidence(d) for name in paper.sweeps for d in grids if d.name == name]) for paper in PAPERS]
+    others = [grid_evidence(d) for d in grids if d.name not in listed and claims.sweep_claims(d)[0]]
+    if others:
+        sections.append((Paper("Other sweeps with claims"), others))
+    for paper, evidence in sections:
+        lines += [f"## {paper.title}", "", Table(list(LEDGER_HEADERS), paper_rows(paper, evidence)).markdown(), ""]
+        for mark, item in zip(MARKS, evidence):
+            lines += [f"({mark}) {item.name}: {item.folders()}. Deviations from the paper's protocol:", "",
+                      *(f"- {d}" for d in item.deviations), ""]
+    return "\n".join(lines)
+
+
+def write_ledger(folders: Sequence[str | Path], out: str | Path | None = None) -> str:
+    """The ledger of ``folders`` (``report.read_folders``), written to ``out`` when given; returns its text."""
+    text = ledger_markdown(read_folders(folders))
+    if out is not None:
+        Path(out).write_text(text + "\n")
+    return text
