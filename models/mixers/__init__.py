@@ -28,6 +28,7 @@ from mixlab.models.mixers.external import (
     is_import_path,
     load_target,
 )
+from mixlab.models.mixers.fla import Based, GatedDeltaNet, GatedLinearAttention, Mamba2, Retention
 from mixlab.models.mixers.identity import IdentityMixer
 from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
 from mixlab.models.mixers.short_conv import DynamicConvMixer, HeadwiseDynamicConvMixer, StaticConvMixer
@@ -40,6 +41,12 @@ MIXERS: dict[str, type[Mixer]] = {
     "rubiconv": GatedLongConv,
     "fft_conv_leaky": LeakyFFTConv,
     "none": IdentityMixer,
+    # baselines on fla-core's ops (optional extra `mixlab[baselines]`)
+    "gla": GatedLinearAttention,
+    "gated_delta_net": GatedDeltaNet,
+    "retnet": Retention,
+    "based": Based,
+    "mamba2": Mamba2,
 }
 
 BUILT_IN = "built-in"
