@@ -39,8 +39,8 @@ class Mixer(nn.Module):
             other mixer.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
             (attention's head count).
-    A submodule that calls an op of ``mixlab.kernels`` passes its attribute ``backend`` to the call and names
-    the op in its class attribute ``kernel_op``, so a caller can pick the backend per op
+    A submodule that calls an op of ``mixlab.kernels`` (or of fla-core, ``models.mixers.fla_ops.KERNEL_OPS``)
+    passes its attribute ``backend`` to the call and names the op in its attribute ``kernel_op``, so a caller can pick the backend per op
     (``analysis.leakage.use_backend``).
     """
 

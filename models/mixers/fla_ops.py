@@ -59,6 +59,9 @@ def kernel_op_name(op: str) -> str:
     return f"fla_{op}"
 
 
+KERNEL_OPS = tuple(kernel_op_name(op) for op in OPS)
+
+
 @functools.cache
 def _fla():
     """fla's ops, imported once (several seconds). On a machine without a GPU fla warns that Triton falls back
@@ -70,7 +73,7 @@ def _fla():
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
-    kernels.utils.TRITON_OPS.update(kernel_op_name(op) for op in OPS)
+    kernels.utils.TRITON_OPS.update(KERNEL_OPS)
     return {
         "kernels": {
             "gla": gla.chunk_gla,
