@@ -39,9 +39,9 @@ class Mixer(nn.Module):
             other mixer.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
             (attention's head count).
-    A submodule that calls an op of ``mixlab.kernels`` (or of fla-core, ``models.mixers.fla_ops.KERNEL_OPS``)
-    passes its attribute ``backend`` to the call and names the op in its attribute ``kernel_op``, so a caller can pick the backend per op
-    (``analysis.leakage.use_backend``).
+    A submodule that calls an op of ``mixlab.kernels`` (or of fla-core: ``models.mixers.fla_ops.KERNEL_OPS``)
+    passes its attribute ``backend`` to the call and names the op in its attribute ``kernel_op``, so a caller
+    can pick the backend per op (``analysis.leakage.use_backend``).
     """
 
     leaks_across_documents = False

@@ -120,12 +120,14 @@ def unbatchable_reason(config: RunConfig) -> str | None:
     if task.generate(1, seed=0).doc_ids is not None:
         return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
                 f"which vmap cannot batch")
-    mixer, backend = models.mixer_class(model_config.mixer), model_config.kernel_backend
-    if not mixer.stacks_on:
-        return (f"mixer {model_config.mixer!r} does not stack: nothing says its forward runs under vmap "
-                f"(data-dependent control flow or .item() would fail there)")
-    if backend not in mixer.stacks_on:
-        return f"kernel_backend={backend!r}: a kernel of mixer {model_config.mixer!r} has no vmap rule there"
+    backend = model_config.kernel_backend
+    for name, mixer in zip(dict.fromkeys(models.mixer_pattern(model_config.mixer)),
+                           models.pattern_classes(model_config.mixer)):
+        if not mixer.stacks_on:
+            return (f"mixer {name!r} does not stack: nothing says its forward runs under vmap "
+                    f"(data-dependent control flow or .item() would fail there)")
+        if backend not in mixer.stacks_on:
+            return f"kernel_backend={backend!r}: a kernel of mixer {name!r} has no vmap rule there"
     return None
 
 

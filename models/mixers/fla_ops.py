@@ -148,14 +148,8 @@ def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if cu_seqlens is not None:
         q, k, v, g, beta = (None if t is None else t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta))
         extra["cu_seqlens"] = cu_seqlens.long()
-    if op == "gla":
-        o, _ = fn(q, k, v, g, scale=scale, **extra)
-    elif op == "simple_gla":
-        o, _ = fn(q, k, v, g, scale=scale, **extra)
-    elif op == "retention":
-        o, _ = fn(q, k, v, scale=scale, **extra)
-    else:
-        o, _ = fn(q, k, v, g, beta, scale=scale, **extra)
+    gates = {"gla": (g,), "simple_gla": (g,), "retention": (), "gated_delta_rule": (g, beta)}[op]
+    o, _ = fn(q, k, v, *gates, scale=scale, **extra)
     return o.reshape(B, T, *o.shape[2:])
 
 
