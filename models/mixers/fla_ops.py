@@ -65,9 +65,11 @@ KERNEL_OPS = tuple(kernel_op_name(op) for op in OPS)
 @functools.cache
 def _fla():
     """fla's ops, imported once (several seconds). On a machine without a GPU fla warns that Triton falls back
-    to the CPU; the torch path calls only its naive functions, so that warning is silenced."""
+    to the CPU; the torch path calls only its naive functions, so that warning is silenced, as is a deprecation
+    warning fla's import raises under recent torch."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated")
         from fla.ops import based, gated_delta_rule, gla, retention, simple_gla
         from fla.ops.based.naive import naive_parallel_based
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
