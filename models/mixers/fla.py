@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.utils import BACKENDS
 from mixlab.models.layers import Mixer, MixerConfig, RMSNorm, apply_rope, rope_cos_sin
-from mixlab.models.mixers.fla_ops import kernel_op_name, linear_attention, load_fla, require_fla
+from mixlab.models.mixers.fla_ops import fla_available, kernel_op_name, linear_attention, load_fla, require_fla
 from torch import nn
 
 GLA_GATE_RANK = 16  # fla's gate_low_rank_dim
@@ -95,6 +95,10 @@ class FlaMixer(Mixer):
             if width % config.n_heads or not width:
                 raise ValueError(f"ModelConfig.n_heads={config.n_heads} does not divide the {part} width {width} "
                                  f"of mixer {cls.name!r} (d_model={config.d_model})")
+
+    @classmethod
+    def available(cls) -> bool:
+        return fla_available()
 
     @classmethod
     def head_widths(cls, config: MixerConfig) -> dict[str, int]:

@@ -15,8 +15,8 @@ from mixlab.models.mixers import fla_ops
 from mixlab.runners.metrics import training_loss
 from mixlab.tasks import get_task
 
-pytestmark = pytest.mark.skipif(not fla_ops.fla_available(),
-                                reason=f"fla-core is not installed ({fla_ops.INSTALL_HINT})")
+needs_fla = pytest.mark.skipif(not fla_ops.fla_available(),
+                               reason=f"fla-core is not installed ({fla_ops.INSTALL_HINT})")
 
 FLA_MIXERS = ["gla", "gated_delta_net", "retnet", "based", "mamba2"]
 B, T, H, K, V = 2, 11, 2, 4, 6
@@ -64,6 +64,7 @@ OP_CASES = [pytest.param(op, None, id=op) for op in fla_ops.OPS] + [
     pytest.param("simple_gla", 1.0, id="simple_gla-scale1"), pytest.param("gated_delta_rule", 0.3, id="gdr-scale")]
 
 
+@needs_fla
 @pytest.mark.parametrize(("op", "scale"), OP_CASES)
 def test_torch_path_matches_the_recurrence(op, scale):
     q, k, v, extra = op_inputs(op)
@@ -74,6 +75,7 @@ def test_torch_path_matches_the_recurrence(op, scale):
     torch.testing.assert_close(out.double(), recurrence(op, q, k, v, **extra), rtol=1e-4, atol=1e-4)
 
 
+@needs_fla
 @pytest.mark.parametrize("op", fla_ops.OPS)
 def test_torch_path_with_documents_is_the_recurrence_per_document(op):
     q, k, v, extra = op_inputs(op, seed=1)
@@ -88,6 +90,7 @@ def test_torch_path_with_documents_is_the_recurrence_per_document(op):
         torch.testing.assert_close(out[lo:hi].double(), expected, rtol=1e-4, atol=1e-4)
 
 
+@needs_fla
 def test_retention_agrees_with_flas_naive_retention():
     from fla.ops.retention.naive import naive_retention
 
@@ -97,6 +100,7 @@ def test_retention_agrees_with_flas_naive_retention():
                                rtol=1e-4, atol=1e-5)
 
 
+@needs_fla
 def test_bad_op_arguments_raise_one_line():
     q, k, v, extra = op_inputs("gla")
     with pytest.raises(ValueError, match="unknown fla op 'nope'"):
@@ -126,6 +130,7 @@ def mqar_losses(mixer: str, steps: int) -> list[float]:
     return losses
 
 
+@needs_fla
 @pytest.mark.parametrize("mixer", FLA_MIXERS)
 def test_each_mixer_learns_a_tiny_mqar(mixer, one_torch_thread):
     losses = mqar_losses(mixer, steps=12)
@@ -133,6 +138,7 @@ def test_each_mixer_learns_a_tiny_mqar(mixer, one_torch_thread):
     assert losses[-1] < 0.9 * losses[0], losses
 
 
+@needs_fla
 @pytest.mark.parametrize("mixer", FLA_MIXERS)
 def test_leakage_probes_confirm_the_blindness_claim(mixer, one_torch_thread):
     report = leakage.probe_mixer(mixer, rows=2, seq_len=24, d_model=16, n_probes=2)
@@ -149,8 +155,11 @@ def test_without_fla_core_the_mixers_say_what_to_install(monkeypatch):
             ModelConfig(vocab_size=11, d_model=16, n_heads=2, mixer=mixer)
     with pytest.raises(ValueError, match=r"mixer 'mamba2' needs fla-core"):
         ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, mixer="attention,mamba2")
+    assert not set(FLA_MIXERS) & set(leakage.mixer_names())  # `mixlab leakage --mixer all` leaves them out
+    assert "attention" in leakage.mixer_names()
 
 
+@needs_fla
 def test_head_widths_are_checked():
     with pytest.raises(ValueError, match=r"n_heads=3 does not divide the key width 8 of mixer 'gla'"):
         ModelConfig(vocab_size=11, d_model=16, n_heads=3, mixer="gla")
