@@ -396,7 +396,8 @@ def mixer_names() -> list[str]:
     """The rows of ``--mixer all``: every registered mixer whose dependencies are installed (``available``), then
     each one that takes a qkv conv (attention) with each qkv conv."""
     with_qkv = [name for name, cls in models.MIXERS.items() if cls.takes_qkv_conv]
-    return [name for name, cls in models.MIXERS.items() if cls.available()] + [f"{name}{QKV_PREFIX}{q}" for name in with_qkv for q in QKV_CONVS if q != "none"]
+    available = [name for name, cls in models.MIXERS.items() if cls.available()]
+    return available + [f"{name}{QKV_PREFIX}{q}" for name in with_qkv for q in QKV_CONVS if q != "none"]
 
 
 def parse_mixer_name(name: str) -> tuple[str, str]:
