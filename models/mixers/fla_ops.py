@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.triton_utils import per_run_vmap
 from mixlab.models.mixers.attention import document_slots
@@ -41,6 +42,8 @@ OPS = ("gla", "simple_gla", "retention", "gated_delta_rule", "based")
 # the gated delta rule's naive form loops over the chunk's positions
 NAIVE_CHUNK = 16
 INSTALL_HINT = "pip install 'mixlab[baselines]'"
+# smallest head size handed to fla's kernels (Triton's dot products take blocks of at least 16)
+MIN_KERNEL_DIM = 16
 
 
 def fla_available() -> bool:
@@ -121,10 +124,10 @@ def per_document(fn: Callable[..., torch.Tensor], cu_seqlens: torch.Tensor,
 
 
 def naive(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
-          beta: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+          beta: torch.Tensor | None, scale: float) -> torch.Tensor:
     """The torch path on rows that are one document each: o [B, T, H, V] in q's dtype."""
     fns = _fla()["naive"]
-    if op == "gla":  # fla's naive GLA has no scale argument: it is K^-0.5, the mixers' only choice for GLA
+    if op == "gla":  # fla's naive GLA has no scale argument: it is K^-0.5, the only scale linear_attention takes
         o, _ = fns["gla"](q, k, v, g)
     elif op in ("simple_gla", "retention"):
         if op == "retention":
@@ -137,13 +140,31 @@ def naive(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return o.to(q.dtype)
 
 
+def _pad_last(t: torch.Tensor | None, size: int) -> torch.Tensor | None:
+    """t [..., n] zero-padded to [..., max(n, size)]."""
+    return t if t is None or t.shape[-1] >= size else F.pad(t, (0, size - t.shape[-1]))
+
+
 def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
-            beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-    """fla's Triton kernel of ``op``: o [B, T, H, V]. With cu_seqlens the rows are flattened into one."""
+            beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """fla's Triton kernel of ``op``: o [B, T, H, V]. With cu_seqlens the rows are flattened into one.
+
+    Head sizes below ``MIN_KERNEL_DIM`` (the lab's heads are small: 4 to 16) are zero-padded up to it: zero key
+    channels add nothing to q.k (nor to the delta rule's S^T k), zero value channels give outputs that are cut
+    off, and the scale is passed explicitly, so the result is the unpadded op's."""
+    V = v.shape[-1]
+    q, k, v = _pad_last(q, MIN_KERNEL_DIM), _pad_last(k, MIN_KERNEL_DIM), _pad_last(v, MIN_KERNEL_DIM)
+    if op == "gla":
+        g = _pad_last(g, MIN_KERNEL_DIM)
+    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale)[..., :V]
+
+
+def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                   beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
     fn = _fla()["kernels"][op]
     if op == "based":
         if cu_seqlens is not None:
-            return per_document(lambda *t: _kernel(op, *t, None, None, None, scale), cu_seqlens, q, k, v)
+            return per_document(lambda *t: fn(*t, scale=scale, use_norm=True), cu_seqlens, q, k, v)
         return fn(q, k, v, scale=scale, use_norm=True)
     B, T = q.shape[:2]
     extra = {}
@@ -159,8 +180,8 @@ def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
                          beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, op: str,
                          scale: float) -> torch.Tensor:
-    """fla's kernel of ``op`` as one op (module docstring); scale 0.0 stands for fla's default K^-0.5."""
-    return _kernel(op, q, k, v, g, beta, cu_seqlens, scale or None)
+    """fla's kernel of ``op`` as one op (module docstring)."""
+    return _kernel(op, q, k, v, g, beta, cu_seqlens, scale)
 
 
 @fla_linear_attention.register_fake
@@ -179,7 +200,7 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     *inputs, cu_seqlens = ctx.saved_tensors
     with torch.enable_grad():
         leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
-        out = _kernel(ctx.op, *leaves, cu_seqlens, ctx.scale or None)
+        out = _kernel(ctx.op, *leaves, cu_seqlens, ctx.scale)
         wanted = [t for t in leaves if t is not None]
         grads = iter(torch.autograd.grad(out, wanted, grad))
     return (*(None if t is None else next(grads) for t in leaves), None, None, None)
@@ -197,11 +218,12 @@ def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"unknown fla op {op!r}; choose from {', '.join(OPS)}")
     if op == "gla" and scale is not None:
         raise ValueError(f"op 'gla' takes only the default scale K^-0.5, got scale={scale}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     _fla()
     if kernels.resolve_backend(backend, q, kernel_op_name(op)) == "triton":
         if not q.is_cuda:
             raise ValueError(f"fla's Triton kernel of {op!r} needs a CUDA tensor, got device {q.device.type!r}")
-        return fla_linear_attention(q, k, v, g, beta, cu_seqlens, op, scale or 0.0)
+        return fla_linear_attention(q, k, v, g, beta, cu_seqlens, op, scale)
     if cu_seqlens is None:
         return naive(op, q, k, v, g, beta, scale)
     return per_document(lambda *t: naive(op, *t, scale), cu_seqlens, q, k, v, g, beta)

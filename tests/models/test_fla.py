@@ -165,3 +165,27 @@ def test_head_widths_are_checked():
         ModelConfig(vocab_size=11, d_model=16, n_heads=3, mixer="gla")
     with pytest.raises(ValueError, match="odd head size"):
         ModelConfig(vocab_size=11, d_model=12, n_heads=4, mixer="retnet")
+
+
+@needs_fla
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs fla's Based kernel on CPU tensors in the Triton "
+                    "interpreter, set only without CUDA; on a GPU scripts/verify_fla_gpu.py checks every kernel")
+def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap():
+    # fla's parallel Based kernel is the one that runs in the interpreter (the others autotune on a driver); it
+    # exercises the custom op's wiring: padding of small heads, documents, backward by recomputation, vmap rule
+    q, k, v, _ = op_inputs("based", seed=2)
+    cu = torch.tensor([0, 3, T, 2 * T], dtype=torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fla_ops.fla_linear_attention(*leaves, None, None, cu, "based", K ** -0.5)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(out, leaves, upstream)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = fla_ops.linear_attention("based", *ref_leaves, cu_seqlens=cu, backend="torch")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(ref, ref_leaves, upstream)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    runs = torch.stack([q, q.flip(1)]), torch.stack([k, k.flip(1)]), torch.stack([v, v.flip(1)])
+    batched = torch.func.vmap(lambda a, b, c: fla_ops.fla_linear_attention(a, b, c, None, None, None, "based",
+                                                                           K ** -0.5))(*runs)
+    alone = [fla_ops.fla_linear_attention(a, b, c, None, None, None, "based", K ** -0.5) for a, b, c in zip(*runs)]
+    assert torch.equal(batched, torch.stack(alone))
