@@ -40,9 +40,10 @@ ROWS, SEQ_LEN = 4, 256
 
 
 def random_layout(rows: int, seq_len: int, seed: int) -> torch.Tensor:
-    """cu_seqlens of random documents (lengths 1 to 80) filling ``rows`` rows of ``seq_len`` tokens."""
+    """cu_seqlens of random documents (lengths 1 to 80) filling ``rows`` rows of ``seq_len`` tokens, and one
+    empty document (a repeated offset) at the start."""
     rng = np.random.default_rng(seed)
-    offsets = [0]
+    offsets = [0, 0]
     for row in range(rows):
         t = 0
         while (t := t + int(rng.integers(1, 81))) < seq_len:

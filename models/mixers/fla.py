@@ -118,7 +118,7 @@ class FlaMixer(Mixer):
 
 
 class GatedLinearAttention(FlaMixer):
-    """Registry `gla`: gated linear attention (module docstring)."""
+    """Registry `gla`: gated linear attention (GLA, per-channel forget gate) on fla-core's chunk_gla."""
 
     name = "gla"
     op = "gla"
@@ -156,7 +156,7 @@ def dt_step(a: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
 
 
 class GatedDeltaNet(FlaMixer):
-    """Registry `gated_delta_net`: gated delta rule (module docstring)."""
+    """Registry `gated_delta_net`: Gated DeltaNet (delta rule, scalar decay per head) on fla-core's ops."""
 
     name = "gated_delta_net"
     op = "gated_delta_rule"
@@ -189,7 +189,7 @@ class GatedDeltaNet(FlaMixer):
 
 
 class Retention(FlaMixer):
-    """Registry `retnet`: multi-scale retention (module docstring)."""
+    """Registry `retnet`: RetNet's multi-scale retention (fixed decay per head) on fla-core's ops."""
 
     name = "retnet"
     op = "retention"
@@ -227,7 +227,7 @@ class Retention(FlaMixer):
 
 
 class Based(FlaMixer):
-    """Registry `based`: Taylor-feature linear attention (module docstring)."""
+    """Registry `based`: Based, linear attention with a Taylor feature map, on fla-core's ops."""
 
     name = "based"
     op = "based"
@@ -245,7 +245,7 @@ class Based(FlaMixer):
 
 
 class Mamba2(FlaMixer):
-    """Registry `mamba2`: Mamba-2 SSD in fla's simple_gla form (module docstring)."""
+    """Registry `mamba2`: Mamba-2's SSD (scalar decay per head, fla's simple_gla form) on fla-core's ops."""
 
     name = "mamba2"
     op = "simple_gla"

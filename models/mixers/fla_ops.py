@@ -156,7 +156,7 @@ def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q, k, v = _pad_last(q, MIN_KERNEL_DIM), _pad_last(k, MIN_KERNEL_DIM), _pad_last(v, MIN_KERNEL_DIM)
     if op == "gla":
         g = _pad_last(g, MIN_KERNEL_DIM)
-    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale)[..., :V]
+    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale)[..., :V].to(q.dtype)
 
 
 def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
