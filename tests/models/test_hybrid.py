@@ -10,6 +10,7 @@ from mixlab.models.mixers.attention import Attention
 from mixlab.models.mixers.short_conv import StaticConvMixer
 from mixlab.runners import cli, engine, mad
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.sweep_spec import SweepSpec
 
 
 @pytest.mark.parametrize(("pattern", "n_layers", "expected"), [
@@ -52,6 +53,14 @@ def test_a_single_mixer_keeps_its_hash_and_a_pattern_is_stored_as_given():
     hybrid = RunConfig(task="mqar", model={"mixer": "static_conv,attention"})
     assert hybrid.model == {"mixer": "static_conv,attention"}
     assert config_hash(hybrid) != config_hash(RunConfig(task="mqar", model={"mixer": "attention,static_conv"}))
+
+
+def test_a_sweep_takes_patterns_as_models_and_grid_points():
+    spec = SweepSpec.from_dict({"name": "hybrids", "tasks": [{"task": "mqar"}], "seeds": 1,
+                                "models": {"striped": {"mixer": "static_conv,attention", "n_layers": 4}},
+                                "model_grid": {"mixer": ["static_conv,attention", "attention,static_conv"]}})
+    mixers = [(run.config.model["mixer"], run.config.model["n_layers"]) for run in spec.plan().runs]
+    assert mixers == [("static_conv,attention", 4), ("attention,static_conv", 4)]
 
 
 class Unstackable(Mixer):
