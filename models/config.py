@@ -31,10 +31,11 @@ class ModelConfig:
         n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
             these as two "layers", so the MAD model's 4 layers are 2 blocks).
         mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
-            rubiconv, fft_conv_leaky, none), the name of an installed `mixlab.mixers` entry point, or an
-            import path `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin); or a
-            hybrid stack's per-layer pattern, a comma list of those cycled over the layers
-            ("static_conv,attention": attention in the odd layers; `models.layer_mixers`).
+            rubiconv, fft_conv_leaky, none, and with fla-core gla, gated_delta_net, retnet, based, mamba2), the
+            name of an installed `mixlab.mixers` entry point, or an import path `package.module:Factory`
+            (`models.resolve_mixer`; checking it imports the plugin); or a hybrid stack's per-layer pattern, a
+            comma list of those cycled over the layers ("static_conv,attention": attention in every second
+            block; `models.layer_mixers`).
         n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
         mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
         max_seq_len: longest accepted sequence; the long-conv filter length L_F.
@@ -72,7 +73,7 @@ class ModelConfig:
         check_dataclass(self)
         try:
             layer_mixers(self.mixer, self.n_layers)
-            mixers = pattern_classes(self.mixer)
+            mixers = pattern_classes(self.mixer).values()
         except ValueError as exc:
             raise ValueError(f"ModelConfig.mixer: {exc}") from exc
         if self.qkv_conv != "none" and not any(mixer.takes_qkv_conv for mixer in mixers):

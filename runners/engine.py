@@ -124,8 +124,7 @@ def unbatchable_reason(config: RunConfig) -> str | None:
         return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
                 f"which vmap cannot batch")
     backend = model_config.kernel_backend
-    for name, mixer in zip(dict.fromkeys(models.mixer_pattern(model_config.mixer)),
-                           models.pattern_classes(model_config.mixer)):
+    for name, mixer in models.pattern_classes(model_config.mixer).items():
         if not mixer.stacks_on:
             return (f"mixer {name!r} does not stack: nothing says its forward runs under vmap "
                     f"(data-dependent control flow or .item() would fail there)")

@@ -54,8 +54,8 @@ MIXERS: dict[str, type[Mixer]] = {
 }
 
 BUILT_IN = "built-in"
-PATTERN_SEP = ","
 IMPORT_PATH = "import path"
+PATTERN_SEP = ","
 
 
 def mixer_origins() -> dict[str, str]:
@@ -117,9 +117,9 @@ def layer_mixers(mixer: str, n_layers: int) -> list[str]:
     return [names[i % len(names)] for i in range(n_layers)]
 
 
-def pattern_classes(mixer: str) -> list[type[Mixer]]:
-    """``mixer_class`` of every distinct entry of the pattern ``mixer``, in order (resolving them)."""
-    return [mixer_class(name) for name in dict.fromkeys(mixer_pattern(mixer))]
+def pattern_classes(mixer: str) -> dict[str, type[Mixer]]:
+    """Every distinct entry of the pattern ``mixer``, in order, with its ``mixer_class`` (resolving it)."""
+    return {name: mixer_class(name) for name in mixer_pattern(mixer)}
 
 
 def mixer_class(name: str) -> type[Mixer]:
