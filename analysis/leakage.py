@@ -393,10 +393,11 @@ def probe_model(model: nn.Module, input_ids: torch.Tensor, doc_ids: torch.Tensor
 
 
 def mixer_names() -> list[str]:
-    """The rows of ``--mixer all``: every registered mixer, then each one that takes a qkv conv (attention)
-    with each qkv conv."""
+    """The rows of ``--mixer all``: every registered mixer whose dependencies are installed (``available``), then
+    each one that takes a qkv conv (attention) with each qkv conv."""
     with_qkv = [name for name, cls in models.MIXERS.items() if cls.takes_qkv_conv]
-    return list(models.MIXERS) + [f"{name}{QKV_PREFIX}{q}" for name in with_qkv for q in QKV_CONVS if q != "none"]
+    available = [name for name, cls in models.MIXERS.items() if cls.available()]
+    return available + [f"{name}{QKV_PREFIX}{q}" for name in with_qkv for q in QKV_CONVS if q != "none"]
 
 
 def parse_mixer_name(name: str) -> tuple[str, str]:

@@ -10,7 +10,16 @@ from mixlab.models.checkpoint import load, save
 from mixlab.models.config import PRESETS, ModelConfig, preset_config
 from mixlab.models.layers import Block, Mixer, RMSNorm, SwiGLU
 from mixlab.models.lm import CompressionAutoencoder, LanguageModel, build_model, count_parameters
-from mixlab.models.mixers import MIXERS, claims_document_blindness, mixer_class, mixer_origins, resolve_mixer
+from mixlab.models.mixers import (
+    MIXERS,
+    claims_document_blindness,
+    layer_mixers,
+    mixer_class,
+    mixer_origins,
+    mixer_pattern,
+    pattern_classes,
+    resolve_mixer,
+)
 
 __all__ = [
     "MIXERS",
@@ -25,9 +34,12 @@ __all__ = [
     "build_model",
     "claims_document_blindness",
     "count_parameters",
+    "layer_mixers",
     "load",
     "mixer_class",
     "mixer_origins",
+    "mixer_pattern",
+    "pattern_classes",
     "preset_config",
     "resolve_mixer",
     "save",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from mixlab.kernels.utils import BACKENDS
-from mixlab.models.mixers import MIXERS, mixer_class
+from mixlab.models.mixers import MIXERS, layer_mixers, pattern_classes
 from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass, from_mapping
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
@@ -31,13 +31,17 @@ class ModelConfig:
         n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
             these as two "layers", so the MAD model's 4 layers are 2 blocks).
         mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
-            rubiconv, fft_conv_leaky, none), the name of an installed `mixlab.mixers` entry point, or an
-            import path `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin).
+            rubiconv, fft_conv_leaky, none, and with fla-core gla, gated_delta_net, retnet, based, mamba2), the
+            name of an installed `mixlab.mixers` entry point, or an import path `package.module:Factory`
+            (`models.resolve_mixer`; checking it imports the plugin); or a hybrid stack's per-layer pattern, a
+            comma list of those cycled over the layers ("static_conv,attention": attention in every second
+            block; `models.layer_mixers`).
         n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
         mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
         max_seq_len: longest accepted sequence; the long-conv filter length L_F.
-        qkv_conv: short conv on Q, K and V after the projection, before RoPE (attention only): none, static,
-            dynamic_lowrank or dynamic_headwise. Residual: X = X + conv(X).
+        qkv_conv: short conv on Q, K and V after the projection, before RoPE (attention only; in a hybrid stack
+            the layers whose mixer takes it): none, static, dynamic_lowrank or dynamic_headwise.
+            Residual: X = X + conv(X).
         conv_width: taps W of every short conv (qkv convs and the short-conv mixers).
         conv_rank: rank R of the low-rank dynamic conv's generator D -> R -> W*C.
         conv_head_size: channels sharing one generated weight in the head-wise dynamic conv (H = C / size).
@@ -68,13 +72,15 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_dataclass(self)
         try:
-            mixer = mixer_class(self.mixer)
+            layer_mixers(self.mixer, self.n_layers)
+            mixers = pattern_classes(self.mixer).values()
         except ValueError as exc:
             raise ValueError(f"ModelConfig.mixer: {exc}") from exc
-        if self.qkv_conv != "none" and not mixer.takes_qkv_conv:
+        if self.qkv_conv != "none" and not any(mixer.takes_qkv_conv for mixer in mixers):
             takers = " or ".join(f"mixer={name!r}" for name, cls in MIXERS.items() if cls.takes_qkv_conv)
             raise ValueError(f"ModelConfig.qkv_conv={self.qkv_conv!r} needs {takers}, got mixer={self.mixer!r}")
-        mixer.check_config(self)
+        for mixer in mixers:
+            mixer.check_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (JSON-ready)."""

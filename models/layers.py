@@ -39,9 +39,11 @@ class Mixer(nn.Module):
             other mixer.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
             (attention's head count).
-    A submodule that calls an op of ``mixlab.kernels`` passes its attribute ``backend`` to the call and names
-    the op in its class attribute ``kernel_op``, so a caller can pick the backend per op
-    (``analysis.leakage.use_backend``).
+        available(): False when an optional dependency it needs is not installed (the fla-core baselines);
+            ``mixlab leakage --mixer all`` then leaves it out and its check_config says what to install.
+    A submodule that calls an op of ``mixlab.kernels`` (or of fla-core: ``models.mixers.fla_ops.KERNEL_OPS``)
+    passes its attribute ``backend`` to the call and names the op in its attribute ``kernel_op``, so a caller
+    can pick the backend per op (``analysis.leakage.use_backend``).
     """
 
     leaks_across_documents = False
@@ -52,6 +54,11 @@ class Mixer(nn.Module):
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:
         """Nothing to check beyond ModelConfig's own checks."""
+
+    @classmethod
+    def available(cls) -> bool:
+        """Every dependency is installed."""
+        return True
 
 
 # True inside ``stacked_runs()``; read through ``running_stacked()``.

@@ -1,6 +1,6 @@
 """The small models: a pre-norm LM and the MAD compression autoencoder, and `build_model`.
 
-Both embed tokens, run `config.n_layers` Blocks with the configured mixer, and take
+Both embed tokens, run `config.n_layers` Blocks with the configured mixer (or per-layer mixers), and take
 `model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]`, or [B, S, V] at
 those positions only (the LM runs its norm and head there alone). doc_ids are turned into cu_seqlens once per
 forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
@@ -13,7 +13,7 @@ import torch
 from mixlab import kernels
 from mixlab.models.config import ModelConfig
 from mixlab.models.layers import Block, RMSNorm, sincos_embedding
-from mixlab.models.mixers import resolve_mixer
+from mixlab.models.mixers import layer_mixers, resolve_mixer
 from torch import nn
 
 
@@ -38,8 +38,8 @@ class _BlockStack(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        factory = resolve_mixer(config.mixer)
-        self.blocks = nn.ModuleList(Block(config, i, factory) for i in range(config.n_layers))
+        names = layer_mixers(config.mixer, config.n_layers)  # one per block: a hybrid stack's pattern, cycled
+        self.blocks = nn.ModuleList(Block(config, i, resolve_mixer(name)) for i, name in enumerate(names))
 
     def encode(self, input_ids: torch.Tensor,
                doc_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

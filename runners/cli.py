@@ -149,8 +149,9 @@ def split_run_assignments(task_name: str, assignments: list[str] | None) -> tupl
 @app.command("run")
 def run(
     task: str = typer.Argument(..., help="Task name, see `mixlab tasks list`."),
-    mixer: str = typer.Option("attention", help="Mixer name (see `mixlab mixers list`) or import path "
-                              "package.module:Factory."),
+    mixer: str = typer.Option("attention", help="Mixer name (see `mixlab mixers list`), import path "
+                              "package.module:Factory, or a hybrid stack's comma list cycled over the layers "
+                              "(static_conv,attention)."),
     set_: list[str] = typer.Option(None, "--set", help=RUN_SET_HELP),
     seed: int = typer.Option(0, help="Initialisation seed (model init and shuffling)."),
     data_seed: int = typer.Option(0, help="Data seed (train and test sets)."),
@@ -166,7 +167,7 @@ def run(
 ) -> None:
     """Train one model on one task and write its record (config, versions, per-epoch and final metrics)."""
     task_params, model_fields, train_fields = split_run_assignments(task, set_)
-    models.resolve_mixer(mixer)  # an unknown name or a broken import path fails before any data is made
+    models.pattern_classes(mixer)  # an unknown name or a broken import path fails before any data is made
     train_fields.update(init_seed=seed, data_seed=data_seed, device=device)
     if steps is not None:
         train_fields.update(steps=steps, epochs=None)

@@ -128,7 +128,8 @@ def sweep_presets() -> None:
 
 @_with_sweep_options(omit=("models",))
 def mad_run(
-    model: str = typer.Option(..., help="A preset of models.PRESETS or a mixer of models.MIXERS."),
+    model: str = typer.Option(..., help="A preset of models.PRESETS, a mixer of models.MIXERS or a hybrid "
+                              "stack's per-layer pattern (static_conv,attention)."),
     profile: str = typer.Option(..., help="smoke, quick or paper (see `mixlab mad profiles`)."),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 (default: the profile's)."),
     out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),

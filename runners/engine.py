@@ -21,8 +21,9 @@ fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch
 op for op (decay, ``lerp_``, ``addcmul_``, ``sqrt`` / bias correction + eps, step), which on the CPU gives
 the same bits for one stacked buffer as for separate parameters. On a GPU the batched kernels (and
 train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``
-and ``fft_conv_leaky`` batch their FFTs, and the head-wise dynamic conv its generator's matmul, which changes
-the last bits even in fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs
+and ``fft_conv_leaky`` batch their FFTs, the head-wise dynamic conv its generator's matmul and
+``gated_delta_net`` the matmuls of fla's naive chunked delta rule, which changes the last bits even in fp32 on
+the CPU; so does the output head of tasks scored at few positions (the head runs
 at those positions only, ``runners.metrics``: a stacked matmul of few rows rounds differently).
 
 Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
@@ -38,9 +39,11 @@ Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``t
   rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``: the kernels once per
   run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run alone: Triton on CUDA,
   the plain-torch references on the CPU; RubiConv under vmap runs its reference;
-- mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap.
+- mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap;
+  a hybrid stack (per-layer pattern) stacks only when every mixer of it does.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
-fft_conv_leaky, none, and the compression autoencoder.
+fft_conv_leaky, none, the fla-core baselines (their Triton op's vmap rule runs it once per run), and the
+compression autoencoder.
 
 Time: runs of a stack step together, so the time of the shared steps is split among them. The training
 time between two evaluations is measured once (after a device sync) and divided evenly among the runs
@@ -120,12 +123,13 @@ def unbatchable_reason(config: RunConfig) -> str | None:
     if task.generate(1, seed=0).doc_ids is not None:
         return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
                 f"which vmap cannot batch")
-    mixer, backend = models.mixer_class(model_config.mixer), model_config.kernel_backend
-    if not mixer.stacks_on:
-        return (f"mixer {model_config.mixer!r} does not stack: nothing says its forward runs under vmap "
-                f"(data-dependent control flow or .item() would fail there)")
-    if backend not in mixer.stacks_on:
-        return f"kernel_backend={backend!r}: a kernel of mixer {model_config.mixer!r} has no vmap rule there"
+    backend = model_config.kernel_backend
+    for name, mixer in models.pattern_classes(model_config.mixer).items():
+        if not mixer.stacks_on:
+            return (f"mixer {name!r} does not stack: nothing says its forward runs under vmap "
+                    f"(data-dependent control flow or .item() would fail there)")
+        if backend not in mixer.stacks_on:
+            return f"kernel_backend={backend!r}: a kernel of mixer {name!r} has no vmap rule there"
     return None
 
 

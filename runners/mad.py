@@ -1,11 +1,12 @@
 """The MAD protocol (docs/mad.md) as a sweep: 66 settings x lr x wd grid x seeds for one model.
 
-Every run: the model (a preset of ``models.PRESETS`` or any ``models.MIXERS`` name, on the MAD model: 2
-blocks, width 128, SwiGLU 352), AdamW on every parameter, batch 128, cosine per epoch from lr to 1e-6, no
-warmup, bf16 autocast on a GPU, evaluation on 1,280 test rows after every epoch, early stop at macro accuracy
-0.999. A record's ``final`` metrics come from the epoch with the lowest test perplexity. Scoring
-(``analysis.aggregate``): best macro accuracy of the lr x wd grid per (setting, seed), mean over a task's
-settings, mean of the six tasks; tables give the median and IQR over seeds.
+Every run: the model (a preset of ``models.PRESETS``, any ``models.MIXERS`` name or a hybrid pattern such as
+``static_conv,attention``, ``models.layer_mixers``, on the MAD model: 2 blocks, width 128, SwiGLU 352), AdamW
+on every parameter, batch 128, cosine per epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation
+on 1,280 test rows after every epoch, early stop at macro accuracy 0.999. A record's ``final`` metrics come
+from the epoch with the lowest test perplexity. Scoring (``analysis.aggregate``): best macro accuracy of the
+lr x wd grid per (setting, seed), mean over a task's settings, mean of the six tasks; tables give the median
+and IQR over seeds.
 
 Seeds: mad-lab trains one seed. Seed s here sets both ``data_seed`` and ``init_seed`` to s, so the spread
 over seeds covers the draw of the data as well as initialisation and shuffling (the whole experiment
@@ -143,8 +144,9 @@ def model_fields(name: str) -> dict[str, Any]:
     """ModelConfig fields of a model name (a preset wins over a mixer of the same name)."""
     if name in models.PRESETS:
         return dict(models.PRESETS[name])
-    if name in models.MIXERS or ":" in name or name in models.mixer_origins():
-        models.resolve_mixer(name)  # an import path that does not import fails here, in one line
+    origins = models.mixer_origins()
+    if all(part in origins or ":" in part for part in models.mixer_pattern(name)):
+        models.pattern_classes(name)  # an import path that does not import fails here, in one line
         return {"mixer": name}
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(model_names())} "
                      f"or an import path package.module:Factory")

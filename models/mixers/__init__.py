@@ -11,6 +11,10 @@ Wherever a mixer name is accepted (``ModelConfig.mixer``, ``mixlab run --mixer``
 - an import path ``package.module:Factory``,
 both external factories ``Factory(d_model, **extras)`` (contract in ``models.mixers.external``). A built-in
 name wins over an entry point of the same name.
+
+A hybrid stack names one mixer per layer: ``ModelConfig.mixer`` may be a comma list such as
+``"static_conv,attention"``, cycled over the layers (layer i takes entry i mod the list's length, so
+``"a,b"`` on 4 layers is a, b, a, b; a list longer than n_layers is refused). ``layer_mixers`` spells it out.
 """
 
 from collections.abc import Callable
@@ -28,6 +32,7 @@ from mixlab.models.mixers.external import (
     is_import_path,
     load_target,
 )
+from mixlab.models.mixers.fla import Based, GatedDeltaNet, GatedLinearAttention, Mamba2, Retention
 from mixlab.models.mixers.identity import IdentityMixer
 from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
 from mixlab.models.mixers.short_conv import DynamicConvMixer, HeadwiseDynamicConvMixer, StaticConvMixer
@@ -40,10 +45,17 @@ MIXERS: dict[str, type[Mixer]] = {
     "rubiconv": GatedLongConv,
     "fft_conv_leaky": LeakyFFTConv,
     "none": IdentityMixer,
+    # baselines on fla-core's ops (optional extra `mixlab[baselines]`)
+    "gla": GatedLinearAttention,
+    "gated_delta_net": GatedDeltaNet,
+    "retnet": Retention,
+    "based": Based,
+    "mamba2": Mamba2,
 }
 
 BUILT_IN = "built-in"
 IMPORT_PATH = "import path"
+PATTERN_SEP = ","
 
 
 def mixer_origins() -> dict[str, str]:
@@ -85,6 +97,31 @@ def resolve_mixer(name: str) -> Callable[..., Mixer]:
     return ExternalFactory(name, origin, load_target(eps[0].value, f"{name!r} ({origin})"))
 
 
+def mixer_pattern(mixer: str) -> list[str]:
+    """The entries of a per-layer pattern ``"a,b"`` -> ["a", "b"]; one name -> [name]. ValueError, naming the
+    pattern, for an empty entry."""
+    if not isinstance(mixer, str) or not mixer:
+        raise ValueError(f"a mixer is a non-empty name or import path, got {mixer!r}")
+    names = [name.strip() for name in mixer.split(PATTERN_SEP)]
+    if not all(names):
+        raise ValueError(f"mixer pattern {mixer!r} has an empty entry")
+    return names
+
+
+def layer_mixers(mixer: str, n_layers: int) -> list[str]:
+    """The mixer name of each of ``n_layers`` layers: the pattern ``mixer`` cycled (module docstring).
+    ValueError for a pattern longer than n_layers."""
+    names = mixer_pattern(mixer)
+    if len(names) > n_layers:
+        raise ValueError(f"mixer pattern {mixer!r} names {len(names)} layers, more than n_layers={n_layers}")
+    return [names[i % len(names)] for i in range(n_layers)]
+
+
+def pattern_classes(mixer: str) -> dict[str, type[Mixer]]:
+    """Every distinct entry of the pattern ``mixer``, in order, with its ``mixer_class`` (resolving it)."""
+    return {name: mixer_class(name) for name in mixer_pattern(mixer)}
+
+
 def mixer_class(name: str) -> type[Mixer]:
     """The class whose attributes declare what mixer ``name`` is (``models.layers.Mixer``): a built-in's own,
     ``ExternalMixer`` for a plugin or import path. Resolves the name: ValueError as ``resolve_mixer``."""
@@ -99,7 +136,10 @@ __all__ = [
     "ExternalMixer",
     "accepts_cu_seqlens",
     "claims_document_blindness",
+    "layer_mixers",
     "mixer_class",
     "mixer_origins",
+    "mixer_pattern",
+    "pattern_classes",
     "resolve_mixer",
 ]

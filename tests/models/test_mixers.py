@@ -36,7 +36,7 @@ def make_mixer(mixer: str, qkv_conv: str = "none") -> nn.Module:
         return MIXERS[mixer](make_config(mixer, qkv_conv), 0)
 
 
-BLIND_CASES = [case for case in CASES if not make_mixer(*case.values).leaks_across_documents]
+BLIND_CASES = [case for case in CASES if not MIXERS[case.values[0]].leaks_across_documents]
 
 
 def layout_cu_seqlens(layout=LAYOUT, row_len=T) -> torch.Tensor:

@@ -1,0 +1,229 @@
+"""The token-mixing ops of the fla baselines (``models.mixers.fla``), from fla-core, on one signature.
+
+    linear_attention(op, q, k, v, g=None, beta=None, cu_seqlens=None, scale=None, backend=None) -> o
+    q, k [B, T, H, K], v [B, T, H, V] -> o [B, T, H, V] in q's dtype
+
+    op                 state update (S [K, V] per head)                       g           beta
+    gla                S = diag(exp g_t) S + k_t v_t^T                         [B, T, H, K] -
+    simple_gla         S = exp(g_t) S + k_t v_t^T                              [B, T, H]    -
+    retention          simple_gla with the fixed per-head log decay log(1 - 2^(-5-h))   -   -
+    gated_delta_rule   S = exp(g_t) S; S += k_t (beta_t (v_t - S^T k_t))^T     [B, T, H]    [B, T, H]
+    based              o_t = sum_{s<=t} f(q_t.k_s) v_s / sum_{s<=t} f(q_t.k_s), f(x) = 1 + x + x^2/2
+    and o_t = scale * q_t^T S_t for the recurrent ops; scale None is K^-0.5.
+
+Backends (``kernels.utils.resolve_backend``; every op is in ``kernels.utils.TRITON_OPS`` once fla-core imports):
+"triton" runs fla's chunked Triton kernels (CUDA only). With documents they get ``cu_seqlens`` over one
+flattened row, except Based, whose kernel takes none: it runs on the per-document layout below. The kernels are
+wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recomputes the forward under
+autograd and whose vmap rule calls it once per run (``kernels.triton_utils.per_run_vmap``), so stacked runs in
+``runners.engine`` run the kernels as a run alone does. "torch" runs fla's plain-torch ``naive`` functions:
+the recurrence for GLA, the chunked forms for simple_gla, retention and the gated delta rule, the quadratic
+form for Based. They take no ``cu_seqlens``: every document is copied into its own zero-padded row
+(``per_document``), so a document's outputs are exactly independent of the others.
+
+fla-core is optional (``pip install 'mixlab[baselines]'``); ``require_fla`` says so in one line.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from mixlab import kernels
+from mixlab.kernels.triton_utils import per_run_vmap
+from mixlab.models.mixers.attention import document_slots
+
+OPS = ("gla", "simple_gla", "retention", "gated_delta_rule", "based")
+# chunk length of fla's naive chunked forms on the torch path: short, since the lab's sequences are short and
+# the gated delta rule's naive form loops over the chunk's positions
+NAIVE_CHUNK = 16
+INSTALL_HINT = "pip install 'mixlab[baselines]'"
+# smallest head size handed to fla's kernels (Triton's dot products take blocks of at least 16)
+MIN_KERNEL_DIM = 16
+
+
+def fla_available() -> bool:
+    """Whether fla-core is installed (nothing is imported)."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def require_fla(mixer: str) -> None:
+    """ValueError, one line, when fla-core is missing for ``mixer``."""
+    if not fla_available():
+        raise ValueError(f"mixer {mixer!r} needs fla-core: {INSTALL_HINT}")
+
+
+def kernel_op_name(op: str) -> str:
+    """The name of op ``op`` in ``kernels.utils.TRITON_OPS`` and in a module's ``kernel_op``."""
+    return f"fla_{op}"
+
+
+KERNEL_OPS = tuple(kernel_op_name(op) for op in OPS)
+
+
+@functools.cache
+def _fla():
+    """fla's ops, imported once (several seconds). On a machine without a GPU fla warns that Triton falls back
+    to the CPU; the torch path calls only its naive functions, so that warning is silenced, as is a deprecation
+    warning fla's import raises under recent torch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated")
+        from fla.ops import based, gated_delta_rule, gla, retention, simple_gla
+        from fla.ops.based.naive import naive_parallel_based
+        from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
+        from fla.ops.gla.naive import naive_recurrent_gla
+        from fla.ops.simple_gla.naive import naive_chunk_simple_gla
+    kernels.utils.TRITON_OPS.update(KERNEL_OPS)
+    return {
+        "kernels": {
+            "gla": gla.chunk_gla,
+            "simple_gla": simple_gla.chunk_simple_gla,
+            "retention": retention.chunk_retention,
+            "gated_delta_rule": gated_delta_rule.chunk_gated_delta_rule,
+            "based": based.parallel_based,
+        },
+        "naive": {
+            "gla": naive_recurrent_gla,
+            "simple_gla": naive_chunk_simple_gla,
+            "gated_delta_rule": naive_chunk_gated_delta_rule,
+            "based": naive_parallel_based,
+        },
+    }
+
+
+def load_fla() -> None:
+    """Import fla-core's ops now (and register them in ``kernels.utils.TRITON_OPS``)."""
+    _fla()
+
+
+def retention_log_decay(n_heads: int, device: torch.device | None = None) -> torch.Tensor:
+    """RetNet's fixed per-head log decay [H]: log(1 - 2^(-5 - h)), as fla's ``chunk_retention`` sets it."""
+    return torch.log(1 - 2.0 ** (-5.0 - torch.arange(n_heads, dtype=torch.float32, device=device)))
+
+
+def per_document(fn: Callable[..., torch.Tensor], cu_seqlens: torch.Tensor,
+                 *tensors: torch.Tensor | None) -> torch.Tensor:
+    """``fn`` on every document alone: each [B, T, ...] tensor (None passes through) is copied into a
+    zero-padded [n_docs, L_max, ...] layout, one document per row starting at position 0, and fn's output
+    [n_docs, L_max, ...] read back at the valid positions -> [B, T, ...]. The padding follows each document's
+    end, so causal ops never read it, and no row holds two documents."""
+    B, T = next(t for t in tensors if t is not None).shape[:2]
+    slot, n_docs, max_len = document_slots(cu_seqlens, B * T)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(B * T, *t.shape[2:])
+        return flat.new_zeros(n_docs * max_len, *t.shape[2:]).index_copy(0, slot, flat).unflatten(0, (n_docs, -1))
+
+    out = fn(*(None if t is None else pad(t) for t in tensors))  # [n_docs, L_max, ...]
+    return out.flatten(0, 1).index_select(0, slot).unflatten(0, (B, T))
+
+
+def naive(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+          beta: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The torch path on rows that are one document each: o [B, T, H, V] in q's dtype."""
+    fns = _fla()["naive"]
+    if op == "gla":  # fla's naive GLA has no scale argument: it is K^-0.5, the only scale linear_attention takes
+        o, _ = fns["gla"](q, k, v, g)
+    elif op in ("simple_gla", "retention"):
+        if op == "retention":
+            g = retention_log_decay(q.shape[2], q.device).expand(q.shape[:3])
+        o, _ = fns["simple_gla"](q, k, v, g, chunk_size=NAIVE_CHUNK, scale=scale)
+    elif op == "gated_delta_rule":
+        o, _ = fns["gated_delta_rule"](q, k, v, g, beta, chunk_size=NAIVE_CHUNK, scale=scale)
+    else:  # fla's naive Based takes [B, H, T, K]
+        o = fns["based"](*(t.transpose(1, 2) for t in (q, k, v)), scale=scale, use_norm=True).transpose(1, 2)
+    return o.to(q.dtype)
+
+
+def _pad_last(t: torch.Tensor | None, size: int) -> torch.Tensor | None:
+    """t [..., n] zero-padded to [..., max(n, size)]."""
+    return t if t is None or t.shape[-1] >= size else F.pad(t, (0, size - t.shape[-1]))
+
+
+def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+            beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """fla's Triton kernel of ``op``: o [B, T, H, V]. With cu_seqlens the rows are flattened into one.
+
+    Head sizes below ``MIN_KERNEL_DIM`` (the lab's heads are small: 4 to 16) are zero-padded up to it: zero key
+    channels add nothing to q.k (nor to the delta rule's S^T k), zero value channels give outputs that are cut
+    off, and the scale is passed explicitly, so the result is the unpadded op's."""
+    V = v.shape[-1]
+    q, k, v = _pad_last(q, MIN_KERNEL_DIM), _pad_last(k, MIN_KERNEL_DIM), _pad_last(v, MIN_KERNEL_DIM)
+    if op == "gla":
+        g = _pad_last(g, MIN_KERNEL_DIM)
+    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale)[..., :V].to(q.dtype)
+
+
+def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                   beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
+    fn = _fla()["kernels"][op]
+    if op == "based":
+        if cu_seqlens is not None:
+            return per_document(lambda *t: fn(*t, scale=scale, use_norm=True), cu_seqlens, q, k, v)
+        return fn(q, k, v, scale=scale, use_norm=True)
+    B, T = q.shape[:2]
+    extra = {}
+    if cu_seqlens is not None:
+        q, k, v, g, beta = (None if t is None else t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta))
+        extra["cu_seqlens"] = cu_seqlens.long()
+    gates = {"gla": (g,), "simple_gla": (g,), "retention": (), "gated_delta_rule": (g, beta)}[op]
+    o, _ = fn(q, k, v, *gates, scale=scale, **extra)
+    return o.reshape(B, T, *o.shape[2:])
+
+
+@torch.library.custom_op("mixlab::fla_linear_attention", mutates_args=())
+def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                         beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, op: str,
+                         scale: float) -> torch.Tensor:
+    """fla's kernel of ``op`` as one op (module docstring)."""
+    return _kernel(op, q, k, v, g, beta, cu_seqlens, scale)
+
+
+@fla_linear_attention.register_fake
+def _(q, k, v, g, beta, cu_seqlens, op, scale):
+    return q.new_empty(*q.shape[:3], v.shape[-1])
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    *tensors, ctx.op, ctx.scale = inputs
+    ctx.save_for_backward(*tensors)
+
+
+def _backward(ctx, grad: torch.Tensor) -> tuple:
+    """Gradients of q, k, v, g and beta: the forward is recomputed under autograd (fla's own backward kernels),
+    once, on the plain tensors the op saw."""
+    *inputs, cu_seqlens = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+        out = _kernel(ctx.op, *leaves, cu_seqlens, ctx.scale)
+        wanted = [t for t in leaves if t is not None]
+        grads = iter(torch.autograd.grad(out, wanted, grad))
+    return (*(None if t is None else next(grads) for t in leaves), None, None, None)
+
+
+fla_linear_attention.register_autograd(_backward, setup_context=_setup_context)
+fla_linear_attention.register_vmap(per_run_vmap(fla_linear_attention))
+
+
+def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor | None = None,
+                     beta: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                     scale: float | None = None, backend: str | None = None) -> torch.Tensor:
+    """Op ``op`` of ``OPS`` (module docstring) on q, k [B, T, H, K], v [B, T, H, V] -> [B, T, H, V]."""
+    if op not in OPS:
+        raise ValueError(f"unknown fla op {op!r}; choose from {', '.join(OPS)}")
+    if op == "gla" and scale is not None:
+        raise ValueError(f"op 'gla' takes only the default scale K^-0.5, got scale={scale}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    _fla()
+    if kernels.resolve_backend(backend, q, kernel_op_name(op)) == "triton":
+        if not q.is_cuda:
+            raise ValueError(f"fla's Triton kernel of {op!r} needs a CUDA tensor, got device {q.device.type!r}")
+        return fla_linear_attention(q, k, v, g, beta, cu_seqlens, op, scale)
+    if cu_seqlens is None:
+        return naive(op, q, k, v, g, beta, scale)
+    return per_document(lambda *t: naive(op, *t, scale), cu_seqlens, q, k, v, g, beta)

@@ -1,0 +1,191 @@
+"""The fla-core baselines (models.mixers.fla, fla_ops) on the CPU: the torch path of every op against an explicit
+recurrence written here (with and without documents), each mixer learning a tiny MQAR, the leakage probes
+confirming their blindness claims, and the one-line message without fla-core. Shapes, causality, NaN and
+gradient probes run for them in tests/models/test_mixers.py (parametrised over MIXERS); stacking in
+tests/runners/test_engine.py."""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mixlab.analysis import leakage
+from mixlab.models import ModelConfig, build_model
+from mixlab.models.mixers import fla_ops
+from mixlab.runners.metrics import training_loss
+from mixlab.tasks import get_task
+
+needs_fla = pytest.mark.skipif(not fla_ops.fla_available(),
+                               reason=f"fla-core is not installed ({fla_ops.INSTALL_HINT})")
+
+FLA_MIXERS = ["gla", "gated_delta_net", "retnet", "based", "mamba2"]
+B, T, H, K, V = 2, 11, 2, 4, 6
+
+
+def recurrence(op, q, k, v, g=None, beta=None, scale=None):
+    """Token by token in float64, straight from the definitions (fla_ops docstring): o [B, T, H, V]."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scale = K ** -0.5 if scale is None else scale
+    if op == "retention":
+        g = fla_ops.retention_log_decay(H).double().expand(q.shape[:3])
+    if op == "based":
+        s = torch.einsum("bthk,bshk->bhts", q * scale, k)
+        f = (1 + s + s * s / 2).tril()  # [B, H, T, T]
+        return (torch.einsum("bhts,bshv->bthv", f, v) / (f.sum(-1).transpose(1, 2)[..., None] + 1e-6))
+    state = q.new_zeros(q.shape[0], H, K, V)
+    out = []
+    for t in range(q.shape[1]):
+        decay = g[:, t].double().exp()  # [B, H, K] (gla) or [B, H]
+        state = state * (decay[..., None] if op == "gla" else decay[..., None, None])
+        write = v[:, t]  # [B, H, V]
+        if op == "gated_delta_rule":
+            write = beta[:, t, :, None].double() * (v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], state))
+        state = state + k[:, t, ..., None] * write[..., None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))
+    return torch.stack(out, dim=1)
+
+
+def op_inputs(op, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, H, V, generator=gen)
+    extra = {}
+    if op == "gla":
+        extra["g"] = F.logsigmoid(torch.randn(B, T, H, K, generator=gen))
+    if op in ("simple_gla", "gated_delta_rule"):
+        extra["g"] = F.logsigmoid(torch.randn(B, T, H, generator=gen))
+    if op == "gated_delta_rule":
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        extra["beta"] = torch.rand(B, T, H, generator=gen)
+    return q, k, v, extra
+
+
+OP_CASES = [pytest.param(op, None, id=op) for op in fla_ops.OPS] + [
+    pytest.param("simple_gla", 1.0, id="simple_gla-scale1"), pytest.param("gated_delta_rule", 0.3, id="gdr-scale")]
+
+
+@needs_fla
+@pytest.mark.parametrize(("op", "scale"), OP_CASES)
+def test_torch_path_matches_the_recurrence(op, scale):
+    q, k, v, extra = op_inputs(op)
+    if scale is not None:
+        extra["scale"] = scale
+    out = fla_ops.linear_attention(op, q, k, v, backend="torch", **extra)
+    assert out.shape == (B, T, H, V) and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), recurrence(op, q, k, v, **extra), rtol=1e-4, atol=1e-4)
+
+
+@needs_fla
+@pytest.mark.parametrize("op", fla_ops.OPS)
+def test_torch_path_with_documents_is_the_recurrence_per_document(op):
+    q, k, v, extra = op_inputs(op, seed=1)
+    bounds = [0, 4, 5, T, T + 7, 2 * T]  # row 0: 4, 1, 6 tokens; row 1: 7, 4
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    out = fla_ops.linear_attention(op, q, k, v, cu_seqlens=cu, backend="torch", **extra).flatten(0, 1)
+    flat = [t.flatten(0, 1) for t in (q, k, v)]
+    flat_extra = {name: t.flatten(0, 1) for name, t in extra.items()}
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        doc = [t[lo:hi][None] for t in flat]
+        expected = recurrence(op, *doc, **{name: t[lo:hi][None] for name, t in flat_extra.items()})[0]
+        torch.testing.assert_close(out[lo:hi].double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_fla
+def test_retention_agrees_with_flas_naive_retention():
+    from fla.ops.retention.naive import naive_retention
+
+    q, k, v, _ = op_inputs("retention")
+    expected = naive_retention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    torch.testing.assert_close(fla_ops.linear_attention("retention", q, k, v, backend="torch"), expected,
+                               rtol=1e-4, atol=1e-5)
+
+
+@needs_fla
+def test_bad_op_arguments_raise_one_line():
+    q, k, v, extra = op_inputs("gla")
+    with pytest.raises(ValueError, match="unknown fla op 'nope'"):
+        fla_ops.linear_attention("nope", q, k, v)
+    with pytest.raises(ValueError, match="op 'gla' takes only the default scale"):
+        fla_ops.linear_attention("gla", q, k, v, scale=1.0, **extra)
+    with pytest.raises(ValueError, match="needs a CUDA tensor"):
+        fla_ops.linear_attention("gla", q, k, v, backend="triton", **extra)
+
+
+def mqar_losses(mixer: str, steps: int) -> list[float]:
+    task = get_task("mqar", vocab_size=16, seq_len=16, num_kv_pairs=2)
+    data = task.generate(64, seed=0)
+    config = ModelConfig(vocab_size=16, d_model=32, n_heads=2, n_layers=2, mlp_hidden=64, max_seq_len=16,
+                         mixer=mixer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(steps):
+        loss = training_loss(model(data.inputs), data.targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@needs_fla
+@pytest.mark.parametrize("mixer", FLA_MIXERS)
+def test_each_mixer_learns_a_tiny_mqar(mixer, one_torch_thread):
+    losses = mqar_losses(mixer, steps=12)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+@needs_fla
+@pytest.mark.parametrize("mixer", FLA_MIXERS)
+def test_leakage_probes_confirm_the_blindness_claim(mixer, one_torch_thread):
+    report = leakage.probe_mixer(mixer, rows=2, seq_len=24, d_model=16, n_probes=2)
+    assert report.claims_blind
+    assert report.perturbation and report.nan and report.gradient and report.packing, report
+    assert report.leakage == 0
+
+
+def test_without_fla_core_the_mixers_say_what_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else real(name, *a))
+    for mixer in FLA_MIXERS:
+        with pytest.raises(ValueError, match=r"mixer '\w+' needs fla-core: pip install 'mixlab\[baselines\]'"):
+            ModelConfig(vocab_size=11, d_model=16, n_heads=2, mixer=mixer)
+    with pytest.raises(ValueError, match=r"mixer 'mamba2' needs fla-core"):
+        ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, mixer="attention,mamba2")
+    assert not set(FLA_MIXERS) & set(leakage.mixer_names())  # `mixlab leakage --mixer all` leaves them out
+    assert "attention" in leakage.mixer_names()
+
+
+@needs_fla
+def test_head_widths_are_checked():
+    with pytest.raises(ValueError, match=r"n_heads=3 does not divide the key width 8 of mixer 'gla'"):
+        ModelConfig(vocab_size=11, d_model=16, n_heads=3, mixer="gla")
+    with pytest.raises(ValueError, match="odd head size"):
+        ModelConfig(vocab_size=11, d_model=12, n_heads=4, mixer="retnet")
+
+
+@needs_fla
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs fla's Based kernel on CPU tensors in the Triton "
+                    "interpreter, set only without CUDA; on a GPU scripts/verify_fla_gpu.py checks every kernel")
+def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap():
+    # fla's parallel Based kernel is the one that runs in the interpreter (the others autotune on a driver); it
+    # exercises the custom op's wiring: padding of small heads, documents, backward by recomputation, vmap rule
+    q, k, v, _ = op_inputs("based", seed=2)
+    cu = torch.tensor([0, 3, T, 2 * T], dtype=torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fla_ops.fla_linear_attention(*leaves, None, None, cu, "based", K ** -0.5)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad(out, leaves, upstream)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = fla_ops.linear_attention("based", *ref_leaves, cu_seqlens=cu, backend="torch")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(ref, ref_leaves, upstream)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    runs = torch.stack([q, q.flip(1)]), torch.stack([k, k.flip(1)]), torch.stack([v, v.flip(1)])
+    batched = torch.func.vmap(lambda a, b, c: fla_ops.fla_linear_attention(a, b, c, None, None, None, "based",
+                                                                           K ** -0.5))(*runs)
+    alone = [fla_ops.fla_linear_attention(a, b, c, None, None, None, "based", K ** -0.5) for a, b, c in zip(*runs)]
+    assert torch.equal(batched, torch.stack(alone))
