@@ -1,9 +1,10 @@
 """The MAD protocol (docs/mad.md) as a sweep: 66 settings x lr x wd grid x seeds for one model.
 
 Every run: the model (a preset of ``models.PRESETS`` or any ``models.MIXERS`` name, on the MAD model: 2
-blocks, width 128, SwiGLU 352), AdamW on every parameter, batch 128, cosine per epoch from lr to 1e-6, no
-warmup, bf16 autocast on a GPU, evaluation on 1,280 test rows after every epoch, early stop at macro accuracy
-0.999. A record's ``final`` metrics come from the epoch with the lowest test perplexity. Scoring
+blocks, width 128, SwiGLU 352, initialised and biased as mad-lab's models: ``mad_lab_model``), AdamW on every
+parameter, batch 128, cosine per epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation on 1,280
+test rows after every epoch, early stop at macro accuracy 0.999. A record's ``final`` metrics come from the
+epoch with the lowest test perplexity. Scoring
 (``analysis.aggregate``): best macro accuracy of the lr x wd grid per (setting, seed), mean over a task's
 settings, mean of the six tasks; tables give the median and IQR over seeds.
 
@@ -133,6 +134,13 @@ PROFILES: dict[str, MadProfile] = {
 }
 
 
+def mad_lab_model(task: str) -> dict[str, Any]:
+    """ModelConfig fields that make a model initialised and biased as mad-lab's: biases on attention's
+    projections and the output layer; its language model keeps PyTorch's default Linear init, while its
+    compression autoencoder draws Linear weights N(0, 0.02) as ``init="normal"`` does."""
+    return {"proj_bias": True, "init": "normal" if task == "mad/compression" else "torch_linear"}
+
+
 def model_names() -> list[str]:
     """Models ``mad run`` accepts by name: every preset of models.PRESETS, then every mixer (built-in, then
     installed plugins); an import path ``package.module:Factory`` is accepted too."""
@@ -183,7 +191,8 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
                              "min_lr": MIN_LR, "weight_decay": wd, "schedule": "cosine_epoch",
                              "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,
                              "device": device}
-                    config = resolver.config(setting.task, setting.params, fields, train)
+                    config = resolver.config(setting.task, setting.params,
+                                             {**mad_lab_model(setting.task), **fields}, train)
                     meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
                             "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
                     runs.append(PlannedRun(config_hash(config), config, meta))

@@ -61,6 +61,14 @@ def test_batched_records_equal_one_at_a_time():
     assert all(r["steps"] == 15 and not r["stopped_early"] and r["train_time_s"] > 0 for r in batched)
 
 
+def test_mad_lab_init_and_biases_batch_bitwise():
+    model = {"init": "torch_linear", "proj_bias": True}
+    configs = [tiny(epochs=1, lr=1e-2, model=model), tiny(epochs=1, weight_decay=0.1, init_seed=1, model=model)]
+    batched = train_runs_batched(configs, progress=False)
+    assert_same_records(batched, solo(configs))
+    assert batched[0]["history"] != train_run(tiny(epochs=1, lr=1e-2), progress=False)["history"]
+
+
 @pytest.mark.parametrize("mode", ["fold", "native"])
 def test_attention_modes_under_vmap_match_one_at_a_time(monkeypatch, mode):
     # fold is the CUDA default (fused kernels outside vmap); on the CPU its folded batch changes the last bits
