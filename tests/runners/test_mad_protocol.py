@@ -23,6 +23,7 @@ def test_paper_profile_is_the_protocol():
         assert config.task == setting.task and config.task_params == setting.params
         assert train.num_train == setting.num_train and train.num_test == 1280
         assert (train.epochs, train.steps, train.batch_size, train.min_lr) == (200, None, 128, 1e-6)
+        assert train.eval_batch_size == 128, "mad-lab's test batches: macro accuracy is averaged per batch"
         assert (train.schedule, train.warmup_steps, train.early_stop_acc) == ("cosine_epoch", 0, 0.999)
         assert (train.beta1, train.beta2, train.data_seed, train.init_seed) == (0.9, 0.999, 0, 0)
         assert (config.model["d_model"], config.model["n_layers"], config.model["n_heads"]) == (128, 2, 16)

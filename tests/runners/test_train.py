@@ -135,3 +135,50 @@ def test_associative_retrieval_reports_present_and_absent_accuracy():
     assert final["n_present"] + final["n_absent"] == final["n_scored"] and final["n_absent"] > 0
     weighted = (final["acc_present"] * final["n_present"] + final["acc_absent"] * final["n_absent"]) / final["n_scored"]
     assert weighted == pytest.approx(final["acc_micro"])
+
+
+class _FixedLogits(torch.nn.Module):
+    """Returns the logits [N, T, V] stored for each row; a row's id is its first input token."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, inputs, doc_ids=None, positions=None):
+        return self.logits[inputs[:, 0]]
+
+
+def test_macro_accuracy_and_perplexity_match_torchmetrics_per_batch_as_mad_lab_logs_them():
+    """evaluate() over 300 rows in batches of 128 (the last of 44), a third of the targets ignored (-100), some
+    classes only predicted: acc_macro and test_ppl equal torchmetrics' MulticlassAccuracy (macro, ignore -100)
+    and Perplexity of each batch, averaged weighted by the batch's rows, which is the epoch value PyTorch
+    Lightning gives the per-batch values mad-lab logs; the unweighted mean differs."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from mixlab.runners.evaluation import evaluate
+    from mixlab.tasks import TaskData
+
+    n, t, v, batch = 300, 6, 7, 128
+    gen = torch.Generator().manual_seed(0)
+    targets = torch.randint(0, v - 1, (n, t), generator=gen)  # class v-1 is never a target
+    targets[torch.rand(n, t, generator=gen) < 1 / 3] = -100
+    logits = torch.randn(n, t, v, generator=gen)
+    right = torch.rand(n, t, generator=gen) < 0.5
+    logits[right] += 4 * torch.nn.functional.one_hot(targets.clamp(min=0), v)[right].float()
+    inputs = torch.arange(n)[:, None].expand(n, t).contiguous()
+    data = TaskData(inputs=inputs, targets=targets, roles=torch.zeros(n, t, dtype=torch.uint8), vocab_size=n)
+    metrics = evaluate(_FixedLogits(logits), data, batch, torch.device("cpu"), autocast=False)
+
+    accs, ppls, rows = [], [], []
+    for start in range(0, n, batch):
+        lg, tg = logits[start:start + batch], targets[start:start + batch]
+        acc = torchmetrics.classification.MulticlassAccuracy(num_classes=v, average="macro", ignore_index=-100)
+        accs.append(acc(lg.argmax(-1).reshape(-1), tg.reshape(-1)).item())
+        ppls.append(torchmetrics.text.Perplexity(ignore_index=-100)(lg, tg).item())
+        rows.append(len(tg))
+    assert rows == [128, 128, 44]
+    weighted = sum(a * r for a, r in zip(accs, rows)) / n
+    assert metrics["acc_macro"] == pytest.approx(weighted, abs=1e-6)
+    assert abs(sum(accs) / len(accs) - weighted) > 1e-4, "the short batch must move the unweighted mean"
+    assert metrics["test_ppl"] == pytest.approx(sum(p * r for p, r in zip(ppls, rows)) / n, rel=1e-5)
+    assert metrics["test_loss"] == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.reshape(-1, v), targets.reshape(-1)).item(), rel=1e-6)
