@@ -40,7 +40,8 @@ class TrainConfig:
         schedule: ``cosine_epoch`` (lr stepped once per epoch, MAD), ``cosine_step`` or ``constant``; the cosine
             decays from lr to min_lr; ``warmup_steps`` of linear warmup precede it.
         eval_every: evaluate every this many steps; 0 = once per epoch (and at the end of a ``steps`` run).
-        early_stop_acc: stop once the test macro accuracy reaches this (MAD: 0.999); None = never.
+        early_stop_acc: stop once the test macro accuracy is strictly above this (MAD: 0.999, as mad-lab); 1 or
+            None = never.
         data_seed, init_seed: seeds of the data and of the model initialisation and shuffling.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``.

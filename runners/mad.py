@@ -4,9 +4,10 @@ Every run: the model (a preset of ``models.PRESETS`` or any ``models.MIXERS`` na
 blocks, width 128, SwiGLU 352, initialised and biased as mad-lab's models: ``mad_lab_model``), AdamW on every
 parameter, batch 128, cosine per epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation after
 every epoch on 1,280 test rows in batches of 128 (macro accuracy is averaged per batch, so the batch size moves
-it), early stop at macro accuracy 0.999. A record's ``final`` metrics come from the epoch with the lowest test
-perplexity. Scoring (``analysis.aggregate``): best macro accuracy of the lr x wd grid per (setting, seed), mean
-over a task's settings, mean of the six tasks; tables give the median and IQR over seeds.
+it), early stop at macro accuracy strictly above 0.999. A record's ``final`` metrics come from the epoch with
+the lowest test perplexity (the mean of per-batch perplexities, ``runners.record``). Scoring
+(``analysis.aggregate``): best macro accuracy of the lr x wd grid per (setting, seed), mean over a task's
+settings, mean of the six tasks; tables give the median and IQR over seeds.
 
 Seeds: mad-lab trains one seed. Seed s here sets both ``data_seed`` and ``init_seed`` to s, so the spread
 over seeds covers the draw of the data as well as initialisation and shuffling (the whole experiment
