@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -34,7 +35,9 @@ class TrainConfig:
     """Optimisation and evaluation settings of one run. Defaults follow the MAD protocol.
 
     Fields:
-        epochs / steps: length of training; exactly one is set (``steps`` cycles over reshuffled epochs).
+        epochs / steps: length of training; at least one is set (``steps`` cycles over reshuffled epochs). With
+            both, the run is the first ``steps`` steps of the ``epochs`` run, learning rates included (a prefix,
+            e.g. the quick MAD profile: ``runners.schedule``); ``steps`` may not exceed that run's length.
         batch_size, num_train, num_test: rows per step, training rows, test rows.
         lr, min_lr, weight_decay, beta1, beta2: AdamW (weight decay on every parameter, as mad-lab).
         schedule: ``cosine_epoch`` (lr stepped once per epoch, MAD), ``cosine_step`` or ``constant``; the cosine
@@ -70,8 +73,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_dataclass(self, keep_ints=True)  # an int in a float field stays an int: config_hash sees it
-        if (self.epochs is None) == (self.steps is None):
-            raise ValueError(f"set exactly one of epochs and steps, got epochs={self.epochs} steps={self.steps}")
+        if self.epochs is None and self.steps is None:
+            raise ValueError("set epochs or steps (or both: the first steps of the epochs run), got neither")
+        full = None if self.epochs is None else self.epochs * math.ceil(self.num_train / self.batch_size)
+        if full is not None and self.steps is not None and self.steps > full:
+            raise ValueError(f"steps={self.steps} exceeds the {full} steps of epochs={self.epochs}, of which a run "
+                             f"with both is the first steps")
         if self.min_lr > self.lr:
             raise ValueError(f"need min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
         if self.early_stop_acc is not None and not 0 < self.early_stop_acc <= 1:

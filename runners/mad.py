@@ -21,9 +21,10 @@ profile  settings     lr x wd grid      epochs per run                  train / 
 =======  ===========  ================  ==============================  =============  ===========
 paper    all 66       {1e-4,5e-4,1e-3}  200                             as MAD / 1280  MAD
                       x {0, 0.1}
-quick    all 66       1e-3 x 0          min(200, ceil(1500 / steps per  as MAD / 1280  MAD
-                                        epoch)): 15 at 12,800 rows,
-                                        200 for memorization
+quick    all 66       1e-3 x 0          the first min(200, ceil(1500 /  as MAD / 1280  MAD
+                                        steps per epoch)) of 200: 15
+                                        at 12,800 rows, 200 for
+                                        memorization
 smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 64      d_model 32,
                                                                                        4 heads
 =======  ===========  ================  ==============================  =============  ===========
@@ -33,7 +34,10 @@ Sizes for one architecture and one seed, before early stopping (``MadProfile.max
 ``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
 run at a time; ``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick``
 keeps every setting because the MAD score averages over them (long sequences and small training sets are the
-hard ones); it drops the grid and caps the steps instead.
+hard ones); it drops the grid and caps the steps instead. A quick run is the first epochs of the paper run
+with the same lr and wd, at the paper run's learning rate at every step (the cosine still spans 200 epochs), so
+its curve is the start of the paper's, not a compressed copy of it; where the cap reaches 200 epochs
+(memorization) it is the paper run, hash included.
 
 The MAD step is launch-bound (the GPU is mostly idle), so ``run_sweep`` trains runs of equal shapes stacked,
 one batched job each (``runners.engine``): a setting's lr x wd grid and its seeds, and settings that differ
@@ -69,8 +73,9 @@ class MadProfile:
 
     baselines_only: keep only each task's baseline setting (else all 66).
     lrs, weight_decays: the grid.
-    max_steps: per-run cap on optimizer steps; a run gets min(max_epochs, ceil(max_steps / steps per epoch))
-        epochs, and its cosine schedule spans those epochs. None = no cap.
+    max_steps: per-run cap on optimizer steps; a run trains the first min(max_epochs, ceil(max_steps / steps
+        per epoch)) epochs of the max_epochs run, at that run's learning rates (its cosine still spans
+        max_epochs), so a capped run is a prefix of the uncapped one. None = no cap.
     max_train: cap on training rows (None = the setting's). num_test: test rows.
     model: ModelConfig fields over the chosen model's (e.g. a smaller width).
     seeds: default number of seeds.
@@ -99,15 +104,25 @@ class MadProfile:
         return setting.num_train if self.max_train is None else min(setting.num_train, self.max_train)
 
     def epochs(self, setting: MadSetting) -> int:
+        """Epochs a run of this setting trains."""
         if self.max_steps is None:
             return self.max_epochs
-        steps_per_epoch = math.ceil(self.num_train(setting) / BATCH_SIZE)
-        return min(self.max_epochs, math.ceil(self.max_steps / steps_per_epoch))
+        return min(self.max_epochs, math.ceil(self.max_steps / self.steps_per_epoch(setting)))
+
+    def steps_per_epoch(self, setting: MadSetting) -> int:
+        return math.ceil(self.num_train(setting) / BATCH_SIZE)
+
+    def length(self, setting: MadSetting) -> dict[str, int | None]:
+        """TrainConfig's epochs and steps of a run: the max_epochs schedule, cut after ``epochs`` epochs (steps
+        None when the run is the whole schedule, so it is the uncapped run itself, hash included)."""
+        epochs = self.epochs(setting)
+        return {"epochs": self.max_epochs,
+                "steps": None if epochs == self.max_epochs else epochs * self.steps_per_epoch(setting)}
 
     def max_total_steps(self) -> int:
         """Optimizer steps of one seed if no run stops early."""
         grid = len(self.lrs) * len(self.weight_decays)
-        return grid * sum(self.epochs(s) * math.ceil(self.num_train(s) / BATCH_SIZE) for s in self.settings())
+        return grid * sum(self.epochs(s) * self.steps_per_epoch(s) for s in self.settings())
 
     def describe(self) -> str:
         """One paragraph for the top of a table: what this profile runs."""
@@ -123,7 +138,7 @@ PROFILES: dict[str, MadProfile] = {
     "paper": MadProfile(name="paper", summary="the full MAD protocol (200 epochs, 6-point grid)"),
     "quick": MadProfile(
         name="quick",
-        summary="all 66 settings, one grid point (lr 1e-3, wd 0), at most ~1,500 steps (200 epochs) per run",
+        summary="all 66 settings, one grid point (lr 1e-3, wd 0), the first ~1,500 steps of each 200-epoch run",
         lrs=(1e-3,), weight_decays=(0.0,), max_steps=1500,
     ),
     "smoke": MadProfile(
@@ -187,7 +202,7 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
         for setting in prof.settings():
             for lr in prof.lrs:
                 for wd in prof.weight_decays:
-                    train = {"epochs": prof.epochs(setting), "batch_size": BATCH_SIZE,
+                    train = {**prof.length(setting), "batch_size": BATCH_SIZE,
                              "num_train": prof.num_train(setting), "num_test": prof.num_test, "lr": lr,
                              "min_lr": MIN_LR, "weight_decay": wd, "schedule": "cosine_epoch",
                              "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,

@@ -1,4 +1,6 @@
 import collections
+import dataclasses
+import math
 import re
 
 import pytest
@@ -6,6 +8,7 @@ import typer
 from mixlab import models
 from mixlab.runners import mad
 from mixlab.runners.cli_sweep import register
+from mixlab.runners.schedule import StepPlan
 from mixlab.tasks.mad import mad_sweep_settings
 from typer.testing import CliRunner
 
@@ -48,10 +51,35 @@ def test_quick_profile_fits_one_gpu_session():
     profile = mad.PROFILES["quick"]
     plan = mad.mad_plan("transformer", "quick")
     assert len({(r.meta["task"], r.meta["setting"]) for r in plan.runs}) == 66
-    steps = [r.config.train.epochs * -(-r.config.train.num_train // 128) for r in plan.runs]
+    steps = [StepPlan.of(r.config.train).total_steps for r in plan.runs]
     assert max(steps) <= 1500 + 100 and sum(steps) == profile.max_total_steps()
     assert profile.max_total_steps() * 7.9e-3 / 60 < 15, "GPU-minutes at 7.9 ms per step (docs/engine.md)"
-    assert all(r.config.train.epochs <= 200 for r in plan.runs)
+    assert all(r.config.train.epochs == 200 for r in plan.runs)
+
+
+def test_quick_runs_are_prefixes_of_paper_runs():
+    """A quick run takes the first epochs of the paper run with its lr and wd, at the paper run's learning rate
+    at every step it takes (lr_at computed independently: the cosine over 200 epochs); a quick run that reaches
+    200 epochs (memorization) is the paper run itself."""
+    paper = {(r.meta["task"], r.meta["setting"], r.meta["train_grid"]["lr"], r.meta["train_grid"]["weight_decay"]): r
+             for r in mad.mad_plan("transformer", "paper").runs}
+    quick = mad.mad_plan("transformer", "quick").runs
+    cut = 0
+    for run in quick:
+        key = (run.meta["task"], run.meta["setting"], 1e-3, 0.0)
+        long, short = StepPlan.of(paper[key].config.train), StepPlan.of(run.config.train)
+        per_epoch = long.steps_per_epoch
+        assert short.steps_per_epoch == per_epoch and short.total_steps % per_epoch == 0
+        for k in sorted({0, per_epoch - 1, per_epoch, short.total_steps // 2, short.total_steps - 1}):
+            cosine = 1e-6 + (1e-3 - 1e-6) * 0.5 * (1 + math.cos(math.pi * (k // per_epoch) / 200))
+            assert short.lr(run.config.train, k) == long.lr(paper[key].config.train, k) == pytest.approx(cosine)
+        if short.total_steps < long.total_steps:
+            cut += 1
+            assert dataclasses.replace(run.config.train, steps=None) == paper[key].config.train
+        else:
+            assert run.hash == paper[key].hash
+    # all but memorization's 6 settings and the five of 800 rows (7 steps an epoch: 1,500 steps pass 200 epochs)
+    assert cut == 66 - 6 - 5
 
 
 @pytest.mark.parametrize("name", mad.model_names(), ids=mad.model_names())

@@ -6,7 +6,7 @@ import torch
 from mixlab import models
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.metrics import batch_counts, macro_accuracy
-from mixlab.runners.schedule import lr_at
+from mixlab.runners.schedule import StepPlan, lr_at
 from mixlab.runners.train import train_run
 from mixlab.tasks import TASKS
 
@@ -101,6 +101,19 @@ def test_cosine_per_epoch_schedule():
     assert lr_at(warm, 0, 0, 100, 1) == pytest.approx(0.1) and lr_at(warm, 99, 0, 100, 1) < 1e-3
 
 
+@pytest.mark.parametrize("schedule", ["cosine_epoch", "cosine_step"])
+def test_a_run_with_epochs_and_steps_is_the_start_of_the_epochs_run(schedule):
+    """epochs=4 and steps=5 (2 steps an epoch): the run's evaluations, learning rates and losses are those of
+    the 4-epoch run at the same steps, bitwise; it stops after step 5."""
+    full_config = tiny("mad/in_context_recall", steps=None, epochs=4, schedule=schedule, lr=1e-2)
+    full = train_run(full_config, progress=False)
+    prefix = train_run(tiny("mad/in_context_recall", steps=5, epochs=4, schedule=schedule, lr=1e-2), progress=False)
+    assert prefix["steps"] == 5 and [h["step"] for h in prefix["history"]] == [2, 4, 5]
+    assert prefix["history"][:2] == full["history"][:2]
+    last_lr = StepPlan.of(full_config.train).lr(full_config.train, 4)  # of step 5 (index 4) in the 8-step run
+    assert prefix["history"][2]["lr"] == last_lr < full["history"][0]["lr"]
+
+
 def test_macro_accuracy_follows_torchmetrics_defaults():
     # targets 0,0,1,2; predictions 0,1,1,3 -> recall: c0 1/2, c1 1, c2 0; c3 only predicted -> 0; mean over 4.
     logits = torch.full((1, 4, 5), -10.0)
@@ -113,9 +126,9 @@ def test_macro_accuracy_follows_torchmetrics_defaults():
 
 @pytest.mark.parametrize(
     "fields,named",
-    [({"epochs": 3, "steps": 3}, "epochs"), ({"lr": 0.0}, "lr"), ({"schedule": "linear"}, "linear"),
-     ({"device": "tpu"}, "tpu"), ({"batch_size": 0}, "batch_size")],
-    ids=["epochs-and-steps", "zero-lr", "bad-schedule", "bad-device", "zero-batch"],
+    [({"epochs": 3, "steps": 301}, "steps=301"), ({"epochs": None}, "neither"), ({"lr": 0.0}, "lr"),
+     ({"schedule": "linear"}, "linear"), ({"device": "tpu"}, "tpu"), ({"batch_size": 0}, "batch_size")],
+    ids=["steps-past-epochs", "no-length", "zero-lr", "bad-schedule", "bad-device", "zero-batch"],
 )
 def test_bad_train_config(fields, named):
     with pytest.raises(ValueError, match=named):
