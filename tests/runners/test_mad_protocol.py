@@ -9,6 +9,7 @@ from mixlab import models
 from mixlab.runners import mad
 from mixlab.runners.cli_sweep import register
 from mixlab.runners.schedule import StepPlan
+from mixlab.tasks import get_task
 from mixlab.tasks.mad import mad_sweep_settings
 from typer.testing import CliRunner
 
@@ -23,7 +24,8 @@ def test_paper_profile_is_the_protocol():
     for run in plan.runs:
         config, train = run.config, run.config.train
         setting = settings[(run.meta["task"], run.meta["setting"])]
-        assert config.task == setting.task and config.task_params == setting.params
+        assert config.task == setting.task
+        assert get_task(config.task, **config.task_params).params == get_task(setting.task, **setting.params).params
         assert train.num_train == setting.num_train and train.num_test == 1280
         assert (train.epochs, train.steps, train.batch_size, train.min_lr) == (200, None, 128, 1e-6)
         assert train.eval_batch_size == 128, "mad-lab's test batches: macro accuracy is averaged per batch"

@@ -17,7 +17,8 @@ BASELINES = {
     "mad/in_context_recall": {"vocab_size": 16, "seq_len": 128},
     "mad/noisy_recall": {"vocab_size": 32, "seq_len": 128, "noise_vocab_size": 16, "frac_noise": 0.2},
     "mad/fuzzy_recall": {"vocab_size": 16, "seq_len": 128, "k_motif_size": 3, "v_motif_size": 3},
-    "mad/selective_copy": {"vocab_size": 16, "seq_len": 256, "num_tokens_to_copy": 16},
+    "mad/selective_copy": {"vocab_size": 16, "seq_len": 256, "num_tokens_to_copy": 16,
+                           "ignore_num_tokens_to_copy": False},
     "mad/compression": {"vocab_size": 16, "seq_len": 32},
     "mad/memorization": {"vocab_size": 256, "seq_len": 32},
 }
@@ -392,6 +393,17 @@ def test_memorization_256_train_rows_cover_keys(vocab_size, low, high):
 def test_bad_params_raise_naming_the_param(name, params, named):
     with pytest.raises(ValueError, match=named):
         get_task(name, **params)
+
+
+@pytest.mark.parametrize("asked", [32, 96], ids=["n32", "n96"])
+def test_selective_copy_ignoring_num_tokens_to_copy_copies_16_like_the_baseline(asked):
+    """mad-lab before commit 35772e8: every row copies 16 tokens whatever num_tokens_to_copy says, so the
+    variation's data are the baseline's, byte for byte."""
+    legacy = gen("mad/selective_copy", num_tokens_to_copy=asked, ignore_num_tokens_to_copy=True)
+    for got, want in zip(legacy, gen("mad/selective_copy")):
+        np.testing.assert_array_equal(got, want)
+    honoured = gen("mad/selective_copy", num_tokens_to_copy=asked)[1]
+    assert ((honoured != IGN).sum(axis=1) == asked).all()
 
 
 def test_selective_copy_tightest_valid_length():
