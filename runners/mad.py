@@ -57,6 +57,7 @@ from mixlab.runners.config import config_hash
 from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
 from mixlab.tasks.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
+from mixlab.tasks.mad.sweep import MAD_LAB_PARAMS
 
 LRS = (1e-4, 5e-4, 1e-3)
 WEIGHT_DECAYS = (0.0, 0.1)
@@ -212,7 +213,13 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
                     meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
                             "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
                     runs.append(PlannedRun(config_hash(config), config, meta))
-    spec = {"protocol": "mad", "model": model, "model_fields": base, "profile": dataclasses.asdict(prof),
+    # What mad-lab's code fixes beyond the model and profile: part of the sweep's identity, so a folder of runs
+    # planned under other rules is refused rather than mixed with these (runners.manifest).
+    mad_lab = {"model": {s.task: mad_lab_model(s.task) for s in prof.settings()},
+               "task_params": {cls.name: params for cls, params in MAD_LAB_PARAMS.items()},
+               "eval_batch_size": BATCH_SIZE, "early_stop": "strictly above", "capped_runs": "prefix"}
+    spec = {"protocol": "mad", "model": model, "model_fields": base, "mad_lab": mad_lab,
+            "profile": dataclasses.asdict(prof),
             "profile_text": prof.describe(), "device": device, "seeds": list(seed_list),
             "metric": "acc_macro"}
     return SweepPlan(name=f"mad-{model}-{profile}", kind="mad", spec=spec, runs=runs)

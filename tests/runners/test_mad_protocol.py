@@ -1,13 +1,16 @@
 import collections
 import dataclasses
+import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import typer
 from mixlab import models
 from mixlab.runners import mad
 from mixlab.runners.cli_sweep import register
+from mixlab.runners.manifest import write_manifest
 from mixlab.runners.schedule import StepPlan
 from mixlab.tasks import get_task
 from mixlab.tasks.mad import mad_sweep_settings
@@ -39,6 +42,17 @@ def test_paper_profile_is_the_protocol():
         grids[(setting.task, setting.label)].add((train.lr, train.weight_decay))
     assert len(grids) == 66
     assert all(g == {(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)} for g in grids.values())
+
+
+@pytest.mark.parametrize("model", ["transformer", "static_conv_qkv"])
+def test_a_folder_of_runs_under_the_earlier_rules_is_refused(tmp_path, model):
+    """The committed paper sweeps were planned before the mad-lab rules (init, test batch, stop, probe): running
+    the protocol into such a folder must fail instead of mixing their records with the new runs."""
+    old = Path(__file__).resolve().parents[2] / "reproductions" / "mad" / f"{model}-paper" / "sweep.json"
+    (tmp_path / "sweep.json").write_text(old.read_text())
+    device = json.loads(old.read_text())["spec"]["device"]
+    with pytest.raises(ValueError, match="different sweep"):
+        write_manifest(tmp_path, mad.mad_plan(model, "paper", device=device))
 
 
 def test_seeds_vary_data_and_initialisation():
