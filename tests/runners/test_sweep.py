@@ -184,6 +184,23 @@ def test_packaged_presets_load():
     assert {r.hash for r in third} == {r.hash for r in runs if r.config.train.lr == 1e-3}
 
 
+def test_mad_init_ab_preset_is_the_protocol_with_either_init():
+    """mad_init_ab: 3 settings x 2 inits x 6 grid points x 3 seeds; its mad-lab-init runs are the paper
+    profile's runs of those settings (same hashes, so records serve both), its mixlab-init runs the same but for
+    init and biases."""
+    runs = load_spec("mad_init_ab").plan().runs
+    assert len(runs) == 3 * 2 * 6 * 3
+    paper = {r.hash: r for r in mad_plan("transformer", "paper", seeds=3).runs}
+    by_model = {label: [r for r in runs if r.meta["model"] == label] for label in ("mad_lab_init", "mixlab_init")}
+    settings = {(paper[r.hash].meta["task"], paper[r.hash].meta["setting"]) for r in by_model["mad_lab_init"]}
+    assert settings == {("mad/in_context_recall", "vocab_size=64"), ("mad/in_context_recall", "num_train=800"),
+                        ("mad/noisy_recall", "vocab_size=80")}
+    for mad_lab, mixlab in zip(*by_model.values(), strict=True):
+        assert mad_lab.hash in paper and mixlab.hash not in paper
+        assert mad_lab.config.train == mixlab.config.train and mad_lab.config.task_params == mixlab.config.task_params
+        assert {k: v for k, v in mad_lab.config.model.items() if k not in ("init", "proj_bias")} == mixlab.config.model
+
+
 def test_yaml_file_and_unknown_preset(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(TINY))
