@@ -258,8 +258,7 @@ def test_torch_linear_init_keeps_pytorch_default_on_linear_weights():
     +-1/sqrt(fan_in), std 1/sqrt(3 fan_in) (0.051 at D=128), within 5 standard errors of the sample std
     (uniform: kurtosis 1.8, so SE = std * sqrt(0.2 / n)); embeddings stay N(0, init_std), norms at one,
     biases at zero. Under "normal" the same weights have std 0.02."""
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=64, init="torch_linear", proj_bias=True))
+    model = make_model(ModelConfig(vocab_size=64, init="torch_linear", proj_bias=True))
     for name, weight in _linear_weights(model).items():
         fan_in = weight.shape[1]
         expected = 1 / math.sqrt(3 * fan_in)
@@ -269,7 +268,7 @@ def test_torch_linear_init_keeps_pytorch_default_on_linear_weights():
     assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in model.modules() if isinstance(m, RMSNorm))
     biases = [m.bias for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
     assert len(biases) == 5 and all(not b.any() for b in biases)
-    normal = build_model(ModelConfig(vocab_size=64))
+    normal = make_model(ModelConfig(vocab_size=64))
     for name, weight in _linear_weights(normal).items():
         assert weight.std().item() == pytest.approx(0.02, rel=0.05), name
 
