@@ -14,11 +14,19 @@ from typing import Any, Literal
 
 from mixlab.kernels.utils import BACKENDS
 from mixlab.models.mixers import MIXERS, layer_mixers, pattern_classes
-from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass, from_mapping
+from mixlab.tasks.fields import (
+    OMIT_AT_DEFAULT,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    check_dataclass,
+    from_mapping,
+)
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
 KERNEL_BACKENDS = (None, *BACKENDS)  # None: auto
+INITS = ("normal", "torch_linear")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,9 +55,17 @@ class ModelConfig:
         conv_head_size: channels sharing one generated weight in the head-wise dynamic conv (H = C / size).
         rope_base: base of the rotary embedding's frequencies.
         norm_eps: epsilon of every RMSNorm.
-        init_std: standard deviation of the normal init of every Linear and Embedding weight.
+        init_std: standard deviation of the normal init of every Linear and Embedding weight (of the Embedding
+            weight only under ``init="torch_linear"``).
         objective: "lm" (next-token logits) or "compression" (the MAD compression autoencoder).
         kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
+        init: "normal" (every Linear and Embedding weight N(0, init_std)) or "torch_linear" (Linear weights keep
+            PyTorch's default, uniform with std 1/sqrt(3 * fan_in); Embedding weights N(0, init_std)). Linear
+            biases start at zero and norm weights at one under both. mad-lab's language model is "torch_linear".
+        proj_bias: biases on attention's QKV and output projections and on the LM's output layer (mad-lab's
+            language model has them; its SwiGLU has none, as here).
+    Fields added after runs were named by their configs (``init``, ``proj_bias``) are left out of a planned
+    run's config while they hold their default (``tasks.fields.OMIT_AT_DEFAULT``), so those names still hold.
     """
 
     vocab_size: PositiveInt
@@ -68,6 +84,8 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     objective: Literal[OBJECTIVES] = "lm"
     kernel_backend: Literal[KERNEL_BACKENDS] = None
+    init: Literal[INITS] = dataclasses.field(default="normal", metadata=OMIT_AT_DEFAULT)
+    proj_bias: bool = dataclasses.field(default=False, metadata=OMIT_AT_DEFAULT)
 
     def __post_init__(self) -> None:
         check_dataclass(self)

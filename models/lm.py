@@ -3,8 +3,9 @@
 Both embed tokens, run `config.n_layers` Blocks with the configured mixer (or per-layer mixers), and take
 `model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]`, or [B, S, V] at
 those positions only (the LM runs its norm and head there alone). doc_ids are turned into cu_seqlens once per
-forward and handed to every mixer. Every Linear and Embedding weight starts N(0, config.init_std),
-with zero biases; mixer-specific parameters (conv weights, long filters) keep their modules' own init.
+forward and handed to every mixer. Every Embedding weight starts N(0, config.init_std), every Linear weight
+too under ``config.init="normal"`` or PyTorch's default under "torch_linear"; Linear biases start at zero;
+mixer-specific parameters (conv weights, long filters) keep their modules' own init.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from mixlab.models.mixers import layer_mixers, resolve_mixer
 from torch import nn
 
 
-def init_weights(model: nn.Module, std: float) -> None:
-    """Normal(0, std) on every Linear and Embedding weight, zero on Linear biases."""
+def init_weights(model: nn.Module, config: ModelConfig) -> None:
+    """Normal(0, init_std) on every Embedding weight and, under ``init="normal"``, on every Linear weight
+    (under "torch_linear" they keep the init nn.Linear gave them); zero on Linear biases."""
+    normal = nn.Linear | nn.Embedding if config.init == "normal" else nn.Embedding
     for module in model.modules():
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
+        if isinstance(module, normal):
+            nn.init.normal_(module.weight, std=config.init_std)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -62,13 +65,13 @@ class _BlockStack(nn.Module):
 
 
 class LanguageModel(_BlockStack):
-    """Blocks -> final RMSNorm -> untied linear head: next-token logits [B, T, V]."""
+    """Blocks -> final RMSNorm -> untied linear head (biased with ``proj_bias``): next-token logits [B, T, V]."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        init_weights(self, config.init_std)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=config.proj_bias)
+        init_weights(self, config)
 
     def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,7 +98,7 @@ class CompressionAutoencoder(_BlockStack):
             RMSNorm(d, eps), nn.Linear(d, d), nn.GELU(),
             RMSNorm(d, eps), nn.Linear(d, config.vocab_size),
         )
-        init_weights(self, config.init_std)
+        init_weights(self, config)
 
     def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:

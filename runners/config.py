@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -34,13 +35,16 @@ class TrainConfig:
     """Optimisation and evaluation settings of one run. Defaults follow the MAD protocol.
 
     Fields:
-        epochs / steps: length of training; exactly one is set (``steps`` cycles over reshuffled epochs).
+        epochs / steps: length of training; at least one is set (``steps`` cycles over reshuffled epochs). With
+            both, the run is the first ``steps`` steps of the ``epochs`` run, learning rates included (a prefix,
+            e.g. the quick MAD profile: ``runners.schedule``); ``steps`` may not exceed that run's length.
         batch_size, num_train, num_test: rows per step, training rows, test rows.
         lr, min_lr, weight_decay, beta1, beta2: AdamW (weight decay on every parameter, as mad-lab).
         schedule: ``cosine_epoch`` (lr stepped once per epoch, MAD), ``cosine_step`` or ``constant``; the cosine
             decays from lr to min_lr; ``warmup_steps`` of linear warmup precede it.
         eval_every: evaluate every this many steps; 0 = once per epoch (and at the end of a ``steps`` run).
-        early_stop_acc: stop once the test macro accuracy reaches this (MAD: 0.999); None = never.
+        early_stop_acc: stop once the test macro accuracy is strictly above this (MAD: 0.999, as mad-lab); 1 or
+            None = never.
         data_seed, init_seed: seeds of the data and of the model initialisation and shuffling.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``.
@@ -69,8 +73,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_dataclass(self, keep_ints=True)  # an int in a float field stays an int: config_hash sees it
-        if (self.epochs is None) == (self.steps is None):
-            raise ValueError(f"set exactly one of epochs and steps, got epochs={self.epochs} steps={self.steps}")
+        if self.epochs is None and self.steps is None:
+            raise ValueError("set epochs or steps (or both: the first steps of the epochs run), got neither")
+        full = None if self.epochs is None else self.epochs * math.ceil(self.num_train / self.batch_size)
+        if full is not None and self.steps is not None and self.steps > full:
+            raise ValueError(f"steps={self.steps} exceeds the {full} steps of epochs={self.epochs}, of which a run "
+                             f"with both is the first steps")
         if self.min_lr > self.lr:
             raise ValueError(f"need min_lr <= lr, got lr={self.lr} min_lr={self.min_lr}")
         if self.early_stop_acc is not None and not 0 < self.early_stop_acc <= 1:

@@ -1,12 +1,14 @@
 """The MAD protocol (docs/mad.md) as a sweep: 66 settings x lr x wd grid x seeds for one model.
 
 Every run: the model (a preset of ``models.PRESETS``, any ``models.MIXERS`` name or a hybrid pattern such as
-``static_conv,attention``, ``models.layer_mixers``, on the MAD model: 2 blocks, width 128, SwiGLU 352), AdamW
-on every parameter, batch 128, cosine per epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation
-on 1,280 test rows after every epoch, early stop at macro accuracy 0.999. A record's ``final`` metrics come
-from the epoch with the lowest test perplexity. Scoring (``analysis.aggregate``): best macro accuracy of the
-lr x wd grid per (setting, seed), mean over a task's settings, mean of the six tasks; tables give the median
-and IQR over seeds.
+``static_conv,attention``, ``models.layer_mixers``, on the MAD model: 2 blocks, width 128, SwiGLU 352,
+initialised and biased as mad-lab's models: ``mad_lab_model``), AdamW on every parameter, batch 128, cosine per
+epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation after every epoch on 1,280 test rows in
+batches of 128 (macro accuracy is averaged per batch, so the batch size moves it), early stop at macro accuracy
+strictly above 0.999. A record's ``final`` metrics come from the epoch with the lowest test perplexity (the mean
+of per-batch perplexities, ``runners.record``). Scoring (``analysis.aggregate``): best macro accuracy of the
+lr x wd grid per (setting, seed), mean over a task's settings, mean of the six tasks; tables give the median and
+IQR over seeds.
 
 Seeds: mad-lab trains one seed. Seed s here sets both ``data_seed`` and ``init_seed`` to s, so the spread
 over seeds covers the draw of the data as well as initialisation and shuffling (the whole experiment
@@ -20,9 +22,10 @@ profile  settings     lr x wd grid      epochs per run                  train / 
 =======  ===========  ================  ==============================  =============  ===========
 paper    all 66       {1e-4,5e-4,1e-3}  200                             as MAD / 1280  MAD
                       x {0, 0.1}
-quick    all 66       1e-3 x 0          min(200, ceil(1500 / steps per  as MAD / 1280  MAD
-                                        epoch)): 15 at 12,800 rows,
-                                        200 for memorization
+quick    all 66       1e-3 x 0          the first min(200, ceil(1500 /  as MAD / 1280  MAD
+                                        steps per epoch)) of 200: 15
+                                        at 12,800 rows, 200 for
+                                        memorization
 smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 64      d_model 32,
                                                                                        4 heads
 =======  ===========  ================  ==============================  =============  ===========
@@ -32,7 +35,10 @@ Sizes for one architecture and one seed, before early stopping (``MadProfile.max
 ``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
 run at a time; ``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick``
 keeps every setting because the MAD score averages over them (long sequences and small training sets are the
-hard ones); it drops the grid and caps the steps instead.
+hard ones); it drops the grid and caps the steps instead. A quick run is the first epochs of the paper run
+with the same lr and wd, at the paper run's learning rate at every step (the cosine still spans 200 epochs), so
+its curve is the start of the paper's, not a compressed copy of it; where the cap reaches 200 epochs
+(memorization) it is the paper run, hash included.
 
 The MAD step is launch-bound (the GPU is mostly idle), so ``run_sweep`` trains runs of equal shapes stacked,
 one batched job each (``runners.engine``): a setting's lr x wd grid and its seeds, and settings that differ
@@ -52,6 +58,7 @@ from mixlab.runners.config import config_hash
 from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
 from mixlab.tasks.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
+from mixlab.tasks.mad.sweep import MAD_LAB_PARAMS
 
 LRS = (1e-4, 5e-4, 1e-3)
 WEIGHT_DECAYS = (0.0, 0.1)
@@ -68,8 +75,9 @@ class MadProfile:
 
     baselines_only: keep only each task's baseline setting (else all 66).
     lrs, weight_decays: the grid.
-    max_steps: per-run cap on optimizer steps; a run gets min(max_epochs, ceil(max_steps / steps per epoch))
-        epochs, and its cosine schedule spans those epochs. None = no cap.
+    max_steps: per-run cap on optimizer steps; a run trains the first min(max_epochs, ceil(max_steps / steps
+        per epoch)) epochs of the max_epochs run, at that run's learning rates (its cosine still spans
+        max_epochs), so a capped run is a prefix of the uncapped one. None = no cap.
     max_train: cap on training rows (None = the setting's). num_test: test rows.
     model: ModelConfig fields over the chosen model's (e.g. a smaller width).
     seeds: default number of seeds.
@@ -98,15 +106,25 @@ class MadProfile:
         return setting.num_train if self.max_train is None else min(setting.num_train, self.max_train)
 
     def epochs(self, setting: MadSetting) -> int:
+        """Epochs a run of this setting trains."""
         if self.max_steps is None:
             return self.max_epochs
-        steps_per_epoch = math.ceil(self.num_train(setting) / BATCH_SIZE)
-        return min(self.max_epochs, math.ceil(self.max_steps / steps_per_epoch))
+        return min(self.max_epochs, math.ceil(self.max_steps / self.steps_per_epoch(setting)))
+
+    def steps_per_epoch(self, setting: MadSetting) -> int:
+        return math.ceil(self.num_train(setting) / BATCH_SIZE)
+
+    def length(self, setting: MadSetting) -> dict[str, int | None]:
+        """TrainConfig's epochs and steps of a run: the max_epochs schedule, cut after ``epochs`` epochs (steps
+        None when the run is the whole schedule, so it is the uncapped run itself, hash included)."""
+        epochs = self.epochs(setting)
+        return {"epochs": self.max_epochs,
+                "steps": None if epochs == self.max_epochs else epochs * self.steps_per_epoch(setting)}
 
     def max_total_steps(self) -> int:
         """Optimizer steps of one seed if no run stops early."""
         grid = len(self.lrs) * len(self.weight_decays)
-        return grid * sum(self.epochs(s) * math.ceil(self.num_train(s) / BATCH_SIZE) for s in self.settings())
+        return grid * sum(self.epochs(s) * self.steps_per_epoch(s) for s in self.settings())
 
     def describe(self) -> str:
         """One paragraph for the top of a table: what this profile runs."""
@@ -122,7 +140,7 @@ PROFILES: dict[str, MadProfile] = {
     "paper": MadProfile(name="paper", summary="the full MAD protocol (200 epochs, 6-point grid)"),
     "quick": MadProfile(
         name="quick",
-        summary="all 66 settings, one grid point (lr 1e-3, wd 0), at most ~1,500 steps (200 epochs) per run",
+        summary="all 66 settings, one grid point (lr 1e-3, wd 0), the first ~1,500 steps of each 200-epoch run",
         lrs=(1e-3,), weight_decays=(0.0,), max_steps=1500,
     ),
     "smoke": MadProfile(
@@ -132,6 +150,13 @@ PROFILES: dict[str, MadProfile] = {
         model={"d_model": 32, "n_heads": 4, "mlp_hidden": 88},
     ),
 }
+
+
+def mad_lab_model(task: str) -> dict[str, Any]:
+    """ModelConfig fields that make a model initialised and biased as mad-lab's: biases on attention's
+    projections and the output layer; its language model keeps PyTorch's default Linear init, while its
+    compression autoencoder draws Linear weights N(0, 0.02) as ``init="normal"`` does."""
+    return {"proj_bias": True, "init": "normal" if task == "mad/compression" else "torch_linear"}
 
 
 def model_names() -> list[str]:
@@ -180,16 +205,23 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
         for setting in prof.settings():
             for lr in prof.lrs:
                 for wd in prof.weight_decays:
-                    train = {"epochs": prof.epochs(setting), "batch_size": BATCH_SIZE,
+                    train = {**prof.length(setting), "batch_size": BATCH_SIZE,
                              "num_train": prof.num_train(setting), "num_test": prof.num_test, "lr": lr,
                              "min_lr": MIN_LR, "weight_decay": wd, "schedule": "cosine_epoch",
                              "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,
-                             "device": device}
-                    config = resolver.config(setting.task, setting.params, fields, train)
+                             "device": device, "eval_batch_size": BATCH_SIZE}
+                    config = resolver.config(setting.task, setting.params,
+                                             {**mad_lab_model(setting.task), **fields}, train)
                     meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
                             "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
                     runs.append(PlannedRun(config_hash(config), config, meta))
-    spec = {"protocol": "mad", "model": model, "model_fields": base, "profile": dataclasses.asdict(prof),
+    # What mad-lab's code fixes beyond the model and profile: part of the sweep's identity, so a folder of runs
+    # planned under other rules is refused rather than mixed with these (runners.manifest).
+    mad_lab = {"model": {s.task: mad_lab_model(s.task) for s in prof.settings()},
+               "task_params": {cls.name: params for cls, params in MAD_LAB_PARAMS.items()},
+               "eval_batch_size": BATCH_SIZE, "early_stop": "strictly above", "capped_runs": "prefix"}
+    spec = {"protocol": "mad", "model": model, "model_fields": base, "mad_lab": mad_lab,
+            "profile": dataclasses.asdict(prof),
             "profile_text": prof.describe(), "device": device, "seeds": list(seed_list),
             "metric": "acc_macro"}
     return SweepPlan(name=f"mad-{model}-{profile}", kind="mad", spec=spec, runs=runs)

@@ -71,14 +71,17 @@ def macro_accuracy(tp: torch.Tensor, fp: torch.Tensor, fn: torch.Tensor) -> torc
 class EvalSums:
     """One run's evaluation, accumulated test batch by test batch on the device; ``metrics`` reads it once.
 
-    Metrics: test loss (mean over scored positions) and perplexity, micro accuracy, macro accuracy per batch
-    averaged over batches (as mad-lab), and ``acc_<group>`` / ``n_<group>`` for each of the task's score groups
-    (e.g. present / absent queries).
+    Metrics: test loss (mean over scored positions), micro accuracy, and ``acc_<group>`` / ``n_<group>`` for
+    each of the task's score groups (e.g. present / absent queries); macro accuracy and perplexity as mad-lab
+    logs them (PyTorch Lightning's epoch value of a per-batch metric): each batch's value (the macro accuracy of
+    its scored positions; exp of its mean loss, 1 for a batch with nothing scored), averaged over the batches
+    weighted by their rows, so a short last batch counts for its rows only.
     """
 
     def __init__(self, task: Task | None = None) -> None:
         self.task = task
         self.parts: list[torch.Tensor] = []  # per batch [4 + 2 * groups] float64
+        self.rows: list[int] = []  # rows per batch
         self.groups: list[str] = []
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
@@ -93,6 +96,7 @@ class EvalSums:
             for mask in groups.values():
                 part += [(hit & mask).sum().double(), mask.sum().double()]
         self.parts.append(torch.stack(part))
+        self.rows.append(targets.shape[0])
 
     def metrics(self) -> dict[str, float]:
         rows = torch.stack(self.parts).tolist() if self.parts else []  # the one host sync
@@ -102,8 +106,12 @@ class EvalSums:
             n += row[1]
             correct += row[2]
         loss = loss_sum / max(n, 1.0)
-        out = {"test_loss": loss, "test_ppl": math.exp(min(loss, 700.0)), "acc_micro": correct / max(n, 1.0),
-               "acc_macro": float(np.mean([row[3] for row in rows])), "n_scored": int(n)}
+        weights = self.rows if rows else [1]
+        batch_ppl = [math.exp(min(row[0] / max(row[1], 1.0), 700.0)) for row in rows]
+        out = {"test_loss": loss, "test_ppl": float(np.average(batch_ppl or [1.0], weights=weights)),
+               "acc_micro": correct / max(n, 1.0),
+               "acc_macro": float(np.average([row[3] for row in rows] or [0.0], weights=weights)),
+               "n_scored": int(n)}
         for g, name in enumerate(self.groups):
             hits = sum(row[4 + 2 * g] for row in rows)
             count = sum(row[5 + 2 * g] for row in rows)

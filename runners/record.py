@@ -1,9 +1,12 @@
 """A run's JSON record, gathered while it trains, alike for a run trained alone and one of a stack.
 
-The record's ``final`` metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule),
-with its ``best_step`` and ``best_epoch``; ``history`` holds every evaluation. A run stops early once its test
-macro accuracy reaches ``early_stop_acc``. Training time is read at evaluations only, after a device sync (no
-per-step sync), and leaves the evaluations out; ``wall_time_s`` includes them.
+Both rules are mad-lab's, here once for train_run and the stacked engine. The record's ``final`` metrics are
+those of the evaluation with the lowest ``test_ppl`` (the mean of per-batch perplexities, ``runners.metrics``:
+what mad-lab's best checkpoint monitors), the first on ties, with its ``best_step`` and ``best_epoch``;
+``history`` holds every evaluation. A run stops early once its test macro accuracy is strictly above
+``early_stop_acc`` (Lightning's ``EarlyStopping`` with ``stopping_threshold``, mode max, compares with >).
+Training time is read at evaluations only, after a device sync (no per-step sync), and leaves the evaluations
+out; ``wall_time_s`` includes them.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class RunLog:
         if improved:
             self.best = entry
         stop = self.config.train.early_stop_acc
-        self.stopped_early = stop is not None and entry["acc_macro"] >= stop
+        self.stopped_early = stop is not None and entry["acc_macro"] > stop
         return improved
 
     def default_name(self) -> str:

@@ -1,9 +1,11 @@
 """A run's step plan and learning-rate schedule, shared by the one-run loop and the stacked engine.
 
 A run of ``epochs`` takes ``epochs * steps_per_epoch`` steps; a run of ``steps`` cycles over reshuffled epochs
-and may stop inside its last one. Each epoch draws one permutation of the training rows and walks it in batches
-of ``batch_size`` (the last batch of an epoch may be short). The run evaluates every ``eval_every`` steps
-(0 in the config: once per epoch) and after its last step.
+and may stop inside its last one. With both set, the run is the first ``steps`` steps of the ``epochs`` run: its
+learning rate at every step is that run's (the schedule spans the ``epochs``), and it stops after ``steps``.
+Each epoch draws one permutation of the training rows and walks it in batches of ``batch_size`` (the last batch
+of an epoch may be short). The run evaluates every ``eval_every`` steps (0 in the config: once per epoch) and
+after its last step.
 """
 
 from __future__ import annotations
@@ -20,17 +22,21 @@ class StepPlan:
 
     batch_size: int
     steps_per_epoch: int
-    total_steps: int
-    total_epochs: int
+    total_steps: int  # the steps this run takes
+    total_epochs: int  # the epochs it takes, its last maybe cut short
+    schedule_steps: int  # the steps and epochs its learning-rate schedule spans (more for a prefix run)
+    schedule_epochs: int
     eval_every: int
 
     @classmethod
     def of(cls, train: TrainConfig) -> StepPlan:
         steps_per_epoch = math.ceil(train.num_train / train.batch_size)
-        total_steps = train.steps if train.steps is not None else train.epochs * steps_per_epoch
-        total_epochs = train.epochs if train.epochs is not None else math.ceil(total_steps / steps_per_epoch)
+        schedule_steps = train.epochs * steps_per_epoch if train.epochs is not None else train.steps
+        total_steps = train.steps if train.steps is not None else schedule_steps
         return cls(batch_size=train.batch_size, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                   total_epochs=total_epochs, eval_every=train.eval_every or steps_per_epoch)
+                   total_epochs=math.ceil(total_steps / steps_per_epoch), schedule_steps=schedule_steps,
+                   schedule_epochs=math.ceil(schedule_steps / steps_per_epoch),
+                   eval_every=train.eval_every or steps_per_epoch)
 
     def epoch_of(self, step: int) -> int:
         """The epoch (0-based) that optimizer step ``step`` (0-based) belongs to."""
@@ -49,7 +55,7 @@ class StepPlan:
 
     def lr(self, train: TrainConfig, step: int) -> float:
         """``lr_at`` for optimizer step ``step`` (0-based) of this plan."""
-        return lr_at(train, step, self.epoch_of(step), self.total_steps, self.total_epochs)
+        return lr_at(train, step, self.epoch_of(step), self.schedule_steps, self.schedule_epochs)
 
 
 def lr_at(train: TrainConfig, step: int, epoch: int, total_steps: int, total_epochs: int) -> float:

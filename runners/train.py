@@ -59,6 +59,8 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     if progress:
         length = (f"{plan.total_epochs} epochs x {plan.steps_per_epoch} steps = {plan.total_steps:,} steps"
                   if tc.steps is None else f"{plan.total_steps:,} steps in epochs of {plan.steps_per_epoch}")
+        if plan.total_steps < plan.schedule_steps:
+            length += f", the first of a {plan.schedule_epochs}-epoch schedule"
         tqdm.write(f"{config.task} {model_config.mixer} on {device.type}: {length}, {n_params:,} parameters",
                    file=sys.stderr)
 

@@ -212,3 +212,17 @@ def _item(annotation: Any) -> Any:
     """``tuple[X, ...]`` -> X."""
     (item,) = {a for a in typing.get_args(annotation) if a is not Ellipsis}
     return item
+
+
+# Metadata of a dataclass field that a run's hash leaves out while it holds its default: a field added to a
+# config that runs are named by (``runners.sweep_plan``) then keeps every earlier run's name.
+OMIT_AT_DEFAULT = types.MappingProxyType({"omit_at_default": True})
+
+
+def named_fields(instance: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a dataclass without its ``OMIT_AT_DEFAULT`` fields that hold their default."""
+    out = dataclasses.asdict(instance)
+    for f in dataclasses.fields(instance):
+        if f.metadata.get("omit_at_default") and out[f.name] == f.default:
+            del out[f.name]
+    return out

@@ -87,7 +87,8 @@ def document_slots(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tenso
 
 
 class Attention(Mixer):
-    """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal attention -> out projection.
+    """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal attention -> out projection;
+    both projections biased with ``proj_bias`` (config).
 
     qkv_conv (config): "none", or a conv unit (models.mixers.short_conv) on the 3D channels of [Q, K, V]
     after the projection and before RoPE; dynamic weights are generated from the mixer's input x.
@@ -117,11 +118,11 @@ class Attention(Mixer):
         self.head_dim = config.d_model // config.n_heads
         self.rope_base = config.rope_base
         self.backend = config.kernel_backend
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.proj_bias)
         self.qkv_conv = None
         if config.qkv_conv != "none":
             self.qkv_conv = make_conv_unit(config.qkv_conv, config, 3 * config.d_model)
-        self.out = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=config.proj_bias)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape

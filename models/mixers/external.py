@@ -17,8 +17,8 @@ The external contract (README, "Bring your own mixer"):
 - Causality: outputs before t must not depend on inputs at t or later, bitwise unless the module sets
   ``bitwise_causal = False`` (FFT arithmetic: causal up to rounding).
 
-Inside a model every ``nn.Linear`` and ``nn.Embedding`` weight is re-initialised N(0, config.init_std), as for
-the built-in mixers; other parameters keep the module's own init.
+Inside a model every ``nn.Linear`` and ``nn.Embedding`` weight is re-initialised as for the built-in mixers
+(``config.init``, ``models.lm.init_weights``); other parameters keep the module's own init.
 """
 
 from __future__ import annotations

@@ -17,18 +17,21 @@ Worked example (V=9: keys 0..3, values 4..7, pad 8; T=22, test split, so keys ha
     inputs     8 8 8   1 2 3 4   1 2 3 4   0 1 3 7 5 4   0 1 3 7 5         probe "0 1 3 -> 7 5 4", the
     targets    . . .   . . . .   . . 4 .   . . . . . .   . . 7 5 4         probe again; last token dropped)
 
-One deliberate difference from mad-lab: the probe is always inserted before the final copy. mad-lab draws its
-position over ``[0, T - 2*len(probe))``, which can lie past the point where pairs stop, so a few per cent of its
-rows repeat a probe that was never shown; here the position is drawn over the range where pairs may start,
-and rounds down to the last pair boundary when it falls inside the last pair.
+Where the probe goes (``probe_anywhere``): mad-lab draws its position over ``[0, T - 2*len(probe))``, which can
+lie past the point where pairs stop; then the probe is never inserted and, unless a random pair drew its key,
+the final copy asks for a key that was never shown (about 2.5% of test rows at T=128, 1% at T=256, none at
+T>=512). ``probe_anywhere=True`` does the same (the MAD sweep's settings use it). The default draws the position
+over the range where pairs may start and rounds it down to the last pair boundary when it falls inside the last
+pair, so every probe is shown before its final copy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.fields import OMIT_AT_DEFAULT
 from mixlab.tasks.mad.in_context_recall import first_occurrence
 
 # Rows are generated in blocks of about this many tokens, bounding the [rows, pairs, motif] work arrays
@@ -70,6 +73,7 @@ class FuzzyRecall(Task):
         seq_len: int = 128
         k_motif_size: int = 3
         v_motif_size: int = 3
+        probe_anywhere: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
 
     def validate(self) -> None:
         p = self.params
@@ -118,7 +122,7 @@ class FuzzyRecall(Task):
         probe_len = probe_ks + probe_vs
         # A new pair starts only while the row is shorter than `stop` (mad-lab's loop condition).
         stop = seq_len - probe_len - kmax - vmax  # [N], >= 1 by validate
-        probe_at = rng.integers(0, stop)  # [N]
+        probe_at = rng.integers(0, seq_len - 2 * probe_len if p.probe_anywhere else stop)  # [N]
 
         # Candidate pairs, more than can fit: every pair is >= 2 tokens and none starts at or after stop.
         num_pairs = (seq_len - kmax - vmax) // 2 + 1
@@ -136,15 +140,20 @@ class FuzzyRecall(Task):
             is_probe[..., None], probe_v[:, None, :], np.take_along_axis(vtok_new, first[..., None], axis=1)
         )  # [N, P, W]
 
-        # The probe goes in at the first pair boundary at or past probe_at, or at the last boundary before stop.
+        # The probe goes in at the first pair boundary at or past probe_at; past the last boundary before stop it
+        # goes in there (default) or nowhere (probe_anywhere, as mad-lab).
         length = ks + vs
         start = np.cumsum(length, axis=1) - length  # [N, P] pair starts, probe not yet inserted
         pair = np.arange(num_pairs)
         before_stop = (start < stop[:, None]).sum(axis=1)  # >= 1: the first pair starts at 0
-        slot = np.minimum((start < probe_at[:, None]).sum(axis=1), before_stop - 1)  # [N]
+        slot = (start < probe_at[:, None]).sum(axis=1)  # [N]
+        reached = slot < before_stop if p.probe_anywhere else np.ones(n, dtype=bool)
+        slot = np.minimum(slot, before_stop - 1)
         probe_start = start[np.arange(n), slot]
-        # As in mad-lab, a random pair that draws the probe key before that boundary stands in for the probe.
-        inserted = ~(is_probe & (pair < slot[:, None])).any(axis=1)  # [N]
+        # As in mad-lab, a random pair that draws the probe key before that boundary stands in for the probe
+        # (unreached: any pair of the row, all of which start before it).
+        slot = np.where(reached, slot, num_pairs)
+        inserted = reached & ~(is_probe & (pair < slot[:, None])).any(axis=1)  # [N]
         start = start + np.where(inserted[:, None] & (pair >= slot[:, None]), probe_len[:, None], 0)
         keep = start < stop[:, None]
         end = (length * keep).sum(axis=1) + np.where(inserted, probe_len, 0)  # [N] tokens before the final probe

@@ -11,16 +11,22 @@ Worked example (V=6: content 0..3, blank ``_``, copy ``C``; T=10, n=3; ``.`` = -
     inputs   _ 2 _ _ 0 3 C _ _ _
     targets  . . . . . . . 2 0 3
 
-mad-lab draws the blank positions from the global numpy RNG and, before its PR #8, ignored n; here they come
-from the task's own generator and n is honoured.
+mad-lab draws the blank positions from the global numpy RNG; here they come from the task's own generator.
+Before mad-lab commit 35772e8 (2024-12-09, its PR #8) its configs never passed n to the generator, which then
+copied its default of 16 in every setting, so the sweep's ``num_tokens_to_copy`` variations (32, 64, 96) were
+the baseline's task again. ``ignore_num_tokens_to_copy=True`` reproduces that: 16 tokens, whatever n says.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
+from mixlab.tasks.fields import OMIT_AT_DEFAULT
+
+# What mad-lab's generator copies when it is not told how many (before its commit 35772e8, always).
+MAD_LAB_DEFAULT_COPY = 16
 
 
 class SelectiveCopy(Task):
@@ -32,15 +38,20 @@ class SelectiveCopy(Task):
         vocab_size: int = 16
         seq_len: int = 256
         num_tokens_to_copy: int = 16
+        ignore_num_tokens_to_copy: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
 
     def validate(self) -> None:
         p = self.params
         require(p.vocab_size >= 3, f"vocab_size={p.vocab_size} must be >= 3 (content, blank and copy tokens)")
         require(p.num_tokens_to_copy >= 1, f"num_tokens_to_copy={p.num_tokens_to_copy} must be >= 1")
-        require(
-            p.seq_len > 2 * p.num_tokens_to_copy + 1,
-            f"seq_len={p.seq_len} must exceed 2 * num_tokens_to_copy + 1 = {2 * p.num_tokens_to_copy + 1}",
-        )
+        n = self.copied()
+        copies = "num_tokens_to_copy" if n == p.num_tokens_to_copy else f"{n} (ignore_num_tokens_to_copy)"
+        require(p.seq_len > 2 * n + 1, f"seq_len={p.seq_len} must exceed 2 * {copies} + 1 = {2 * n + 1}")
+
+    def copied(self) -> int:
+        """How many tokens a row copies: num_tokens_to_copy, or 16 with ignore_num_tokens_to_copy."""
+        p = self.params
+        return MAD_LAB_DEFAULT_COPY if p.ignore_num_tokens_to_copy else p.num_tokens_to_copy
 
     def token_label(self, token: int) -> str:
         labels = {self.params.vocab_size - 1: "<copy>", self.params.vocab_size - 2: "<blank>"}
@@ -48,7 +59,7 @@ class SelectiveCopy(Task):
 
     def _generate(self, rng: np.random.Generator, num_examples: int, split: str) -> TaskData:
         p = self.params
-        n, seq_len, num_copy = num_examples, p.seq_len, p.num_tokens_to_copy
+        n, seq_len, num_copy = num_examples, p.seq_len, self.copied()
         copy, blank = p.vocab_size - 1, p.vocab_size - 2
         num_blanks = seq_len - 2 * num_copy - 1
 

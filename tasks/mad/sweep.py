@@ -1,8 +1,8 @@
 """The 66 settings of the MAD difficulty sweep (docs/mad.md; mad-lab ``configs/tasks/*.yml``).
 
-Each task has a baseline (its ``Params`` defaults, 12,800 training rows, 256 for memorization) and variations
-that change one thing at a time: a task parameter or the number of training rows. The test set is always
-1,280 rows.
+Each task has a baseline (its ``Params`` defaults with ``MAD_LAB_PARAMS`` on top, 12,800 training rows, 256 for
+memorization) and variations that change one thing at a time: a task parameter or the number of training rows.
+The test set is always 1,280 rows.
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ _SWEEP = [
 ]
 
 
+# Parameters over a task's defaults in every setting, so the generators behave as mad-lab's: its fuzzy recall
+# can place the probe past the last pair (a few per cent of rows then ask for a key never shown). Selective copy
+# honours num_tokens_to_copy, as mad-lab does since commit 35772e8 (docs/mad.md says why the table most likely
+# did); ``ignore_num_tokens_to_copy`` gives the earlier variant.
+MAD_LAB_PARAMS = {FuzzyRecall: {"probe_anywhere": True}}
+
+
 @dataclass(frozen=True, kw_only=True)
 class MadSetting:
     """One sweep setting: build it with ``get_task(setting.task, **setting.params)``.
@@ -68,7 +75,7 @@ def mad_sweep_settings() -> list[MadSetting]:
     """All 66 settings: per task the baseline, then each variation in the order of mad-lab's configs."""
     settings = []
     for cls, num_train, variations in _SWEEP:
-        baseline = cls.defaults()
+        baseline = {**cls.defaults(), **MAD_LAB_PARAMS.get(cls, {})}
         settings.append(MadSetting(task=cls.name, params=dict(baseline), num_train=num_train, label="baseline"))
         for key, values in variations.items():
             for value in values:

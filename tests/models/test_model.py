@@ -3,10 +3,11 @@ ModelConfig validation and round trips, presets, and the MAD model's size."""
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
-from mixlab.models import MIXERS, PRESETS, ModelConfig, build_model, count_parameters, preset_config
+from mixlab.models import MIXERS, PRESETS, ModelConfig, RMSNorm, build_model, count_parameters, preset_config
 from mixlab.models.lm import CompressionAutoencoder, LanguageModel
 
 V, T = 11, 13
@@ -245,3 +246,38 @@ def test_bad_inputs_rejected(objective):
 def test_build_model_needs_a_config():
     with pytest.raises(ValueError, match="ModelConfig"):
         build_model({"vocab_size": V})
+
+
+def _linear_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def test_torch_linear_init_keeps_pytorch_default_on_linear_weights():
+    """Under init="torch_linear" every Linear weight of the MAD LM has PyTorch's default spread: uniform on
+    +-1/sqrt(fan_in), std 1/sqrt(3 fan_in) (0.051 at D=128), within 5 standard errors of the sample std
+    (uniform: kurtosis 1.8, so SE = std * sqrt(0.2 / n)); embeddings stay N(0, init_std), norms at one,
+    biases at zero. Under "normal" the same weights have std 0.02."""
+    model = make_model(ModelConfig(vocab_size=64, init="torch_linear", proj_bias=True))
+    for name, weight in _linear_weights(model).items():
+        fan_in = weight.shape[1]
+        expected = 1 / math.sqrt(3 * fan_in)
+        assert weight.std().item() == pytest.approx(expected, abs=5 * expected * math.sqrt(0.2 / weight.numel())), name
+        assert weight.abs().max().item() <= 1 / math.sqrt(fan_in), name
+    assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in model.modules() if isinstance(m, RMSNorm))
+    biases = [m.bias for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    assert len(biases) == 5 and all(not b.any() for b in biases)
+    normal = make_model(ModelConfig(vocab_size=64))
+    for name, weight in _linear_weights(normal).items():
+        assert weight.std().item() == pytest.approx(0.02, rel=0.05), name
+
+
+@pytest.mark.parametrize("proj_bias", [False, True], ids=["no-bias", "bias"])
+def test_proj_bias_on_attention_projections_and_head_only(proj_bias):
+    model = build_model(make_config(proj_bias=proj_bias))
+    biased = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.bias is not None}
+    expected = {f"blocks.{i}.mixer.{p}" for i in range(2) for p in ("qkv", "out")} | {"head"}
+    assert biased == (expected if proj_bias else set())
+    logits = model(tokens())
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

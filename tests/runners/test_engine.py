@@ -61,6 +61,14 @@ def test_batched_records_equal_one_at_a_time():
     assert all(r["steps"] == 15 and not r["stopped_early"] and r["train_time_s"] > 0 for r in batched)
 
 
+def test_mad_lab_init_and_biases_batch_bitwise():
+    model = {"init": "torch_linear", "proj_bias": True}
+    configs = [tiny(epochs=1, lr=1e-2, model=model), tiny(epochs=1, weight_decay=0.1, init_seed=1, model=model)]
+    batched = train_runs_batched(configs, progress=False)
+    assert_same_records(batched, solo(configs))
+    assert batched[0]["history"] != train_run(tiny(epochs=1, lr=1e-2), progress=False)["history"]
+
+
 @pytest.mark.parametrize("mode", ["fold", "native"])
 def test_attention_modes_under_vmap_match_one_at_a_time(monkeypatch, mode):
     # fold is the CUDA default (fused kernels outside vmap); on the CPU its folded batch changes the last bits
@@ -305,19 +313,22 @@ def test_bench_train_rejects_unknown_model():
         bench_train(model="transformr", n_runs=1, steps=1, device="cpu")
 
 
-# Scripted test metrics: micro accuracy above the MAD threshold, macro below it until the third evaluation.
-SCRIPTED = [{"acc_micro": 1.0, "acc_macro": 0.5}, {"acc_micro": 1.0, "acc_macro": 0.998},
-            {"acc_micro": 0.9, "acc_macro": 0.999}]
+# Scripted test metrics: micro accuracy above the MAD threshold from the start; macro at 0.5, then exactly at the
+# threshold (no stop: the rule is strictly above), then just above it.
+SCRIPTED = [{"acc_micro": 1.0, "acc_macro": 0.5}, {"acc_micro": 1.0, "acc_macro": 0.999},
+            {"acc_micro": 0.9, "acc_macro": 0.9991}]
 
 
 def _scripted(real_metrics: dict, count: int) -> dict:
     return {**real_metrics, **SCRIPTED[min(count, len(SCRIPTED) - 1)]}
 
 
-def test_early_stop_needs_the_threshold_on_macro_accuracy_in_both_loops(monkeypatch):
-    """The early stop compares macro accuracy with the threshold: a run whose micro accuracy is 1.0 from the
-    start goes on while macro stays below 0.999, and stops at the evaluation where macro reaches it (step 6 of
-    10); a threshold never reached trains to the end. Checked alone (train_run) and stacked (the engine)."""
+def test_early_stop_needs_macro_accuracy_strictly_above_the_threshold_in_both_loops(monkeypatch):
+    """The early stop compares macro accuracy with the threshold, strictly (mad-lab): a run whose micro accuracy
+    is 1.0 from the start goes on while macro is below 0.999 and when it equals it, and stops at the evaluation
+    where macro exceeds it (step 6 of 10); a threshold never exceeded trains to the end. Checked alone
+    (train_run) and stacked (the engine). Stopping without the comparison, on micro accuracy, or at >= would
+    stop at step 2, 2 or 4."""
     calls = {"alone": 0, "stack": 0}
     real_evaluate, real_stack_evaluate = train_module.evaluate, engine._Stack.evaluate
 
@@ -335,7 +346,7 @@ def test_early_stop_needs_the_threshold_on_macro_accuracy_in_both_loops(monkeypa
     never = tiny(epochs=None, steps=10, eval_every=2, early_stop_acc=0.9995, init_seed=1)
     for record in (train_run(stops, progress=False), train_runs_batched([stops], progress=False)[0]):
         assert record["stopped_early"] and record["steps"] == 6
-        assert [h["acc_macro"] for h in record["history"]] == [0.5, 0.998, 0.999]
+        assert [h["acc_macro"] for h in record["history"]] == [0.5, 0.999, 0.9991]
     calls.update(alone=0, stack=0)
     for record in (train_run(never, progress=False), train_runs_batched([never], progress=False)[0]):
         assert not record["stopped_early"] and record["steps"] == 10 and len(record["history"]) == 5

@@ -1,11 +1,18 @@
 import collections
+import dataclasses
+import json
+import math
 import re
+from pathlib import Path
 
 import pytest
 import typer
 from mixlab import models
 from mixlab.runners import mad
 from mixlab.runners.cli_sweep import register
+from mixlab.runners.manifest import write_manifest
+from mixlab.runners.schedule import StepPlan
+from mixlab.tasks import get_task
 from mixlab.tasks.mad import mad_sweep_settings
 from typer.testing import CliRunner
 
@@ -20,16 +27,32 @@ def test_paper_profile_is_the_protocol():
     for run in plan.runs:
         config, train = run.config, run.config.train
         setting = settings[(run.meta["task"], run.meta["setting"])]
-        assert config.task == setting.task and config.task_params == setting.params
+        assert config.task == setting.task
+        assert get_task(config.task, **config.task_params).params == get_task(setting.task, **setting.params).params
         assert train.num_train == setting.num_train and train.num_test == 1280
         assert (train.epochs, train.steps, train.batch_size, train.min_lr) == (200, None, 128, 1e-6)
+        assert train.eval_batch_size == 128, "mad-lab's test batches: macro accuracy is averaged per batch"
         assert (train.schedule, train.warmup_steps, train.early_stop_acc) == ("cosine_epoch", 0, 0.999)
         assert (train.beta1, train.beta2, train.data_seed, train.init_seed) == (0.9, 0.999, 0, 0)
         assert (config.model["d_model"], config.model["n_layers"], config.model["n_heads"]) == (128, 2, 16)
         assert config.model["mlp_hidden"] == 352 and config.model["mixer"] == "attention"
+        # mad-lab's models: biased projections; its LM keeps torch's Linear init, its autoencoder draws N(0, 0.02)
+        assert config.model["proj_bias"] is True
+        assert config.model.get("init", "normal") == ("normal" if setting.task == "mad/compression" else "torch_linear")
         grids[(setting.task, setting.label)].add((train.lr, train.weight_decay))
     assert len(grids) == 66
     assert all(g == {(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)} for g in grids.values())
+
+
+@pytest.mark.parametrize("model", ["transformer", "static_conv_qkv"])
+def test_a_folder_of_runs_under_the_earlier_rules_is_refused(tmp_path, model):
+    """The committed paper sweeps were planned before the mad-lab rules (init, test batch, stop, probe): running
+    the protocol into such a folder must fail instead of mixing their records with the new runs."""
+    old = Path(__file__).resolve().parents[2] / "reproductions" / "mad" / f"{model}-paper" / "sweep.json"
+    (tmp_path / "sweep.json").write_text(old.read_text())
+    device = json.loads(old.read_text())["spec"]["device"]
+    with pytest.raises(ValueError, match="different sweep"):
+        write_manifest(tmp_path, mad.mad_plan(model, "paper", device=device))
 
 
 def test_seeds_vary_data_and_initialisation():
@@ -44,10 +67,35 @@ def test_quick_profile_fits_one_gpu_session():
     profile = mad.PROFILES["quick"]
     plan = mad.mad_plan("transformer", "quick")
     assert len({(r.meta["task"], r.meta["setting"]) for r in plan.runs}) == 66
-    steps = [r.config.train.epochs * -(-r.config.train.num_train // 128) for r in plan.runs]
+    steps = [StepPlan.of(r.config.train).total_steps for r in plan.runs]
     assert max(steps) <= 1500 + 100 and sum(steps) == profile.max_total_steps()
     assert profile.max_total_steps() * 7.9e-3 / 60 < 15, "GPU-minutes at 7.9 ms per step (docs/engine.md)"
-    assert all(r.config.train.epochs <= 200 for r in plan.runs)
+    assert all(r.config.train.epochs == 200 for r in plan.runs)
+
+
+def test_quick_runs_are_prefixes_of_paper_runs():
+    """A quick run takes the first epochs of the paper run with its lr and wd, at the paper run's learning rate
+    at every step it takes (lr_at computed independently: the cosine over 200 epochs); a quick run that reaches
+    200 epochs (memorization) is the paper run itself."""
+    paper = {(r.meta["task"], r.meta["setting"], r.meta["train_grid"]["lr"], r.meta["train_grid"]["weight_decay"]): r
+             for r in mad.mad_plan("transformer", "paper").runs}
+    quick = mad.mad_plan("transformer", "quick").runs
+    cut = 0
+    for run in quick:
+        key = (run.meta["task"], run.meta["setting"], 1e-3, 0.0)
+        long, short = StepPlan.of(paper[key].config.train), StepPlan.of(run.config.train)
+        per_epoch = long.steps_per_epoch
+        assert short.steps_per_epoch == per_epoch and short.total_steps % per_epoch == 0
+        for k in sorted({0, per_epoch - 1, per_epoch, short.total_steps // 2, short.total_steps - 1}):
+            cosine = 1e-6 + (1e-3 - 1e-6) * 0.5 * (1 + math.cos(math.pi * (k // per_epoch) / 200))
+            assert short.lr(run.config.train, k) == long.lr(paper[key].config.train, k) == pytest.approx(cosine)
+        if short.total_steps < long.total_steps:
+            cut += 1
+            assert dataclasses.replace(run.config.train, steps=None) == paper[key].config.train
+        else:
+            assert run.hash == paper[key].hash
+    # all but memorization's 6 settings and the five of 800 rows (7 steps an epoch: 1,500 steps pass 200 epochs)
+    assert cut == 66 - 6 - 5
 
 
 @pytest.mark.parametrize("name", mad.model_names(), ids=mad.model_names())

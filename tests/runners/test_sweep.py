@@ -12,11 +12,13 @@ import torch
 import yaml
 from mixlab.analysis.aggregate import grid_summary, load_sweep
 from mixlab.runners import local_backend
+from mixlab.runners.config import config_hash
 from mixlab.runners.local_backend import JobOutOfMemory
 from mixlab.runners.mad import mad_plan
 from mixlab.runners.manifest import finished_hashes, write_manifest
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.runners.sweep_plan import resolved_config
 from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names
 
 # A grid of tiny CPU runs (a fraction of a second each).
@@ -136,7 +138,8 @@ def test_expansion_counts_labels_and_seeds():
 
 def test_hash_is_of_the_resolved_config():
     implicit = tiny().plan().runs
-    spelled_out = {k: {**v, "conv_width": 4, "rope_base": 10000.0} for k, v in TINY["models"].items()}
+    spelled_out = {k: {**v, "conv_width": 4, "rope_base": 10000.0, "init": "normal", "proj_bias": False}
+                   for k, v in TINY["models"].items()}
     explicit = tiny(tasks=[{"task": "mqar", "params": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2,
                                                        "power_a": 0.01}}], models=spelled_out)
     assert [r.hash for r in implicit] == [r.hash for r in explicit.plan().runs]
@@ -145,6 +148,22 @@ def test_hash_is_of_the_resolved_config():
     config = implicit[0].config
     assert config.task_params["power_a"] == 0.01 and config.model["conv_width"] == 4
     assert "vocab_size" not in config.model, "the task fixes vocab_size"
+
+
+REPO = Path(__file__).resolve().parents[2]
+# Committed sweeps (grid and MAD): their records are found by these hashes, so planning must keep them.
+COMMITTED = ["mqar_varlen/mqar_varlen_small", "packed/packed_small", "mad/transformer-paper"]
+
+
+@pytest.mark.parametrize("sweep", COMMITTED, ids=COMMITTED)
+def test_committed_runs_keep_their_hashes(sweep):
+    """Planning a committed manifest's run again names it as before: fields that ModelConfig or a task gained
+    since then (held at their defaults) stay out of the hashed config."""
+    manifest = json.loads((REPO / "reproductions" / sweep / "sweep.json").read_text())
+    for run in manifest["runs"][:3]:
+        config = run["config"]
+        again = resolved_config(config["task"], config["task_params"], config["model"], config["train"])
+        assert config_hash(again) == run["hash"]
 
 
 def test_packaged_presets_load():
@@ -163,6 +182,23 @@ def test_packaged_presets_load():
     third = load_spec("mqar_varlen_fig2_lr1e-3").plan().runs
     assert len(third) == 60 and {r.config.train.lr for r in third} == {1e-3}
     assert {r.hash for r in third} == {r.hash for r in runs if r.config.train.lr == 1e-3}
+
+
+def test_mad_init_ab_preset_is_the_protocol_with_either_init():
+    """mad_init_ab: 3 settings x 2 inits x 6 grid points x 3 seeds; its mad-lab-init runs are the paper
+    profile's runs of those settings (same hashes, so records serve both), its mixlab-init runs the same but for
+    init and biases."""
+    runs = load_spec("mad_init_ab").plan().runs
+    assert len(runs) == 3 * 2 * 6 * 3
+    paper = {r.hash: r for r in mad_plan("transformer", "paper", seeds=3).runs}
+    by_model = {label: [r for r in runs if r.meta["model"] == label] for label in ("mad_lab_init", "mixlab_init")}
+    settings = {(paper[r.hash].meta["task"], paper[r.hash].meta["setting"]) for r in by_model["mad_lab_init"]}
+    assert settings == {("mad/in_context_recall", "vocab_size=64"), ("mad/in_context_recall", "num_train=800"),
+                        ("mad/noisy_recall", "vocab_size=80")}
+    for mad_lab, mixlab in zip(*by_model.values(), strict=True):
+        assert mad_lab.hash in paper and mixlab.hash not in paper
+        assert mad_lab.config.train == mixlab.config.train and mad_lab.config.task_params == mixlab.config.task_params
+        assert {k: v for k, v in mad_lab.config.model.items() if k not in ("init", "proj_bias")} == mixlab.config.model
 
 
 def test_yaml_file_and_unknown_preset(tmp_path):

@@ -6,7 +6,7 @@ import torch
 from mixlab import models
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
 from mixlab.runners.metrics import batch_counts, macro_accuracy
-from mixlab.runners.schedule import lr_at
+from mixlab.runners.schedule import StepPlan, lr_at
 from mixlab.runners.train import train_run
 from mixlab.tasks import TASKS
 
@@ -101,6 +101,19 @@ def test_cosine_per_epoch_schedule():
     assert lr_at(warm, 0, 0, 100, 1) == pytest.approx(0.1) and lr_at(warm, 99, 0, 100, 1) < 1e-3
 
 
+@pytest.mark.parametrize("schedule", ["cosine_epoch", "cosine_step"])
+def test_a_run_with_epochs_and_steps_is_the_start_of_the_epochs_run(schedule):
+    """epochs=4 and steps=5 (2 steps an epoch): the run's evaluations, learning rates and losses are those of
+    the 4-epoch run at the same steps, bitwise; it stops after step 5."""
+    full_config = tiny("mad/in_context_recall", steps=None, epochs=4, schedule=schedule, lr=1e-2)
+    full = train_run(full_config, progress=False)
+    prefix = train_run(tiny("mad/in_context_recall", steps=5, epochs=4, schedule=schedule, lr=1e-2), progress=False)
+    assert prefix["steps"] == 5 and [h["step"] for h in prefix["history"]] == [2, 4, 5]
+    assert prefix["history"][:2] == full["history"][:2]
+    last_lr = StepPlan.of(full_config.train).lr(full_config.train, 4)  # of step 5 (index 4) in the 8-step run
+    assert prefix["history"][2]["lr"] == last_lr < full["history"][0]["lr"]
+
+
 def test_macro_accuracy_follows_torchmetrics_defaults():
     # targets 0,0,1,2; predictions 0,1,1,3 -> recall: c0 1/2, c1 1, c2 0; c3 only predicted -> 0; mean over 4.
     logits = torch.full((1, 4, 5), -10.0)
@@ -113,9 +126,9 @@ def test_macro_accuracy_follows_torchmetrics_defaults():
 
 @pytest.mark.parametrize(
     "fields,named",
-    [({"epochs": 3, "steps": 3}, "epochs"), ({"lr": 0.0}, "lr"), ({"schedule": "linear"}, "linear"),
-     ({"device": "tpu"}, "tpu"), ({"batch_size": 0}, "batch_size")],
-    ids=["epochs-and-steps", "zero-lr", "bad-schedule", "bad-device", "zero-batch"],
+    [({"epochs": 3, "steps": 301}, "steps=301"), ({"epochs": None}, "neither"), ({"lr": 0.0}, "lr"),
+     ({"schedule": "linear"}, "linear"), ({"device": "tpu"}, "tpu"), ({"batch_size": 0}, "batch_size")],
+    ids=["steps-past-epochs", "no-length", "zero-lr", "bad-schedule", "bad-device", "zero-batch"],
 )
 def test_bad_train_config(fields, named):
     with pytest.raises(ValueError, match=named):
@@ -135,3 +148,50 @@ def test_associative_retrieval_reports_present_and_absent_accuracy():
     assert final["n_present"] + final["n_absent"] == final["n_scored"] and final["n_absent"] > 0
     weighted = (final["acc_present"] * final["n_present"] + final["acc_absent"] * final["n_absent"]) / final["n_scored"]
     assert weighted == pytest.approx(final["acc_micro"])
+
+
+class _FixedLogits(torch.nn.Module):
+    """Returns the logits [N, T, V] stored for each row; a row's id is its first input token."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, inputs, doc_ids=None, positions=None):
+        return self.logits[inputs[:, 0]]
+
+
+def test_macro_accuracy_and_perplexity_match_torchmetrics_per_batch_as_mad_lab_logs_them():
+    """evaluate() over 300 rows in batches of 128 (the last of 44), a third of the targets ignored (-100), some
+    classes only predicted: acc_macro and test_ppl equal torchmetrics' MulticlassAccuracy (macro, ignore -100)
+    and Perplexity of each batch, averaged weighted by the batch's rows, which is the epoch value PyTorch
+    Lightning gives the per-batch values mad-lab logs; the unweighted mean differs."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from mixlab.runners.evaluation import evaluate
+    from mixlab.tasks import TaskData
+
+    n, t, v, batch = 300, 6, 7, 128
+    gen = torch.Generator().manual_seed(0)
+    targets = torch.randint(0, v - 1, (n, t), generator=gen)  # class v-1 is never a target
+    targets[torch.rand(n, t, generator=gen) < 1 / 3] = -100
+    logits = torch.randn(n, t, v, generator=gen)
+    right = torch.rand(n, t, generator=gen) < 0.5
+    logits[right] += 4 * torch.nn.functional.one_hot(targets.clamp(min=0), v)[right].float()
+    inputs = torch.arange(n)[:, None].expand(n, t).contiguous()
+    data = TaskData(inputs=inputs, targets=targets, roles=torch.zeros(n, t, dtype=torch.uint8), vocab_size=n)
+    metrics = evaluate(_FixedLogits(logits), data, batch, torch.device("cpu"), autocast=False)
+
+    accs, ppls, rows = [], [], []
+    for start in range(0, n, batch):
+        lg, tg = logits[start:start + batch], targets[start:start + batch]
+        acc = torchmetrics.classification.MulticlassAccuracy(num_classes=v, average="macro", ignore_index=-100)
+        accs.append(acc(lg.argmax(-1).reshape(-1), tg.reshape(-1)).item())
+        ppls.append(torchmetrics.text.Perplexity(ignore_index=-100)(lg, tg).item())
+        rows.append(len(tg))
+    assert rows == [128, 128, 44]
+    weighted = sum(a * r for a, r in zip(accs, rows)) / n
+    assert metrics["acc_macro"] == pytest.approx(weighted, abs=1e-6)
+    assert abs(sum(accs) / len(accs) - weighted) > 1e-4, "the short batch must move the unweighted mean"
+    assert metrics["test_ppl"] == pytest.approx(sum(p * r for p, r in zip(ppls, rows)) / n, rel=1e-5)
+    assert metrics["test_loss"] == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.reshape(-1, v), targets.reshape(-1)).item(), rel=1e-6)

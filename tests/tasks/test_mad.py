@@ -16,8 +16,10 @@ NAMES = [cls.name for cls in MAD_TASKS]
 BASELINES = {
     "mad/in_context_recall": {"vocab_size": 16, "seq_len": 128},
     "mad/noisy_recall": {"vocab_size": 32, "seq_len": 128, "noise_vocab_size": 16, "frac_noise": 0.2},
-    "mad/fuzzy_recall": {"vocab_size": 16, "seq_len": 128, "k_motif_size": 3, "v_motif_size": 3},
-    "mad/selective_copy": {"vocab_size": 16, "seq_len": 256, "num_tokens_to_copy": 16},
+    "mad/fuzzy_recall": {"vocab_size": 16, "seq_len": 128, "k_motif_size": 3, "v_motif_size": 3,
+                         "probe_anywhere": True},
+    "mad/selective_copy": {"vocab_size": 16, "seq_len": 256, "num_tokens_to_copy": 16,
+                           "ignore_num_tokens_to_copy": False},
     "mad/compression": {"vocab_size": 16, "seq_len": 32},
     "mad/memorization": {"vocab_size": 256, "seq_len": 32},
 }
@@ -49,7 +51,9 @@ def test_registry_order_and_names():
 
 @pytest.mark.parametrize("name", NAMES, ids=NAMES)
 def test_defaults_are_the_sweep_baseline(name):
-    assert TASKS[name].defaults() == BASELINES[name]
+    # the sweep places fuzzy recall's probe as mad-lab does; the task's default always shows it
+    mad_lab = {"probe_anywhere": False} if name == "mad/fuzzy_recall" else {}
+    assert TASKS[name].defaults() == {**BASELINES[name], **mad_lab}
 
 
 @pytest.mark.parametrize(
@@ -234,8 +238,11 @@ def fuzzy_pairs(inputs_row, roles_row, dropped):
         ("train", {"vocab_size": 32, "seq_len": 64, "k_motif_size": 2, "v_motif_size": 4}, None),
         ("test", {}, 10),
         ("train", {}, 10),
+        ("test", {"probe_anywhere": True, "seq_len": 40}, None),
+        ("train", {"probe_anywhere": True, "seq_len": 40}, None),
     ],
-    ids=["test-baseline", "train-baseline", "test-tiny", "train-k2-v4", "test-blocks-of-10", "train-blocks-of-10"],
+    ids=["test-baseline", "train-baseline", "test-tiny", "train-k2-v4", "test-blocks-of-10", "train-blocks-of-10",
+         "test-probe-anywhere", "train-probe-anywhere"],
 )
 def test_fuzzy_recall_structure_and_targets(split, params, block_rows, monkeypatch):
     if block_rows is not None:
@@ -251,6 +258,7 @@ def test_fuzzy_recall_structure_and_targets(split, params, block_rows, monkeypat
     # The dropped last token: the last train target; in the test split the dict walk supplies it.
     dropped = targets[:, -1] if split == "train" else np.full(N, -1)
     key_sizes, value_sizes = Counter(), Counter()
+    never_shown = 0
     for r in range(N):
         pads, pairs = fuzzy_pairs(inputs[r], roles[r], int(dropped[r]))
         assert pads >= 1 and (inputs[r, :pads] == pad).all() and (inputs[r, pads:] != pad).all()
@@ -259,8 +267,13 @@ def test_fuzzy_recall_structure_and_targets(split, params, block_rows, monkeypat
         for idx, (key, value, at) in enumerate(pairs):
             last = idx == len(pairs) - 1
             if last and split == "test":
-                value = seen[key]  # the final probe repeats an earlier pair; its last token was dropped
-                assert value[:-1] == tuple(inputs[r, at:].tolist())
+                if key in seen:
+                    value = seen[key]  # the final probe repeats an earlier pair; its last token was dropped
+                    assert value[:-1] == tuple(inputs[r, at:].tolist())
+                else:  # a probe never shown (probe_anywhere): its dropped last token is the last target
+                    value = (*inputs[r, at:].tolist(), int(targets[r, -1]))
+                    expected[at - 1 : at - 1 + len(value)] = value
+                    never_shown += 1
             key_sizes[len(key)] += 1
             value_sizes[len(value)] += 1
             assert 1 <= len(key) <= p.k_motif_size and 1 <= len(value) <= p.v_motif_size
@@ -271,15 +284,40 @@ def test_fuzzy_recall_structure_and_targets(split, params, block_rows, monkeypat
                 for i, v in enumerate(value):
                     expected[at + i - 1] = v  # last key token predicts v[0], v[i] predicts v[i+1]
             else:
-                assert not last, "the final probe must have been shown earlier in the row"
+                assert not last or p.probe_anywhere, "the final probe must have been shown earlier in the row"
             seen[key] = value
         if split == "test":
             np.testing.assert_array_equal(targets[r], expected)
+    assert (never_shown > 0) == (split == "test" and p.probe_anywhere)
     if split == "test":
         assert set(key_sizes) == {p.k_motif_size}
     else:
         assert set(key_sizes) == set(range(1, p.k_motif_size + 1))
     assert set(value_sizes) == set(range(1, p.v_motif_size + 1))
+
+
+def unshown_probe_rate(params, n):
+    """Share of test rows whose final probe key never appeared as a key earlier in the row."""
+    inputs, _, roles = gen("mad/fuzzy_recall", "test", n=n, **params)
+    missing = 0
+    for row, role in zip(inputs, roles):
+        is_key = np.r_[False, role == Role.KEY, False]
+        starts, ends = np.flatnonzero(~is_key[:-1] & is_key[1:]), np.flatnonzero(is_key[:-1] & ~is_key[1:])
+        keys = [tuple(row[a:b]) for a, b in zip(starts, ends)]
+        missing += keys[-1] not in keys[:-1]
+    return missing / n
+
+
+@pytest.mark.parametrize(("params", "low", "high"), [
+    ({}, 0.0, 0.0),
+    ({"probe_anywhere": True}, 0.015, 0.035),
+    ({"probe_anywhere": True, "vocab_size": 32}, 0.015, 0.035),
+], ids=["default", "mad-lab", "mad-lab-V32"])
+def test_fuzzy_recall_unshown_probe_rate(params, low, high):
+    """mad-lab's generator (run on 2,000 test rows each) asks for a never-shown key in 2.75% of rows at V=16,
+    2.45% at V=32 (T=128); with probe_anywhere ours does so at the same rate within sampling error (SE 0.35
+    points at 2,000 rows), and never by default."""
+    assert low <= unshown_probe_rate(params, 2000) <= high
 
 
 # --- selective copy, compression, memorization ------------------------------------------------------------
@@ -394,6 +432,17 @@ def test_bad_params_raise_naming_the_param(name, params, named):
         get_task(name, **params)
 
 
+@pytest.mark.parametrize("asked", [32, 96], ids=["n32", "n96"])
+def test_selective_copy_ignoring_num_tokens_to_copy_copies_16_like_the_baseline(asked):
+    """mad-lab before commit 35772e8: every row copies 16 tokens whatever num_tokens_to_copy says, so the
+    variation's data are the baseline's, byte for byte."""
+    legacy = gen("mad/selective_copy", num_tokens_to_copy=asked, ignore_num_tokens_to_copy=True)
+    for got, want in zip(legacy, gen("mad/selective_copy")):
+        np.testing.assert_array_equal(got, want)
+    honoured = gen("mad/selective_copy", num_tokens_to_copy=asked)[1]
+    assert ((honoured != IGN).sum(axis=1) == asked).all()
+
+
 def test_selective_copy_tightest_valid_length():
     get_task("mad/selective_copy", seq_len=34, num_tokens_to_copy=16)
     with pytest.raises(ValueError, match="seq_len"):
@@ -412,6 +461,7 @@ def test_sweep_counts_and_baselines():
     for name in BASELINES:
         mine = [s for s in settings if s.task == name]
         assert mine[0].label == "baseline" and mine[0].params == BASELINES[name]
+        assert all(s.params.get("probe_anywhere", True) for s in mine), "fuzzy recall as mad-lab's"
         assert len({s.label for s in mine}) == len(mine)
         expected_train = 256 if name == "mad/memorization" else 12800
         assert all(s.num_train == expected_train for s in mine if not s.label.startswith("num_train="))
