@@ -133,7 +133,8 @@ REFERENCES = {
     "none": (identity_reference, None, True),
 }
 QKV_CONVS = ["none", "static", "dynamic_lowrank", "dynamic_headwise"]
-CASES = [pytest.param(name, "none", id=name) for name in MIXERS if name != "attention"] + [
+# a registered mixer without a reference fails test_every_registered_mixer_has_a_reference, not a KeyError here
+CASES = [pytest.param(name, "none", id=name) for name in MIXERS if name in REFERENCES and name != "attention"] + [
     pytest.param("attention", q, id=f"attention-qkv_{q}") for q in QKV_CONVS
 ]
 
@@ -152,7 +153,9 @@ def make_mixer(name: str, qkv_conv: str) -> nn.Module:
 
 
 def test_every_registered_mixer_has_a_reference():
-    assert set(REFERENCES) == set(MIXERS), "a new mixer needs its reference here"
+    missing = sorted(set(MIXERS) - set(REFERENCES))
+    assert not missing, f"write a naive reference here for {missing}"
+    assert set(REFERENCES) <= set(MIXERS)
 
 
 @pytest.mark.parametrize(("name", "qkv_conv"), CASES)
