@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -236,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(outcomes)
     print(text)
     if args.out:
-        command = "python scripts/mutate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = shlex.join(["python", "scripts/mutate.py", *(argv if argv is not None else sys.argv[1:])])
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        args.out.write_text(PAGE.format(date=date, command=command.strip(), machine=args.machine, table=text))
+        args.out.write_text(PAGE.format(date=date, command=command, machine=args.machine, table=text))
     return 0 if all(o.result == "killed" for o in outcomes) else 1
 
 
