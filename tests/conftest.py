@@ -1,5 +1,6 @@
 """Process-wide test setup that must happen before any test module imports ``kernels``."""
 
+import importlib.metadata
 import os
 
 import pytest
@@ -10,6 +11,28 @@ import torch
 # Triton backend then runs in the interpreter (kernel tests at small shapes).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+EXAMPLE_PLUGIN = "mixlab-maxpool"
+
+
+def example_plugin_installed() -> bool:
+    try:
+        importlib.metadata.distribution(EXAMPLE_PLUGIN)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "example_plugin: needs the example plugin examples/mixlab-maxpool "
+                                       "installed; skipped with the install command otherwise")
+
+
+def pytest_runtest_setup(item):
+    """Tests marked ``example_plugin`` skip, naming the install command, where the example is not installed (the
+    README's test command installs it)."""
+    if item.get_closest_marker("example_plugin") and not example_plugin_installed():
+        pytest.skip(f"example plugin {EXAMPLE_PLUGIN} not installed: pip install -e examples/mixlab-maxpool")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ Dumb implementations: python loops over documents, tokens and taps in float64 (a
 gradients); RubiConv against numpy.convolve per document and channel, with its adjoint written out.
 """
 
+import importlib
 import types
 
 import numpy as np
@@ -520,9 +521,38 @@ def test_bad_inputs_raise(call, message):
         call()
 
 
-def test_rubiconv_accepts_a_block():
-    h = torch.ones(4, 3)
-    assert torch.equal(kernels.rubiconv(_X + 1, h, block=256), kernels.rubiconv(_X + 1, h))
+def calls(monkeypatch, module, name: str) -> list:
+    """Replace ``module.name`` by a wrapper that records what each call returns in the returned list."""
+    seen, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def test_rubiconv_block_sets_the_gemm_form_and_the_reference_ignores_it(monkeypatch, assert_rel_rms):
+    """A block becomes the GEMM plan's column count k, and every k gives numpy's convolution; "torch" takes a
+    block without building a plan."""
+    op = importlib.import_module("mixlab.kernels.rubiconv.op")
+    plans, references = calls(monkeypatch, op, "get_plan"), calls(monkeypatch, op, "rubiconv_ref")
+    B, T, D, rows = 2, 20, 3, [[7, 13], [20]]
+    gen = torch.Generator().manual_seed(5)
+    cu = _cu(rows, T)
+    x, h = _randn(gen, B, T, D), _randn(gen, D, 9)
+    flat = x.reshape(-1, D).numpy()
+    y_np, _, _ = _numpy_rubiconv(flat, h.numpy(), _docs(cu, B, T), np.zeros_like(flat))
+    expected = torch.from_numpy(y_np).view(B, T, D)
+    for block in (3, 8):
+        assert_rel_rms(kernels.rubiconv(x, h, cu_seqlens=cu, block=block, backend="gemm"), expected,
+                       torch.float64, f"y at block {block}")
+        assert plans[-1].k == block
+    assert not references
+    plans.clear()
+    assert_rel_rms(kernels.rubiconv(x, h, cu_seqlens=cu, block=3, backend="torch"), expected, torch.float64, "y")
+    assert len(references) == 1 and not plans
 
 
 def test_auto_backend_follows_the_device_and_the_registry(monkeypatch):
@@ -545,8 +575,11 @@ def test_mixlab_backend_env_var(monkeypatch):
     assert kutils.resolve_backend(None, on_cpu, op="no_kernel") == "torch"
     assert kutils.resolve_backend("torch", on_cpu) == "torch"
     monkeypatch.setattr(kutils, "TRITON_OPS", set())
+    op = importlib.import_module("mixlab.kernels.short_conv.op")
+    references, kernel_calls = calls(monkeypatch, op, "short_conv_ref"), calls(monkeypatch, op, "short_conv_triton")
     y = kernels.short_conv(_X + 1, torch.ones(3, 4))  # no kernel registered: auto falls back to the reference
-    assert torch.equal(y, kernels.short_conv(_X + 1, torch.ones(3, 4), backend="torch"))
+    assert len(references) == 1 and not kernel_calls
+    assert torch.equal(y, torch.tensor([1.0, 2.0, 3.0, 3.0, 3.0])[None, :, None].expand(2, 5, 4)), "3 taps of ones"
     monkeypatch.setenv("MIXLAB_BACKEND", "torch")
     assert kutils.resolve_backend(None, types.SimpleNamespace(is_cuda=True)) == "torch"
     monkeypatch.setenv("MIXLAB_BACKEND", "cuda")

@@ -1,6 +1,7 @@
 """``mixlab check-mixer`` and the commands that take a mixer name, driven with mixers from outside mixlab: the
 example plugin (examples/mixlab-maxpool, installed by the README's test command, found through its entry
-point) and the helper module tests/models/byo_mixers.py (by import path)."""
+point; the tests that need it are marked ``example_plugin`` and skip without it) and the helper module
+tests/models/byo_mixers.py (by import path)."""
 
 import json
 from pathlib import Path
@@ -20,7 +21,8 @@ def helper_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(HELPERS))
 
 
-@pytest.mark.parametrize("mixer", [*models.MIXERS, EXAMPLE, "mixlab_maxpool:GatedMaxPool"])
+@pytest.mark.parametrize("mixer", [*models.MIXERS, *(pytest.param(name, id=name, marks=pytest.mark.example_plugin)
+                                                    for name in (EXAMPLE, "mixlab_maxpool:GatedMaxPool"))])
 def test_check_mixer_passes_registry_mixers_and_the_example(mixer, one_torch_thread):
     report = check_mixer(mixer, bench=False)
     assert report.passed, report.format()
@@ -34,6 +36,7 @@ def test_check_mixer_passes_registry_mixers_and_the_example(mixer, one_torch_thr
     assert report.bench == ()
 
 
+@pytest.mark.example_plugin
 def test_check_mixer_cli_reports_and_benchmarks_the_example(capsys, one_torch_thread):
     code, out, err = run(capsys, "check-mixer", EXAMPLE, "--shape", "2,32,16")
     assert code == 0, out + err
@@ -108,6 +111,7 @@ def test_bad_import_paths_are_one_line_and_exit_2(capsys, tmp_path, command, mix
     assert code == 2 and len(lines) == 1 and lines[0].startswith("mixlab: error:") and named in lines[0], err
 
 
+@pytest.mark.example_plugin
 def test_mixers_list_shows_the_example_with_its_origin(capsys):
     code, out, _ = run(capsys, "mixers", "list")
     assert code == 0
@@ -123,7 +127,8 @@ RUN_SMALL = ["--set", "vocab_size=32", "--set", "seq_len=16", "--set", "num_kv_p
              "--steps", "2", "--device", "cpu", "--no-progress"]
 
 
-@pytest.mark.parametrize("mixer", [EXAMPLE, "byo_mixers:CumulativeMean"], ids=["entry-point", "import-path"])
+@pytest.mark.parametrize("mixer", [pytest.param(EXAMPLE, id="entry-point", marks=pytest.mark.example_plugin),
+                                   pytest.param("byo_mixers:CumulativeMean", id="import-path")])
 def test_run_trains_an_external_mixer(capsys, tmp_path, mixer, one_torch_thread):
     code, out, err = run(capsys, "run", "mqar", "--mixer", mixer, *RUN_SMALL, "--out", str(tmp_path))
     assert code == 0, err
@@ -143,6 +148,7 @@ def test_run_refuses_packed_documents_for_a_mixer_without_cu_seqlens(capsys, tmp
     assert code == 2 and len(lines) == 1 and "takes no cu_seqlens" in lines[0], err
 
 
+@pytest.mark.example_plugin
 def test_leakage_command_probes_external_mixers(capsys, one_torch_thread):
     code, out, _ = run(capsys, "leakage", "--mixer", EXAMPLE, "--rows", "2", "--seq-len", "24")
     assert code == 0 and f"{EXAMPLE}  blind" in out and out.rstrip().endswith("exact")
@@ -151,6 +157,7 @@ def test_leakage_command_probes_external_mixers(capsys, one_torch_thread):
     assert code == 1 and "byo_mixers:LeakyClaimsBlind" in out.splitlines()[-1]
 
 
+@pytest.mark.example_plugin
 def test_mad_smoke_profile_runs_the_example_plugin(capsys, tmp_path, one_torch_thread):
     code, out, err = run(capsys, "mad", "run", "--model", EXAMPLE, "--profile", "smoke", "--device", "cpu",
                          "--out", str(tmp_path), "--no-progress")

@@ -134,12 +134,13 @@ def test_written_files_get_the_permissions_of_the_umask(tmp_path, umask):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
 
 
-def wait_until(condition, proc, what, timeout=180.0):
-    """Poll ``condition`` until it holds; fail if ``proc`` ends first or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, f"the sweep ended before {what}: {proc.stderr.read().decode()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
+def wait_until(condition, proc, what):
+    """Poll ``condition`` until it holds; fail if ``proc`` ends first (a sweep always ends, so this does)."""
+    while True:
+        ended = proc.poll() is not None  # before the check: a sweep that got there and ended passes
+        if condition():
+            return
+        assert not ended, f"the sweep ended before {what}: {proc.stderr.read().decode()[-2000:]}"
         time.sleep(0.02)
 
 
@@ -157,7 +158,7 @@ def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, wh
             proc.send_signal(signal.SIGINT)
         else:  # what Ctrl-C in a terminal does: every process of the foreground group gets SIGINT
             os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate()  # a sweep that ignored Ctrl-C ends too, with status 0
     finally:
         proc.kill()
     assert proc.returncode == 130

@@ -47,15 +47,22 @@ def records(folder):
             for p in (folder / "runs").iterdir()}
 
 
-def kill_point(trigger, at_step=KILL_AT_STEP):
+def kill_point(trigger, driver, at_step=KILL_AT_STEP):
     """A Ray worker setup hook. Once ``<trigger>/armed`` exists, a job's stack reaching step ``at_step``
-    writes ``<trigger>/<pid>.pid`` and waits (a minute at most) until ``<trigger>/killed`` exists: the test
-    kills one such worker, then lets the others, and the retried job, go on."""
+    writes ``<trigger>/<pid>.pid`` and waits until ``<trigger>/killed`` exists (or the test process ``driver``
+    is gone): the test kills one such worker, then lets the others, and the retried job, go on."""
 
     def install():
         import os
         import time
         from pathlib import Path
+
+        def driver_alive():
+            try:
+                os.kill(driver, 0)
+            except ProcessLookupError:
+                return False
+            return True
 
         import mixlab.runners.engine as engine
 
@@ -69,8 +76,7 @@ def kill_point(trigger, at_step=KILL_AT_STEP):
                 pid = os.getpid()
                 (folder / f".{pid}").write_text(str(pid))
                 os.replace(folder / f".{pid}", folder / f"{pid}.pid")
-                deadline = time.monotonic() + 60
-                while not (folder / "killed").exists() and time.monotonic() < deadline:
+                while not (folder / "killed").exists() and driver_alive():
                     time.sleep(0.02)
             return step(self, *args, **kwargs)
 
@@ -95,7 +101,7 @@ def local_ray(trigger):
         env.delenv("RAY_ADDRESS", raising=False)
         ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, object_store_memory=200 * 1024**2,
                  log_to_driver=False, logging_level="ERROR",
-                 runtime_env={"worker_process_setup_hook": kill_point(str(trigger))})
+                 runtime_env={"worker_process_setup_hook": kill_point(str(trigger), os.getpid())})
         try:
             yield
         finally:
@@ -131,12 +137,11 @@ def test_ray_backend_equals_local_backend(tmp_path, capsys, local_ray, local_ref
 
 
 def test_killed_worker_job_is_retried_without_duplicates(tmp_path, trigger, local_ray, local_reference):
-    killed = []
+    killed, sweep_over = [], threading.Event()
 
     def kill_first_waiting_worker():
-        try:
-            deadline = time.monotonic() + 60
-            while not (waiting := sorted(trigger.glob("*.pid"))) and time.monotonic() < deadline:
+        try:  # a worker waits at the kill point until "killed" exists, so the sweep cannot end before this
+            while not (waiting := sorted(trigger.glob("*.pid"))) and not sweep_over.is_set():
                 time.sleep(0.02)
             if waiting:
                 pid = int(waiting[0].read_text())
@@ -152,7 +157,8 @@ def test_killed_worker_job_is_retried_without_duplicates(tmp_path, trigger, loca
         result = run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path,
                            SweepOptions(progress=False, backend="ray", max_stack=MAX_STACK))
     finally:
-        killer.join(timeout=60)
+        sweep_over.set()
+        killer.join()
         (trigger / "armed").unlink()
     assert len(killed) == 1, "a worker stopped mid-run and was killed"
     with pytest.raises(ProcessLookupError):

@@ -1,3 +1,5 @@
+import hashlib
+
 import numpy as np
 import pytest
 from mixlab.tasks import IGNORE, Role, get_task
@@ -41,11 +43,16 @@ def test_every_document_starts_with_bos(packed):
             assert (data.inputs[r, start + 1 : end] != bos).all()
 
 
-def test_document_length_distribution_is_lognormal_around_the_median():
-    task = get_task("packed/associative_retrieval")
+@pytest.mark.parametrize("sigma", [0.75, 0.25, 0.0], ids=["default", "narrow", "fixed"])
+def test_document_length_distribution_is_lognormal_around_the_median(sigma):
+    """Every document but a row's last (the remainder) is a clipped lognormal draw: its log length has the
+    median's log as median and doc_len_sigma as spread (the clip at [32, 1024] sits beyond 2.2 sigma)."""
+    task = get_task("packed/associative_retrieval", doc_len_sigma=sigma)
     data = task.generate(200, seed=0)
-    lengths = np.concatenate([np.bincount(row) for row in data.doc_ids.numpy()])
-    assert 150 <= np.median(lengths) <= 240
+    lengths = np.concatenate([np.bincount(row)[:-1] for row in data.doc_ids.numpy()])
+    logs = np.log(lengths)
+    assert abs(np.median(logs) - np.log(task.params.doc_len_median)) < 0.05 + 0.1 * sigma
+    assert abs(logs.std() - sigma) < 0.05 * sigma + 1e-3
 
 
 def test_associative_retrieval_scores_only_the_query():
@@ -128,6 +135,9 @@ def test_absent_key_previous_last_asks_the_neighbours_last_shown_key():
     assert checked > 30
     plain = get_task("packed/associative_retrieval", seq_len=512).generate(30, seed=2)
     assert not np.array_equal(plain.inputs.numpy(), data.inputs.numpy())
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in (plain.inputs, plain.targets, plain.doc_ids)))
+    assert digest.hexdigest() == "b6586bda13f374a9ae64900f3dfe2f196aa12b17e3e1d6971a137542c5da1e17", \
+        "the default mode's bytes, as generated before absent_key existed"
 
 
 @pytest.mark.parametrize(
