@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -215,6 +216,17 @@ def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epoch
                     workers=workers, epochs=epochs)
 
 
+def _shape_row(s: StepShape, peak: float | None) -> str:
+    """The table row of one step shape (peak: the bf16 matmul TFLOP/s of the floor, None off CUDA)."""
+    speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
+    floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
+    return (f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
+            f"{len(s.jobs)} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
+            f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
+            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | "
+            f"{('FAILED ' + s.error) if s.error else s.gate or '-'} |")
+
+
 def _minutes(tokens: float, rate: float | None) -> float | None:
     return None if not rate else tokens / rate / 60
 
@@ -249,7 +261,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
 
     dev = pick_device(device)
     peak = matmul_tflops(dev)
-    for shape in tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not progress):
+    for shape in (bar := tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not progress)):
         try:
             _measure(shape, steps, compile, cuda_graph, alone)
         except Exception as err:  # noqa: BLE001 - one shape that fails (out of memory, a kernel) must not hide the rest
@@ -257,6 +269,8 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
             shape.error, shape.stacked, shape.alone = f"{type(err).__name__}: {message}", None, None
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+        if progress:  # each row as soon as it is measured (stderr): a benchmark cut short keeps what it timed
+            bar.write(_shape_row(shape, peak), file=sys.stderr)
 
     timed_shapes = [s for s in shapes if s.stacked]
     if not timed_shapes:
@@ -294,15 +308,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
         "| min stacked | min alone | min floor | gate |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in shapes:
-        speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
-        floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
-        lines.append(
-            f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
-            f"{len(s.jobs)} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
-            f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
-            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | "
-            f"{('FAILED ' + s.error) if s.error else s.gate or '-'} |")
+    lines += [_shape_row(s, peak) for s in shapes]
     slowest = min(timed_shapes, key=lambda s: s.stacked)
     failed = [s for s in shapes if s.error]
     lines += [""]
