@@ -225,9 +225,9 @@ PAGE = """# Mutation check
 `scripts/mutate.py` puts one-line bugs into a scratch copy of the repository and runs, for each, the test files
 written to catch it: a bug the suite must notice (an early stop that ignores its threshold, micro accuracy reported
 as macro, attention without RoPE on the keys, a conv tap off by one, a shifted causal mask, optimizer and schedule
-slips). Every listed mutant must be killed; a survivor needs a test. The mutants are rows of `MUTANTS` in the
-script; a row whose text no longer occurs on exactly one line reports an error. Not part of CI: it runs the listed
-test files once per mutant.
+slips, an fla baseline without its decay or carrying its state into the next document). Every listed mutant must
+be killed; a survivor needs a test. The mutants are rows of `MUTANTS` in the script; a row whose text no longer
+occurs on exactly one line reports an error. Not part of CI: it runs the listed test files once per mutant.
 
 Last run: {date}, `{command}`, {machine}.
 
