@@ -38,9 +38,10 @@ ENGINE = "tests/runners/test_engine.py"
 TRAIN = "tests/runners/test_train.py"
 REFERENCES = "tests/models/test_mixer_references.py"
 SCHEDULE = "tests/runners/test_schedule.py"
-EARLY_STOP = (f"{ENGINE}::test_early_stop_needs_the_threshold_on_macro_accuracy_in_both_loops",
+EARLY_STOP = (f"{ENGINE}::test_early_stop_needs_macro_accuracy_strictly_above_the_threshold_in_both_loops",
               f"{TRAIN}::test_early_stop_at_accuracy_threshold")
 TORCHMETRICS = f"{TRAIN}::test_macro_accuracy_follows_torchmetrics_defaults"
+MACRO_PER_BATCH = f"{TRAIN}::test_macro_accuracy_and_perplexity_match_torchmetrics_per_batch_as_mad_lab_logs_them"
 ONE_RUN_EQUALS_STACK = f"{ENGINE}::test_batched_records_equal_one_at_a_time"
 ADAMW_UPDATE = f"{ENGINE}::test_adamw_update_matches_torch_adamw"
 
@@ -57,13 +58,18 @@ class Mutant:
 MUTANTS = [
     # --- the early stop (both loops decide it in runners/record.py) ---
     Mutant("early-stop-without-threshold", "runners/record.py",
-           'stop is not None and entry["acc_macro"] >= stop', "stop is not None", EARLY_STOP),
+           'stop is not None and entry["acc_macro"] > stop', "stop is not None", EARLY_STOP),
     Mutant("early-stop-on-micro-accuracy", "runners/record.py",
-           'entry["acc_macro"] >= stop', 'entry["acc_micro"] >= stop', EARLY_STOP),
+           'entry["acc_macro"] > stop', 'entry["acc_micro"] > stop', EARLY_STOP),
+    Mutant("early-stop-at-the-threshold", "runners/record.py",
+           'entry["acc_macro"] > stop', 'entry["acc_macro"] >= stop', EARLY_STOP),
     # --- metrics ---
     Mutant("micro-accuracy-reported-as-macro", "runners/metrics.py",
-           '"acc_macro": float(np.mean([row[3] for row in rows]))', '"acc_macro": correct / max(n, 1.0)',
-           (TRAIN,)),
+           '"acc_macro": float(np.average([row[3] for row in rows] or [0.0], weights=weights))',
+           '"acc_macro": correct / max(n, 1.0)', (MACRO_PER_BATCH,)),
+    Mutant("macro-batches-unweighted", "runners/metrics.py",
+           "np.average([row[3] for row in rows] or [0.0], weights=weights)",
+           "np.average([row[3] for row in rows] or [0.0])", (MACRO_PER_BATCH,)),
     Mutant("macro-skips-predicted-only-classes", "runners/metrics.py",
            "seen = (tp + fp + fn) > 0", "seen = (tp + fn) > 0", (TORCHMETRICS,)),
     Mutant("false-positive-counted-on-the-target", "runners/metrics.py",
@@ -111,6 +117,25 @@ MUTANTS = [
            "w = self.to_w(x).view(B, T, self.width, self.n_heads).transpose(2, 3)", (REFERENCES,)),
     Mutant("long-conv-filter-one-tap-late", "models/mixers/long_conv.py",
            "self.filter[:, :T]", "self.filter[:, 1:T + 1]", (REFERENCES,)),
+    # --- the fla baselines (models/mixers/fla.py, their ops in fla_ops.py) ---
+    Mutant("gla-without-forget-gate", "models/mixers/fla.py",
+           "o = self.attend(q, k, v, cu_seqlens, g=gk)", "o = self.attend(q, k, v, cu_seqlens, g=torch.zeros_like(gk))",
+           (REFERENCES,)),
+    Mutant("gated-delta-net-beta-one", "models/mixers/fla.py",
+           "g=g, beta=b.sigmoid())", "g=g, beta=torch.ones_like(b))", (REFERENCES,)),
+    Mutant("retnet-rotary-off-keys", "models/mixers/fla.py",
+           "q, k = self.rotate(q, cu_seqlens), self.rotate(k, cu_seqlens)", "q, k = self.rotate(q, cu_seqlens), k",
+           (REFERENCES,)),
+    Mutant("retention-decays-one-head-off", "models/mixers/fla_ops.py",
+           "2.0 ** (-5.0 - torch.arange(n_heads,", "2.0 ** (-6.0 - torch.arange(n_heads,", (REFERENCES,)),
+    Mutant("based-without-scale", "models/mixers/fla.py",
+           "return self.out(self.attend(q, k, v, cu_seqlens).flatten(-2))",
+           "return self.out(self.attend(q, k, v, cu_seqlens, scale=1.0).flatten(-2))", (REFERENCES,)),
+    Mutant("mamba2-without-decay", "models/mixers/fla.py",
+           "g = -self.a_log.float().exp() * step", "g = torch.zeros_like(step)", (REFERENCES,)),
+    Mutant("fla-state-not-reset-per-document", "models/mixers/fla_ops.py",
+           "return per_document(lambda *t: naive(op, *t, scale), cu_seqlens, q, k, v, g, beta)",
+           "return naive(op, q, k, v, g, beta, scale)", (REFERENCES,)),
 ]
 
 
@@ -200,9 +225,9 @@ PAGE = """# Mutation check
 `scripts/mutate.py` puts one-line bugs into a scratch copy of the repository and runs, for each, the test files
 written to catch it: a bug the suite must notice (an early stop that ignores its threshold, micro accuracy reported
 as macro, attention without RoPE on the keys, a conv tap off by one, a shifted causal mask, optimizer and schedule
-slips). Every listed mutant must be killed; a survivor needs a test. The mutants are rows of `MUTANTS` in the
-script; a row whose text no longer occurs on exactly one line reports an error. Not part of CI: it runs the listed
-test files once per mutant.
+slips, an fla baseline without its decay or carrying its state into the next document). Every listed mutant must
+be killed; a survivor needs a test. The mutants are rows of `MUTANTS` in the script; a row whose text no longer
+occurs on exactly one line reports an error. Not part of CI: it runs the listed test files once per mutant.
 
 Last run: {date}, `{command}`, {machine}.
 

@@ -4,23 +4,32 @@ Each reference reads the module's own parameters by name and recomputes the mixe
 head by head with the rotation of every (i, i + hd/2) channel pair written out and a causal softmax over each
 document's earlier tokens; the short convs as sums over their taps with each token's generated weights; the long
 convs as a sum over the filter taps, restarting at each document (rubiconv) or running across the whole row
-(fft_conv_leaky). The parameters are redrawn at a scale where every term matters (the init's 0.02 conv weights
-would hide a tap off by one under the residual), and the module runs in float64 on the torch backends; its
-rotary tables are float32, hence the tolerance.
+(fft_conv_leaky); the fla baselines (gla, gated_delta_net, retnet, based, mamba2) as one recurrence per head on a
+state S [K, V] from zero at each document start, S_t = diag(decay_t) S_{t-1} + k_t v_t^T (the delta rule's write
+for gated_delta_net; Based's Taylor features of q and k, with a column of ones for its normaliser), inside the
+layer around it (projections, SiLU short convs, gates, norms). RetNet's rotary positions restart at each
+document, but retention scores see q and k only through their offset, so no output shows the restart.
+
+The parameters are redrawn at a scale where every term matters (the init's 0.02 conv weights would hide a tap off
+by one under the residual), and the module runs in float64 on the torch backends; its rotary tables, RMSNorms
+and fla's naive ops are float32, hence the tolerance.
 
 The shapes, causality and blindness tests (test_mixers.py) hold for a wrongly wired mixer; these do not (RoPE
-left off the keys, a tap off by one, a causal mask shifted by one).
+left off the keys, a tap off by one, a causal mask shifted by one, a decay gate dropped, a state carried into
+the next document).
 """
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mixlab.models import MIXERS, ModelConfig
 from mixlab.models.layers import apply_rope, rope_cos_sin
 from torch import nn
 
 D, N_HEADS, WIDTH, RANK, CONV_HEAD = 8, 2, 3, 2, 4
+NORM_EPS = 1e-5
 HEAD_DIM = D // N_HEADS
 ROPE_BASE = 50.0  # low, so the rotation angles differ clearly between neighbouring positions
 # document lengths per row: a one-token document, documents shorter than the conv width, a whole row
@@ -64,13 +73,19 @@ def tap_weights(kind: str, p: dict[str, torch.Tensor], x_t: torch.Tensor, channe
     return torch.stack([per_head[c // CONV_HEAD] for c in range(channels)], dim=1) + p["static_w"]  # [W, C]
 
 
-def conv_unit_reference(kind: str, p: dict[str, torch.Tensor], u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """u [L, C] + sum over taps k <= t of w_t[k] * u[t - k] (+ the static unit's bias); source x [L, D]."""
-    out = u.clone()
+def causal_taps(kind: str, p: dict[str, torch.Tensor], u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Sum over taps k <= t of w_t[k] * u[t - k] for u [L, C], w_t the tap weights at token t (source x [L, D])."""
+    out = torch.zeros_like(u)
     for t in range(u.shape[0]):
         w = tap_weights(kind, p, x[t], u.shape[1])
         for k in range(min(WIDTH, t + 1)):
             out[t] += w[k] * u[t - k]
+    return out
+
+
+def conv_unit_reference(kind: str, p: dict[str, torch.Tensor], u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """u [L, C] + its causal taps (+ the static unit's bias); source x [L, D]."""
+    out = u + causal_taps(kind, p, u, x)
     return out + p["bias"] if kind == "static" else out
 
 
@@ -122,6 +137,127 @@ def identity_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Te
     return x
 
 
+# ---- the fla baselines: a per-head state S [K, V] updated token by token ----
+
+GATE_NORMALIZER, BASED_FEATURES, SSM_STATE = 16, 16, 16  # fla's gate_logit_normalizer, Based's and Mamba-2's N
+
+
+def column(t: torch.Tensor, h: int, size: int) -> torch.Tensor:
+    """Head h's channels of t [L, H * size] -> [L, size]."""
+    return t[:, h * size:(h + 1) * size]
+
+
+def scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, scale: float,
+         beta: torch.Tensor | None = None) -> torch.Tensor:
+    """One head, from S_0 = 0: S_t = diag(decay_t) S_{t-1}, then S_t += k_t v_t^T (or, with beta, the delta rule
+    S_t += beta_t k_t (v_t - S_t^T k_t)^T); o_t = scale * q_t S_t. q, k [L, K], v [L, V], decay [L, K] (a scalar
+    decay repeated over K), beta [L] -> o [L, V]."""
+    S = q.new_zeros(q.shape[1], v.shape[1])
+    out = []
+    for t in range(q.shape[0]):
+        S = decay[t][:, None] * S
+        write = v[t] if beta is None else beta[t] * (v[t] - S.T @ k[t])
+        S = S + torch.outer(k[t], write)
+        out.append(scale * q[t] @ S)
+    return torch.stack(out)
+
+
+def rms_norm(t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + NORM_EPS) * weight
+
+
+def gated_head_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fla's gated output norm of one head: rmsnorm(o) * silu(gate), o and gate [L, V]."""
+    return rms_norm(o, weight) * F.silu(gate)
+
+
+def gla_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """GLA: per key channel forget gate a_t = sigmoid(x W_r W_g + b)^(1/16); rmsnorm(o) * silu(g) per head."""
+    p = params(mixer)
+    dk, hk, hv = D // 2, D // 2 // N_HEADS, HEAD_DIM
+    q, k, v, gate = (x @ p["qkvg.weight"].T).split((dk, dk, D, D), dim=1)
+    forget = torch.sigmoid(x @ p["forget.0.weight"].T @ p["forget.1.weight"].T + p["forget.1.bias"])
+    decay = forget ** (1 / GATE_NORMALIZER)  # [L, dk]
+    heads = [gated_head_norm(scan(column(q, h, hk), column(k, h, hk), column(v, h, hv), column(decay, h, hk),
+                                  hk ** -0.5), column(gate, h, hv), p["out_norm.norm.weight"])
+             for h in range(N_HEADS)]
+    return torch.cat(heads, dim=1) @ p["out.weight"].T
+
+
+def mamba_step(a: torch.Tensor, p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's step dt = softplus(a + dt_bias) [L, H] and the decay exp(-exp(A_log) * dt) [L, H]."""
+    dt = F.softplus(a + p["dt_bias"])
+    return dt, torch.exp(-p["a_log"].exp() * dt)
+
+
+def gated_delta_net_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """Gated DeltaNet: q, k, v through silu(short conv); unit q, k; the delta rule with a scalar decay per head."""
+    p = params(mixer)
+    qkv = F.silu(causal_taps("static", params(mixer, "qkv_conv."), x @ p["qkv.weight"].T, x))
+    q, k, v = qkv.split((D, D, 2 * D), dim=1)
+    b, a = (x @ p["beta_a.weight"].T).chunk(2, dim=1)  # [L, H] each
+    _, decay = mamba_step(a, p)
+    gate = x @ p["gate.weight"].T
+    heads = []
+    for h in range(N_HEADS):
+        qh, kh = (column(t, h, HEAD_DIM) for t in (q, k))
+        qh, kh = qh / qh.norm(dim=1, keepdim=True), kh / kh.norm(dim=1, keepdim=True)
+        o = scan(qh, kh, column(v, h, 2 * HEAD_DIM), decay[:, h, None].expand_as(kh), HEAD_DIM ** -0.5,
+                 beta=torch.sigmoid(b[:, h]))
+        heads.append(gated_head_norm(o, column(gate, h, 2 * HEAD_DIM), p["out_norm.norm.weight"]))
+    return torch.cat(heads, dim=1) @ p["out.weight"].T
+
+
+def retnet_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """Retention: rotated q, k; head h keeps 1 - 2^(-5-h) of its state each step; gated output norm."""
+    p = params(mixer)
+    q, k, v, gate = (x @ p["qkvg.weight"].T).split((D, D, 2 * D, 2 * D), dim=1)
+    heads = []
+    for h in range(N_HEADS):
+        qh, kh = (rotate(column(t, h, HEAD_DIM)) for t in (q, k))
+        decay = torch.full_like(qh, 1 - 2.0 ** (-5 - h))
+        o = scan(qh, kh, column(v, h, 2 * HEAD_DIM), decay, HEAD_DIM ** -0.5)
+        heads.append(gated_head_norm(o, column(gate, h, 2 * HEAD_DIM), p["out_norm.norm.weight"]))
+    return torch.cat(heads, dim=1) @ p["out.weight"].T
+
+
+def taylor_features(t: torch.Tensor) -> torch.Tensor:
+    """Based's feature map of t [L, F]: [1, t / F^(1/4), t_i t_j / sqrt(2 F)] [L, 1 + F + F^2], so that
+    phi(q).phi(k) = 1 + s + s^2 / 2 for s = q.k / sqrt(F), exp's Taylor series to second order."""
+    n = t.shape[1]
+    square = (t[:, :, None] * t[:, None, :]).flatten(1)
+    return torch.cat([torch.ones_like(t[:, :1]), t / n ** 0.25, square / math.sqrt(2 * n)], dim=1)
+
+
+def based_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """Based: linear attention on the Taylor features, normalised by the running sum of phi(q_t).phi(k_s); the
+    state carries the normaliser as a last value column of ones."""
+    p = params(mixer)
+    f = BASED_FEATURES * N_HEADS
+    q, k, v = (x @ p["qkv.weight"].T).split((f, f, D), dim=1)
+    heads = []
+    for h in range(N_HEADS):
+        fq, fk = (taylor_features(column(t, h, BASED_FEATURES)) for t in (q, k))
+        vh = torch.cat([column(v, h, HEAD_DIM), torch.ones_like(v[:, :1])], dim=1)
+        o = scan(fq, fk, vh, torch.ones_like(fk), 1.0)  # [L, V + 1]
+        heads.append(o[:, :-1] / o[:, -1:])
+    return torch.cat(heads, dim=1) @ p["out.weight"].T
+
+
+def mamba2_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """Mamba-2's SSD, one group: h_t = exp(dt_t A) h_{t-1} + B_t (dt_t x_t)^T, y_t = C_t h_t + D_skip x_t per
+    head; x, B, C through silu(short conv); out(rmsnorm(y * silu(z)))."""
+    p = params(mixer)
+    inner, n = 2 * D, SSM_STATE
+    z, xbc, a = (x @ p["in_proj.weight"].T).split((inner, inner + 2 * n, N_HEADS), dim=1)
+    u, b, c = F.silu(causal_taps("static", params(mixer, "conv."), xbc, x)).split((inner, n, n), dim=1)
+    dt, decay = mamba_step(a, p)  # [L, H] each
+    size = inner // N_HEADS
+    y = torch.cat([scan(c, b, column(u, h, size) * dt[:, h, None], decay[:, h, None].expand_as(b), 1.0)
+                   + p["d_skip"][h] * column(u, h, size) for h in range(N_HEADS)], dim=1)
+    return rms_norm(y * F.silu(z), p["norm.weight"]) @ p["out.weight"].T
+
+
 # name -> (reference, the conv unit kind it applies, whether documents restart it when cu_seqlens is given)
 REFERENCES = {
     "attention": (attention_reference, None, True),
@@ -131,6 +267,11 @@ REFERENCES = {
     "rubiconv": (long_conv_reference, None, True),
     "fft_conv_leaky": (long_conv_reference, None, False),
     "none": (identity_reference, None, True),
+    "gla": (gla_reference, None, True),
+    "gated_delta_net": (gated_delta_net_reference, None, True),
+    "retnet": (retnet_reference, None, True),
+    "based": (based_reference, None, True),
+    "mamba2": (mamba2_reference, None, True),
 }
 QKV_CONVS = ["none", "static", "dynamic_lowrank", "dynamic_headwise"]
 # a registered mixer without a reference fails test_every_registered_mixer_has_a_reference, not a KeyError here
@@ -143,7 +284,8 @@ def make_mixer(name: str, qkv_conv: str) -> nn.Module:
     """The mixer in float64 with every parameter redrawn from N(0, 0.5^2) (seeded)."""
     config = ModelConfig(vocab_size=11, d_model=D, n_layers=1, mixer=name, n_heads=N_HEADS, mlp_hidden=0,
                          max_seq_len=T + 2, qkv_conv=qkv_conv, conv_width=WIDTH, conv_rank=RANK,
-                         conv_head_size=CONV_HEAD, rope_base=ROPE_BASE, kernel_backend="torch")
+                         conv_head_size=CONV_HEAD, rope_base=ROPE_BASE, norm_eps=NORM_EPS,
+                         kernel_backend="torch")
     mixer = MIXERS[name](config, 0).double()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
