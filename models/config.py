@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from mixlab.kernels.utils import BACKENDS
 from mixlab.models.mixers import MIXERS, mixer_class
-from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass, from_mapping
+from mixlab.tasks.fields import (
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    added_field,
+    check_dataclass,
+    from_mapping,
+)
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
@@ -31,8 +38,8 @@ class ModelConfig:
         n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
             these as two "layers", so the MAD model's 4 layers are 2 blocks).
         mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
-            rubiconv, fft_conv_leaky, none), the name of an installed `mixlab.mixers` entry point, or an
-            import path `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin).
+            rubiconv, fft_conv_leaky, hyena, hyena_leaky, none), the name of an installed `mixlab.mixers` entry
+            point, or an import path `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin).
         n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
         mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
         max_seq_len: longest accepted sequence; the long-conv filter length L_F.
@@ -46,6 +53,8 @@ class ModelConfig:
         init_std: standard deviation of the normal init of every Linear and Embedding weight.
         objective: "lm" (next-token logits) or "compression" (the MAD compression autoencoder).
         kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
+        hyena_order: order N >= 2 of the Hyena operator (mixers hyena, hyena_leaky): N + 1 projected streams,
+            N gates, N - 1 long convolutions.
     """
 
     vocab_size: PositiveInt
@@ -64,6 +73,7 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     objective: Literal[OBJECTIVES] = "lm"
     kernel_backend: Literal[KERNEL_BACKENDS] = None
+    hyena_order: PositiveInt = added_field(2)
 
     def __post_init__(self) -> None:
         check_dataclass(self)

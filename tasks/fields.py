@@ -169,6 +169,24 @@ def from_mapping(cls: type, data: Any, *, where: str | None = None) -> Any:
     return cls(**check_mapping(where or cls.__name__, data, field_types(cls), required))
 
 
+# Metadata key of a field made by ``added_field``.
+ADDED_FIELD = "mixlab_added_field"
+
+
+def added_field(default: Any) -> Any:
+    """A dataclass field with ``default``, added after records naming runs by every field of their resolved
+    config were written: ``resolved_fields`` leaves it out while it holds its default, so those records keep
+    their names (hashes). Give every new field of task parameters or of ModelConfig its default this way."""
+    return dataclasses.field(default=default, metadata={ADDED_FIELD: True})
+
+
+def resolved_fields(instance: Any) -> dict[str, Any]:
+    """Every field of a (flat) dataclass as a dict, except a field made by ``added_field`` that holds its
+    default: what a run's resolved config records (``runners.sweep_plan``)."""
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)
+            if not (f.metadata.get(ADDED_FIELD) and getattr(instance, f.name) == f.default)}
+
+
 def _subject(name: str, where: str | None) -> str:
     return f"{where}.{name}" if where else name
 

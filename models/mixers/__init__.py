@@ -28,6 +28,7 @@ from mixlab.models.mixers.external import (
     is_import_path,
     load_target,
 )
+from mixlab.models.mixers.hyena import Hyena, HyenaLeaky
 from mixlab.models.mixers.identity import IdentityMixer
 from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
 from mixlab.models.mixers.short_conv import DynamicConvMixer, HeadwiseDynamicConvMixer, StaticConvMixer
@@ -39,6 +40,8 @@ MIXERS: dict[str, type[Mixer]] = {
     "dynamic_conv_headwise": HeadwiseDynamicConvMixer,
     "rubiconv": GatedLongConv,
     "fft_conv_leaky": LeakyFFTConv,
+    "hyena": Hyena,
+    "hyena_leaky": HyenaLeaky,
     "none": IdentityMixer,
 }
 
