@@ -3,5 +3,6 @@ token representations.
 
 Modules: ``aggregate`` (load run records, median/IQR/n over seeds, MAD scoring), ``tables`` (markdown and CSV),
 ``plots`` (seaborn figures), ``report`` (``mixlab report``), ``leakage`` (the five cross-document probes),
-``representations`` (hidden states per layer, cosine similarity, PCA, linear probes for the previous token).
+``representations`` (hidden states per layer, cosine similarity, PCA, linear probes for the previous token),
+``packed_queries`` (packed associative retrieval accuracy by query kind and distance from the document start).
 """
