@@ -5,5 +5,6 @@ Modules: ``aggregate`` (load run records, median/IQR/n over seeds, MAD scoring),
 ``plots`` (seaborn figures), ``report`` (``mixlab report``), ``claims`` (papers' claims as checks, their verdicts),
 ``stats`` (intervals and tests over seeds), ``ledger`` (``mixlab claims``, reproductions/CLAIMS.md),
 ``leakage`` (the five cross-document probes), ``representations`` (hidden states per layer, cosine similarity,
-PCA, linear probes for the previous token).
+PCA, linear probes for the previous token), ``packed_queries`` (packed associative retrieval accuracy by query
+kind and distance from the document start).
 """

@@ -15,10 +15,10 @@ from typing import Any, Literal
 from mixlab.kernels.utils import BACKENDS
 from mixlab.models.mixers import MIXERS, layer_mixers, pattern_classes
 from mixlab.tasks.fields import (
-    OMIT_AT_DEFAULT,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    added_field,
     check_dataclass,
     from_mapping,
 )
@@ -39,11 +39,11 @@ class ModelConfig:
         n_layers: number of blocks; each block is a mixer sublayer then an MLP sublayer (mad-lab counts
             these as two "layers", so the MAD model's 4 layers are 2 blocks).
         mixer: name in `models.MIXERS` (attention, static_conv, dynamic_conv, dynamic_conv_headwise,
-            rubiconv, fft_conv_leaky, none, and with fla-core gla, gated_delta_net, retnet, based, mamba2), the
-            name of an installed `mixlab.mixers` entry point, or an import path `package.module:Factory`
-            (`models.resolve_mixer`; checking it imports the plugin); or a hybrid stack's per-layer pattern, a
-            comma list of those cycled over the layers ("static_conv,attention": attention in every second
-            block; `models.layer_mixers`).
+            rubiconv, fft_conv_leaky, hyena, hyena_leaky, none, and with fla-core gla, gated_delta_net, retnet,
+            based, mamba2), the name of an installed `mixlab.mixers` entry point, or an import path
+            `package.module:Factory` (`models.resolve_mixer`; checking it imports the plugin); or a hybrid
+            stack's per-layer pattern, a comma list of those cycled over the layers ("static_conv,attention":
+            attention in every second block; `models.layer_mixers`).
         n_heads: attention heads; D must divide by it and the head size must be even (rotary embedding).
         mlp_hidden: SwiGLU inner width; 0 or None drops the MLP sublayer (and its norm).
         max_seq_len: longest accepted sequence; the long-conv filter length L_F.
@@ -64,8 +64,10 @@ class ModelConfig:
             biases start at zero and norm weights at one under both. mad-lab's language model is "torch_linear".
         proj_bias: biases on attention's QKV and output projections and on the LM's output layer (mad-lab's
             language model has them; its SwiGLU has none, as here).
-    Fields added after runs were named by their configs (``init``, ``proj_bias``) are left out of a planned
-    run's config while they hold their default (``tasks.fields.OMIT_AT_DEFAULT``), so those names still hold.
+        hyena_order: order N >= 2 of the Hyena operator (mixers hyena, hyena_leaky): N + 1 projected streams,
+            N gates, N - 1 long convolutions.
+    Fields added after runs were named by their configs (``init``, ``proj_bias``, ``hyena_order``) are left out
+    of a planned run's config while they hold their default (``tasks.fields.added_field``), so those names hold.
     """
 
     vocab_size: PositiveInt
@@ -84,8 +86,9 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     objective: Literal[OBJECTIVES] = "lm"
     kernel_backend: Literal[KERNEL_BACKENDS] = None
-    init: Literal[INITS] = dataclasses.field(default="normal", metadata=OMIT_AT_DEFAULT)
-    proj_bias: bool = dataclasses.field(default=False, metadata=OMIT_AT_DEFAULT)
+    init: Literal[INITS] = added_field("normal")
+    proj_bias: bool = added_field(False)
+    hyena_order: PositiveInt = added_field(2)
 
     def __post_init__(self) -> None:
         check_dataclass(self)

@@ -20,11 +20,11 @@ Equality (``tests/runners/test_engine.py``): on the CPU every record equals trai
 fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch.optim.AdamW``'s arithmetic
 op for op (decay, ``lerp_``, ``addcmul_``, ``sqrt`` / bias correction + eps, step), which on the CPU gives
 the same bits for one stacked buffer as for separate parameters. On a GPU the batched kernels (and
-train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``
-and ``fft_conv_leaky`` batch their FFTs, the head-wise dynamic conv its generator's matmul and
-``gated_delta_net`` the matmuls of fla's naive chunked delta rule, which changes the last bits even in fp32 on
-the CPU; so does the output head of tasks scored at few positions (the head runs
-at those positions only, ``runners.metrics``: a stacked matmul of few rows rounds differently).
+train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``,
+``fft_conv_leaky``, ``hyena`` and ``hyena_leaky`` batch their FFTs, the head-wise dynamic conv its generator's
+matmul and ``gated_delta_net`` the matmuls of fla's naive chunked delta rule, which changes the last bits even in
+fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs at those positions
+only, ``runners.metrics``: a stacked matmul of few rows rounds differently).
 
 Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
 equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
@@ -35,15 +35,15 @@ Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``t
 
 - packed tasks (``doc_ids``): turning doc_ids into ``cu_seqlens`` has data-dependent shapes, which vmap
   cannot batch;
-- ``kernel_backend="triton"`` with RubiConv (``rubiconv``, ``fft_conv_leaky``): its Triton path has no vmap
-  rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``: the kernels once per
-  run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run alone: Triton on CUDA,
-  the plain-torch references on the CPU; RubiConv under vmap runs its reference;
+- ``kernel_backend="triton"`` with RubiConv (``rubiconv``, ``fft_conv_leaky``, ``hyena``, ``hyena_leaky``): its
+  Triton path has no vmap rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``:
+  the kernels once per run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run
+  alone: Triton on CUDA, the plain-torch references on the CPU; RubiConv under vmap runs its reference;
 - mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap;
   a hybrid stack (per-layer pattern) stacks only when every mixer of it does.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
-fft_conv_leaky, none, the fla-core baselines (their Triton op's vmap rule runs it once per run), and the
-compression autoencoder.
+fft_conv_leaky, hyena, hyena_leaky, none, the fla-core baselines (their Triton op's vmap rule runs it once per
+run), and the compression autoencoder.
 
 Time: runs of a stack step together, so the time of the shared steps is split among them. The training
 time between two evaluations is measured once (after a device sync) and divided evenly among the runs

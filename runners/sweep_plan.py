@@ -4,8 +4,8 @@ Two planners build plans: ``sweep_spec.SweepSpec.plan`` (YAML grids) and ``mad.m
 Both name a run by ``runners.config.config_hash`` of its *resolved* config (``Resolver``): task parameters with
 every default filled in and every ModelConfig field (except vocab_size and max_seq_len, which the task fixes), so
 writing a default out or leaving it implicit names the same run, and a later change of a default does not reuse
-old records. Fields marked ``tasks.fields.OMIT_AT_DEFAULT`` are left out while they hold their default, so adding
-such a field keeps the names of the runs planned before it.
+old records. A field added later (``tasks.fields.added_field``) is left out while it holds its default, so the
+records written before it existed keep their names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
-from mixlab.tasks.fields import NonNegativeInt, PositiveInt, check, from_mapping, named_fields
+from mixlab.tasks.fields import NonNegativeInt, PositiveInt, check, from_mapping, resolved_fields
 
 # ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.
 TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")
@@ -63,8 +63,8 @@ class Resolver:
         if key not in self._cache:
             run = RunConfig(task=task, task_params=dict(params), model=dict(model))
             task_obj, model_config = resolve(run)
-            full = {k: v for k, v in named_fields(model_config).items() if k not in TASK_FIXED_MODEL_FIELDS}
-            self._cache[key] = (named_fields(task_obj.params), full)
+            full = {k: v for k, v in resolved_fields(model_config).items() if k not in TASK_FIXED_MODEL_FIELDS}
+            self._cache[key] = (resolved_fields(task_obj.params), full)
         task_params, full_model = self._cache[key]
         train_config = from_mapping(TrainConfig, train, where="train")
         return RunConfig(task=task, task_params=dict(task_params), model=dict(full_model), train=train_config)

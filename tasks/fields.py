@@ -169,6 +169,24 @@ def from_mapping(cls: type, data: Any, *, where: str | None = None) -> Any:
     return cls(**check_mapping(where or cls.__name__, data, field_types(cls), required))
 
 
+# Metadata key of a field made by ``added_field``.
+ADDED_FIELD = "mixlab_added_field"
+
+
+def added_field(default: Any) -> Any:
+    """A dataclass field with ``default``, added after records naming runs by every field of their resolved
+    config were written: ``resolved_fields`` leaves it out while it holds its default, so those records keep
+    their names (hashes). Give every new field of task parameters or of ModelConfig its default this way."""
+    return dataclasses.field(default=default, metadata={ADDED_FIELD: True})
+
+
+def resolved_fields(instance: Any) -> dict[str, Any]:
+    """Every field of a (flat) dataclass as a dict, except a field made by ``added_field`` that holds its
+    default: what a run's resolved config records (``runners.sweep_plan``)."""
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)
+            if not (f.metadata.get(ADDED_FIELD) and getattr(instance, f.name) == f.default)}
+
+
 def _subject(name: str, where: str | None) -> str:
     return f"{where}.{name}" if where else name
 
@@ -212,17 +230,3 @@ def _item(annotation: Any) -> Any:
     """``tuple[X, ...]`` -> X."""
     (item,) = {a for a in typing.get_args(annotation) if a is not Ellipsis}
     return item
-
-
-# Metadata of a dataclass field that a run's hash leaves out while it holds its default: a field added to a
-# config that runs are named by (``runners.sweep_plan``) then keeps every earlier run's name.
-OMIT_AT_DEFAULT = types.MappingProxyType({"omit_at_default": True})
-
-
-def named_fields(instance: Any) -> dict[str, Any]:
-    """``dataclasses.asdict`` of a dataclass without its ``OMIT_AT_DEFAULT`` fields that hold their default."""
-    out = dataclasses.asdict(instance)
-    for f in dataclasses.fields(instance):
-        if f.metadata.get("omit_at_default") and out[f.name] == f.default:
-            del out[f.name]
-    return out

@@ -33,6 +33,7 @@ from mixlab.models.mixers.external import (
     load_target,
 )
 from mixlab.models.mixers.fla import Based, GatedDeltaNet, GatedLinearAttention, Mamba2, Retention
+from mixlab.models.mixers.hyena import Hyena, HyenaLeaky
 from mixlab.models.mixers.identity import IdentityMixer
 from mixlab.models.mixers.long_conv import GatedLongConv, LeakyFFTConv
 from mixlab.models.mixers.short_conv import DynamicConvMixer, HeadwiseDynamicConvMixer, StaticConvMixer
@@ -44,6 +45,8 @@ MIXERS: dict[str, type[Mixer]] = {
     "dynamic_conv_headwise": HeadwiseDynamicConvMixer,
     "rubiconv": GatedLongConv,
     "fft_conv_leaky": LeakyFFTConv,
+    "hyena": Hyena,
+    "hyena_leaky": HyenaLeaky,
     "none": IdentityMixer,
     # baselines on fla-core's ops (optional extra `mixlab[baselines]`)
     "gla": GatedLinearAttention,

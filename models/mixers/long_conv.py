@@ -29,6 +29,14 @@ def decaying_filter(channels: int, length: int) -> torch.Tensor:
     return taps / taps.norm(dim=1, keepdim=True)
 
 
+def long_conv(u: torch.Tensor, h: torch.Tensor, skip: torch.Tensor, cu_seqlens: torch.Tensor | None,
+              backend: str | None) -> torch.Tensor:
+    """rubiconv(u, h) + skip * u: u [B, T, D], h [D, L_F], skip [D] -> [B, T, D]; per document with cu_seqlens,
+    one convolution per row without. Taps j >= T never reach a token, so h is cut to T before the transform."""
+    y = kernels.rubiconv(u, h[:, :u.shape[1]], cu_seqlens=cu_seqlens, backend=backend)
+    return y + skip.to(u.dtype) * u
+
+
 class GatedLongConv(Mixer):
     """Registry `rubiconv`: gated long conv, exact per document. Filter length L_F = config.max_seq_len."""
 
@@ -46,13 +54,9 @@ class GatedLongConv(Mixer):
         self.out_proj = nn.Linear(d, d, bias=False)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        T = x.shape[1]
         v, gate = self.in_proj(x).chunk(2, dim=-1)  # [B, T, D] each
-        v = v.contiguous()
         documents = None if self.leaks_across_documents else cu_seqlens
-        # taps j >= T never reach a token, so the filter is cut to T before the transform
-        y = kernels.rubiconv(v, self.filter[:, :T], cu_seqlens=documents, backend=self.backend)
-        return self.out_proj((y + self.skip.to(v.dtype) * v) * gate)
+        return self.out_proj(long_conv(v.contiguous(), self.filter, self.skip, documents, self.backend) * gate)
 
 
 class LeakyFFTConv(GatedLongConv):

@@ -27,11 +27,11 @@ pair, so every probe is shown before its final copy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
-from mixlab.tasks.fields import OMIT_AT_DEFAULT
+from mixlab.tasks.fields import added_field
 from mixlab.tasks.mad.in_context_recall import first_occurrence
 
 # Rows are generated in blocks of about this many tokens, bounding the [rows, pairs, motif] work arrays
@@ -73,7 +73,7 @@ class FuzzyRecall(Task):
         seq_len: int = 128
         k_motif_size: int = 3
         v_motif_size: int = 3
-        probe_anywhere: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
+        probe_anywhere: bool = added_field(False)
 
     def validate(self) -> None:
         p = self.params

@@ -19,11 +19,11 @@ the baseline's task again. ``ignore_num_tokens_to_copy=True`` reproduces that: 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
-from mixlab.tasks.fields import OMIT_AT_DEFAULT
+from mixlab.tasks.fields import added_field
 
 # What mad-lab's generator copies when it is not told how many (before its commit 35772e8, always).
 MAD_LAB_DEFAULT_COPY = 16
@@ -38,7 +38,7 @@ class SelectiveCopy(Task):
         vocab_size: int = 16
         seq_len: int = 256
         num_tokens_to_copy: int = 16
-        ignore_num_tokens_to_copy: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
+        ignore_num_tokens_to_copy: bool = added_field(False)
 
     def validate(self) -> None:
         p = self.params

@@ -194,10 +194,11 @@ def test_every_mixer_batches(label, task, model):
     configs = [tiny(task=task, model=model, epochs=1),
                tiny(task=task, model=model, epochs=1, init_seed=1, lr=1e-3)]
     assert unbatchable_reason(configs[0]) is None
-    # batched FFTs (rubiconv, fft_conv_leaky) round differently from one-row FFTs; so does the head-wise
-    # generator's batched matmul (test logits differ in the last bits, which the loss sum may or may not show), and
-    # fla's naive chunked delta rule its batched matmuls
-    exact = model.get("mixer") not in ("rubiconv", "fft_conv_leaky", "dynamic_conv_headwise", "gated_delta_net")
+    # batched FFTs (rubiconv, fft_conv_leaky, hyena, hyena_leaky) round differently from one-row FFTs; so does
+    # the head-wise generator's batched matmul (test logits differ in the last bits, which the loss sum may or
+    # may not show), and fla's naive chunked delta rule its batched matmuls
+    exact = model.get("mixer") not in ("rubiconv", "fft_conv_leaky", "hyena", "hyena_leaky", "dynamic_conv_headwise",
+                                       "gated_delta_net")
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
 
 
@@ -216,8 +217,8 @@ def test_short_convs_stack_on_their_triton_kernels(label, model):
     assert unbatchable_reason(configs[0]) is None
     exact = label != "dynamic_headwise"  # its generator's batched matmul rounds differently (above)
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
-    rubiconv = tiny(model={"mixer": "rubiconv", "kernel_backend": "triton"})
-    assert "has no vmap rule" in unbatchable_reason(rubiconv)
+    for long_conv in ("rubiconv", "hyena"):
+        assert "has no vmap rule" in unbatchable_reason(tiny(model={"mixer": long_conv, "kernel_backend": "triton"}))
 
 
 def test_packed_tasks_are_trained_one_at_a_time(monkeypatch):

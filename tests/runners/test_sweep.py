@@ -167,6 +167,31 @@ def test_committed_runs_keep_their_hashes(sweep):
         assert config_hash(again) == run["hash"]
 
 
+def test_added_fields_leave_the_resolved_config_at_their_default():
+    """A field added after records existed (tasks.fields.added_field: ModelConfig.hyena_order, packed AR's
+    query_share) is not in a resolved config while at its default, so those records keep their hashes; away
+    from it, it is. The hash is the one of a committed packed_small record (reproductions/packed)."""
+    packed = {"seq_len": 128, "min_doc_len": 8, "doc_len_median": 24, "max_doc_len": 64, "doc_len_sigma": 0.8,
+              "num_keys": 16, "keys_per_doc": 4, "num_values": 4, "absent_prob": 0.5, "absent_key": "previous_last"}
+    spec = {"name": "old", "tasks": [{"task": "packed/associative_retrieval", "params": packed}],
+            "models": {"rubiconv": {"mixer": "rubiconv", "n_layers": 2}},
+            "model_grid": [{"d_model": 64, "mlp_hidden": 176}],
+            "train": {"steps": 1500, "epochs": None, "batch_size": 32, "num_train": 8192, "num_test": 512, "lr": 3e-3,
+                      "beta2": 0.95, "weight_decay": 0.01, "schedule": "cosine_step", "warmup_steps": 100,
+                      "eval_every": 250, "early_stop_acc": 0.999, "device": "cpu"},
+            "seeds": 1}
+    (old,) = SweepSpec.from_dict(spec).plan().runs
+    assert old.hash == "0c6fb89d6d33"
+    assert "hyena_order" not in old.config.model and "query_share" not in old.config.task_params
+    spelled = {**spec, "tasks": [{"task": "packed/associative_retrieval", "params": {**packed, "query_share": 0.0}}],
+               "models": {"rubiconv": {"mixer": "rubiconv", "n_layers": 2, "hyena_order": 2}}}
+    assert SweepSpec.from_dict(spelled).plan().runs[0].hash == old.hash
+    new = {**spec, "tasks": [{"task": "packed/associative_retrieval", "params": {**packed, "query_share": 0.5}}],
+           "models": {"hyena": {"mixer": "hyena", "n_layers": 2, "hyena_order": 3}}}
+    (run,) = SweepSpec.from_dict(new).plan().runs
+    assert run.config.model["hyena_order"] == 3 and run.config.task_params["query_share"] == 0.5
+
+
 def test_packaged_presets_load():
     assert {"smoke", "mqar_varlen_fig2"} <= set(preset_names())
     fig2 = load_spec("mqar_varlen_fig2")

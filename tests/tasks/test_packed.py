@@ -140,6 +140,71 @@ def test_absent_key_previous_last_asks_the_neighbours_last_shown_key():
         "the default mode's bytes, as generated before absent_key existed"
 
 
+def sha(data) -> str:
+    """First 16 hex digits of the sha256 of a split's inputs, targets, roles and doc_ids."""
+    h = hashlib.sha256()
+    for t in (data.inputs, data.targets, data.roles, data.doc_ids):
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+SMALL = {"seq_len": 128, "min_doc_len": 8, "doc_len_median": 24, "max_doc_len": 64, "doc_len_sigma": 0.8,
+         "num_keys": 16, "keys_per_doc": 4, "num_values": 4, "absent_prob": 0.5, "absent_key": "previous_last"}
+
+
+@pytest.mark.parametrize(("params", "digest"), [({}, "544757d39e9e4f70"), (SMALL, "d0c6dec13fdfcc9f"),
+                                                ({**SMALL, "query_share": 0.0}, "d0c6dec13fdfcc9f")],
+                         ids=["defaults", "packed_small", "packed_small-share-0"])
+def test_one_query_per_document_keeps_its_bytes(params, digest):
+    """query_share 0 (the default) draws the bytes the committed one-query records trained on (digests taken
+    from the generator before query_share existed)."""
+    assert sha(get_task("packed/associative_retrieval", **params).generate(8, seed=3, split="test")) == digest
+
+
+def test_many_queries_per_document():
+    """query_share 0.5: Q = max(1, round(0.5 * S)) queries after P = S - Q pairs, every query scored at its key
+    with its answer next, present keys answered by the document's own map, absent ones (NONE) asking the
+    previous document's keys; both kinds occur and their order within a document is mixed."""
+    task = get_task("packed/associative_retrieval", **{**SMALL, "absent_key": "previous", "query_share": 0.5})
+    data = task.generate(40, seed=4)
+    first_value = 4 + task.params.num_keys
+    counts = {"present": 0, "absent": 0, "absent_from_previous": 0, "mixed_docs": 0}
+    for r in range(len(data)):
+        inp, tgt = data.inputs[r].numpy(), data.targets[r].numpy()
+        prev_keys = None
+        for start, end in documents(data, r):
+            doc, dtgt, length = inp[start:end], tgt[start:end], end - start
+            slots = (length - 2) // 2
+            n_queries = max(1, round(0.5 * slots))
+            n_pairs = slots - n_queries
+            assert task.slots(length) == (n_pairs, n_queries)
+            first_query = length - 2 * n_queries
+            assert doc[first_query - 1] == QUERY
+            assert np.flatnonzero(dtgt != IGNORE).tolist() == list(range(first_query, length, 2))
+            assert np.array_equal(dtgt[first_query::2], doc[first_query + 1 :: 2]), "the answer is the next input"
+            keys, values = doc[1 : 1 + 2 * n_pairs : 2], doc[2 : 2 + 2 * n_pairs : 2]
+            assert (keys >= 4).all() and (keys < first_value).all() and (values >= first_value).all()
+            mapping = dict(zip(keys.tolist(), values.tolist()))
+            assert all(mapping[k] == v for k, v in zip(keys.tolist(), values.tolist())), "one value per key"
+            answers = doc[first_query + 1 :: 2]
+            for query, answer in zip(doc[first_query::2].tolist(), answers.tolist()):
+                if answer == NONE:
+                    counts["absent"] += 1
+                    assert query not in mapping
+                    counts["absent_from_previous"] += prev_keys is not None and query in prev_keys
+                else:
+                    counts["present"] += 1
+                    assert mapping[query] == answer
+            counts["mixed_docs"] += (answers == NONE).any() and (answers != NONE).any()
+            prev_keys = set(mapping)
+    assert 0.4 < counts["absent"] / (counts["absent"] + counts["present"]) < 0.6
+    assert counts["absent_from_previous"] > 0.7 * counts["absent"]
+    assert counts["mixed_docs"] > 50
+    again = task.generate(40, seed=4)
+    assert sha(again) == sha(data), "same seed, same bytes"
+    assert sha(task.generate(40, seed=5)) != sha(data)
+
+
 @pytest.mark.parametrize(
     "name,params,bad",
     [
@@ -149,11 +214,13 @@ def test_absent_key_previous_last_asks_the_neighbours_last_shown_key():
         ("packed/associative_retrieval", {"absent_prob": 2.0}, "absent_prob"),
         ("packed/associative_retrieval", {"absent_key": "nearest"}, "absent_key"),
         ("packed/associative_retrieval", {"absent_key": 1}, "absent_key"),
+        ("packed/associative_retrieval", {"query_share": 1.0}, "query_share"),
+        ("packed/associative_retrieval", {"min_doc_len": 6, "query_share": 0.75}, "query_share"),
         ("packed/noisy_recall", {"seq_len": 1023}, "seq_len"),
         ("packed/noisy_recall", {"frac_noise": 1.0}, "frac_noise"),
     ],
     ids=["all-keys-active", "tiny-docs", "median-out-of-range", "bad-prob", "unknown-absent-key",
-         "absent-key-not-a-string", "odd-row", "all-noise"],
+         "absent-key-not-a-string", "share-one", "share-leaves-no-pair", "odd-row", "all-noise"],
 )
 def test_impossible_settings_name_the_parameter(name, params, bad):
     with pytest.raises(ValueError, match=bad):
