@@ -19,6 +19,7 @@ left off the keys, a tap off by one, a causal mask shifted by one, a decay gate 
 the next document).
 """
 
+import itertools
 import math
 
 import pytest
@@ -131,6 +132,22 @@ def long_conv_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.T
     v, gate = (x @ p["in_proj.weight"].T).chunk(2, dim=1)  # [L, D] each
     y = torch.stack([sum(p["filter"][:, j] * v[t - j] for j in range(t + 1)) for t in range(x.shape[0])])
     return ((y + p["skip"] * v) * gate) @ p["out_proj.weight"].T
+
+
+def hyena_reference(mixer: nn.Module, kind: str, x: torch.Tensor, lengths: list[int] | None = None) -> torch.Tensor:
+    """Order N: streams x_0 .. x_{N-1}, v from the static short conv of in_proj(x) (per document of ``lengths``
+    when given: the leaky variant's short convs stay inside documents, its long convs cross them); z = v, then
+    for n = N-1 .. 1 z = sum_j h[:, j] * (x_n z)[t - j] + skip * x_n z; out_proj(x_0 * z)."""
+    p = params(mixer)
+    projected, unit = x @ p["in_proj.weight"].T, params(mixer, "short_conv.")
+    bounds = itertools.accumulate([0, *(lengths or [x.shape[0]])])
+    u = torch.cat([conv_unit_reference("static", unit, projected[a:b], x[a:b])
+                   for a, b in itertools.pairwise(bounds)])  # [L, (N+1) D]
+    *gates, z = u.chunk(len(p["filters"]) + 2, dim=1)
+    for h, skip, gate in zip(p["filters"], p["skip"], reversed(gates[1:])):
+        g = gate * z
+        z = torch.stack([sum(h[:, j] * g[t - j] for j in range(t + 1)) for t in range(x.shape[0])]) + skip * g
+    return (gates[0] * z) @ p["out_proj.weight"].T
 
 
 def identity_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -258,7 +275,8 @@ def mamba2_reference(mixer: nn.Module, kind: str, x: torch.Tensor) -> torch.Tens
     return rms_norm(y * F.silu(z), p["norm.weight"]) @ p["out.weight"].T
 
 
-# name -> (reference, the conv unit kind it applies, whether documents restart it when cu_seqlens is given)
+# name -> (reference, the conv unit kind it applies, whether documents restart it when cu_seqlens is given: True,
+# False (it reads the whole row), or "short_convs" (only its short convs restart; the reference gets the lengths))
 REFERENCES = {
     "attention": (attention_reference, None, True),
     "static_conv": (short_conv_reference, "static", True),
@@ -266,6 +284,8 @@ REFERENCES = {
     "dynamic_conv_headwise": (short_conv_reference, "dynamic_headwise", True),
     "rubiconv": (long_conv_reference, None, True),
     "fft_conv_leaky": (long_conv_reference, None, False),
+    "hyena": (hyena_reference, None, True),
+    "hyena_leaky": (hyena_reference, None, "short_convs"),
     "none": (identity_reference, None, True),
     "gla": (gla_reference, None, True),
     "gated_delta_net": (gated_delta_net_reference, None, True),
@@ -309,9 +329,10 @@ def test_mixer_matches_its_naive_reference(name, qkv_conv, with_docs):
     with torch.no_grad():
         y = mixer(x, cu_seqlens=layout_cu_seqlens() if with_docs else None)
         expected = torch.empty_like(x)
-        for row, start, length in segments(with_docs and per_document):
+        for row, start, length in segments(with_docs and per_document is True):
             doc = x[row, start:start + length]
-            expected[row, start:start + length] = reference(mixer, conv_kind or qkv_conv, doc)
+            lengths = {"lengths": LAYOUT[row] if with_docs else None} if per_document == "short_convs" else {}
+            expected[row, start:start + length] = reference(mixer, conv_kind or qkv_conv, doc, **lengths)
     torch.testing.assert_close(y, expected, **TOLERANCE)
 
 
