@@ -96,24 +96,30 @@ def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, cu: torch.Tensor | Non
     return Anchor("causal-conv1d", fn, {"x": x, "w": w}, note="residual added outside the kernel")
 
 
-def _dynamic_conv1d_headwise(x: torch.Tensor, weight: torch.Tensor, static_w: torch.Tensor,
-                             cu: torch.Tensor | None) -> Anchor | Missing:
-    conv = _module("headwise", "headwise_dynamic_convolution")
+def _dynamic_conv1d(module: str, function: str, cu: torch.Tensor | None) -> Callable | Missing:
+    """The dynamic-conv paper's kernel ``module.function``, or why it cannot be an anchor here."""
+    conv = _module(module, function)
     if conv is None:
         return Missing("dynamic-conv1d", "not on the path: clone its repository and add it to PYTHONPATH")
     if cu is not None:
         return Missing("dynamic-conv1d", "no document support")
+    return conv
+
+
+def _dynamic_conv1d_headwise(x: torch.Tensor, weight: torch.Tensor, static_w: torch.Tensor,
+                             cu: torch.Tensor | None) -> Anchor | Missing:
+    conv = _dynamic_conv1d("headwise", "headwise_dynamic_convolution", cu)
+    if isinstance(conv, Missing):
+        return conv
     return Anchor("dynamic-conv1d", lambda x, weight, static_w: conv(x, weight, static_w=static_w, residual=True),
                   {"x": x, "weight": weight, "static_w": static_w})
 
 
 def _dynamic_conv1d_lowrank(x: torch.Tensor, z: torch.Tensor, U: torch.Tensor, static_w: torch.Tensor,
                             cu: torch.Tensor | None) -> Anchor | Missing:
-    conv = _module("lowrank", "lowrank_dynamic_convolution")
-    if conv is None:
-        return Missing("dynamic-conv1d", "not on the path: clone its repository and add it to PYTHONPATH")
-    if cu is not None:
-        return Missing("dynamic-conv1d", "no document support")
+    conv = _dynamic_conv1d("lowrank", "lowrank_dynamic_convolution", cu)
+    if isinstance(conv, Missing):
+        return conv
     # its static_w is fused as one more rank and rank + 1 must be a power of two: it runs rank R - 1 + static
     # (the same R-rank generator work as ours, one rank of it the static filter) - said in the note
     R = z.shape[-1]
