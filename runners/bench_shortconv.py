@@ -22,6 +22,7 @@ The low-rank floor counts the [B, T, W, D] weights as never written: the kernels
 
 import dataclasses
 import datetime
+import sys
 from collections.abc import Callable
 from typing import Literal
 
@@ -177,12 +178,14 @@ def bench_shortconv(
     n_docs: int = 64,
     repeats: int = 100,
     device: str | None = None,
+    progress: bool = False,
 ) -> str:
     """Benchmark the short convolutions at ``shape`` = (B, T, D, W); returns a markdown report.
 
     ``dtype``: fp32, bf16 or fp16 for activations and weights. ``n_docs``: documents of the packed variant.
     ``repeats``: do_bench's rep, milliseconds of timed runs per measurement. ``device``: default CUDA when
-    available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little).
+    available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little). ``progress``: also
+    write each kernel's section to stderr as soon as it is done.
     """
     check("dtype", dtype, Literal[tuple(DTYPES)])
     if len(check("shape", shape, tuple[PositiveInt, ...])) != 4:
@@ -206,6 +209,7 @@ def bench_shortconv(
         "",
     ]
     for kernel in _kernels(B, T, D, W, torch_dtype, dev):
+        done = len(lines)
         x = kernel.inputs["x"]
         upstream = torch.randn(x.shape, generator=torch.Generator(device=dev).manual_seed(2), device=dev)
         upstream = upstream.to(torch_dtype)
@@ -254,4 +258,6 @@ def bench_shortconv(
             lines += ["", f"documents cost: fwd {100 * (packed[0] / plain[0] - 1):+.1f}%, fwd+bwd "
                           f"{100 * (packed[1] / plain[1] - 1):+.1f}%"]  # fmt: skip
         lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
+        if progress:  # each kernel's section as soon as it is timed (stderr): a run cut short keeps what it measured
+            print("\n".join(lines[done:]), file=sys.stderr, flush=True)
     return "\n".join(lines)

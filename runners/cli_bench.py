@@ -30,7 +30,8 @@ def bench_shortconv_cmd(
     """Static, head-wise and low-rank short convs: fwd and fwd+bwd medians, bandwidth, byte floor, vs torch."""
     from mixlab.runners.bench_shortconv import bench_shortconv
 
-    typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats))
+    typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats,
+                               progress=True))
 
 
 @bench_app.command("rubiconv")
