@@ -119,6 +119,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "static_conv_qkv": {"mixer": "attention", "qkv_conv": "static"},
     "dynamic_conv_qkv": {"mixer": "attention", "qkv_conv": "dynamic_lowrank", "conv_rank": 16},
     "dynamic_conv_headwise_qkv": {"mixer": "attention", "qkv_conv": "dynamic_headwise"},
+    # mad-lab's striped hybrid at the MAD model's two blocks: a Hyena block, then an attention block
+    "striped_hyena_attention": {"mixer": "hyena,attention"},
 }
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import typer
 from mixlab import models
+from mixlab.models.layers import Mixer
 from mixlab.runners import mad
 from mixlab.runners.cli_sweep import register
+from mixlab.runners.config import resolve
 from mixlab.runners.manifest import write_manifest
 from mixlab.runners.schedule import StepPlan
 from mixlab.tasks import get_task
@@ -105,6 +107,13 @@ def test_every_model_name_plans(name):
     assert len(plan.runs) == 12
     assert all(all(r.config.model[k] == v for k, v in fields.items()) for r in plan.runs)
     assert all(r.config.model["d_model"] == 32 for r in plan.runs)
+
+
+def test_striped_hybrid_preset_builds_a_hyena_block_then_an_attention_block():
+    _, config = resolve(mad.mad_plan("striped_hyena_attention", "smoke").runs[0].config)
+    model = models.build_model(config)
+    mixers = [type(m).__name__ for m in model.modules() if isinstance(m, Mixer)]
+    assert mixers == ["Hyena", "Attention"]
 
 
 def test_reference_models_are_registered():
