@@ -116,7 +116,7 @@ MUTANTS = [
            "w = self.to_w(x).view(B, T, self.n_heads, self.width)",
            "w = self.to_w(x).view(B, T, self.width, self.n_heads).transpose(2, 3)", (REFERENCES,)),
     Mutant("long-conv-filter-one-tap-late", "models/mixers/long_conv.py",
-           "self.filter[:, :T]", "self.filter[:, 1:T + 1]", (REFERENCES,)),
+           "h[:, :u.shape[1]]", "h[:, 1:u.shape[1] + 1]", (REFERENCES,)),
     # --- the fla baselines (models/mixers/fla.py, their ops in fla_ops.py) ---
     Mutant("gla-without-forget-gate", "models/mixers/fla.py",
            "o = self.attend(q, k, v, cu_seqlens, g=gk)", "o = self.attend(q, k, v, cu_seqlens, g=torch.zeros_like(gk))",
