@@ -47,6 +47,7 @@ from mixlab.runners.mad import get_profile, mad_plan
 from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.schedule import StepPlan
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import PlannedRun, SweepPlan
@@ -176,16 +177,16 @@ class EndToEnd:
 def _rows_trained(record: dict) -> int:
     """Training rows a run's steps went through: whole epochs of num_train rows, then full batches (an epoch's
     last batch holds the rows left)."""
-    tc = record["config"]["train"]
-    per_epoch = -(-tc["num_train"] // tc["batch_size"])
-    epochs, steps = divmod(record["steps"], per_epoch)
-    return epochs * tc["num_train"] + min(steps * tc["batch_size"], tc["num_train"])
+    train = RunConfig.from_dict(record["config"]).train
+    epochs, steps = divmod(record["steps"], StepPlan.of(train).steps_per_epoch)
+    return epochs * train.num_train + min(steps * train.batch_size, train.num_train)
 
 
 def _capped(run: PlannedRun, epochs: int) -> PlannedRun:
-    """The run with at most ``epochs`` epochs (its cosine spans them), renamed by its new hash."""
+    """The run with at most ``epochs`` epochs (its cosine spans them), renamed by its new hash; a prefix run (quick
+    profile) becomes those epochs whole."""
     tc = run.config.train
-    config = dataclasses.replace(run.config, train=dataclasses.replace(tc, epochs=min(tc.epochs, epochs)))
+    config = dataclasses.replace(run.config, train=dataclasses.replace(tc, epochs=min(tc.epochs, epochs), steps=None))
     return PlannedRun(config_hash(config), config, run.meta)
 
 
