@@ -56,8 +56,9 @@ def is_batched(x: torch.Tensor) -> bool:
 
 def per_run_vmap(op):
     """A vmap rule for a custom op whose weights are each run's own (so the runs cannot fold into the op's
-    batch): the op once per run on that run's slices, outputs stacked on a leading run axis. The op calls are
-    on plain tensors, so autograd records them (and their registered backward) as in a run trained alone."""
+    batch): ``op`` (the op, or any function of its arguments) once per run on that run's slices, outputs
+    stacked on a leading run axis. The calls are on plain tensors, so autograd records them (and a custom op's
+    registered backward) as in a run trained alone."""
 
     def rule(info, in_dims, *args):
         outs = [op(*(a if d is None else a.select(d, n) for a, d in zip(args, in_dims)))
@@ -65,6 +66,25 @@ def per_run_vmap(op):
         return torch.stack(outs), 0
 
     return rule
+
+
+def per_run(name: str, fn, fake=None):
+    """``fn`` (tensors and plain arguments in, one tensor out, type-hinted for a custom-op schema) made callable
+    inside ``torch.func.vmap`` although its body is not vmappable (it reads offsets on the host, or its shapes
+    depend on them): batched arguments go through the custom op ``mixlab::<name>``, whose vmap rule
+    (``per_run_vmap``) calls ``fn`` itself once per run, so autograd records each run's ops as if it trained
+    alone; plain arguments call ``fn`` directly. ``fake`` gives the output for torch.compile (default: shaped
+    like the first argument)."""
+    op = torch.library.custom_op(f"mixlab::{name}", fn, mutates_args=())
+    op.register_fake(fake or _fake_output)
+    op.register_vmap(per_run_vmap(fn))
+
+    def call(*args):
+        if any(isinstance(a, torch.Tensor) and is_batched(a) for a in args):
+            return op(*args)
+        return fn(*args)
+
+    return call
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:

@@ -57,7 +57,7 @@ def validate_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:
         raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with >= 2 offsets, got shape {tuple(cu_seqlens.shape)}")
-    cu = cu_seqlens.detach().cpu().long()
+    cu = host_offsets(cu_seqlens)
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {cu[0].item()}")
     if cu[-1] != B * T:
@@ -70,6 +70,78 @@ def validate_cu_seqlens(cu_seqlens: torch.Tensor, B: int, T: int) -> None:
     missing = row_ends[~torch.isin(row_ends, cu)]
     if missing.numel():
         raise ValueError(f"cu_seqlens misses row end {missing[0].item()} (T={T}): a document spans two rows")
+
+
+# Host copies of offsets on a device (``offsets_to_device``), by the address of the device storage: a weak
+# reference to the device tensor, its version counter at the copy, and the int64 host copy. Reading them
+# (``host_offsets``) costs no device sync, and a view of the device tensor (one run's row of a stack's
+# [N, S + 1] offsets, as a per-run vmap rule sees it) finds the copy of its storage too.
+_HOST_COPIES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def host_to_device(a, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host array or tensor on ``device`` as ``dtype``: on CUDA through pinned memory, without waiting for the
+    device (a copy from pageable memory waits for it, like a sync)."""
+    t = torch.as_tensor(a).to(dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def offsets_to_device(cu_host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Offsets built on the host (int32, any shape) on ``device``, copied without a sync; on a device the host
+    copy is remembered, so ``host_offsets`` and the ops' checks and plans read it instead of the device."""
+    dev = host_to_device(cu_host, torch.int32, device)
+    if dev.device.type != "cpu":
+        for key in [k for k, (ref, _, _) in _HOST_COPIES.items() if ref() is None]:
+            del _HOST_COPIES[key]
+        _HOST_COPIES[dev.untyped_storage().data_ptr()] = (weakref.ref(dev), dev._version, cu_host.long())
+    return dev
+
+
+def host_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The offsets as an int64 host tensor: the host copy ``offsets_to_device`` kept for them (or for the tensor
+    they are a view of), else read from the device (a sync on CUDA)."""
+    if cu_seqlens.device.type != "cpu":
+        ref, version, host = _HOST_COPIES.get(cu_seqlens.untyped_storage().data_ptr(), (None, None, None))
+        base = None if ref is None else ref()
+        if base is not None and version == cu_seqlens._version:
+            offset = cu_seqlens.storage_offset() - base.storage_offset()
+            return host.as_strided(cu_seqlens.shape, cu_seqlens.stride(), host.storage_offset() + offset)
+    return cu_seqlens.detach().cpu().long()
+
+
+def max_docs_per_row(*doc_ids: torch.Tensor) -> int:
+    """The most documents any row [.., T] of these doc_ids holds: the slot count of a static layout."""
+    return max(int(((d[:, 1:] != d[:, :-1]).sum(dim=1) + 1).max()) for d in doc_ids)
+
+
+def row_starts(doc_ids: torch.Tensor, slots: int) -> torch.Tensor:
+    """doc_ids [R, T] -> int32 [R, slots]: each row's document starts (row-local, from 0), then T repeated (empty
+    documents at the row end). ValueError when a row holds more than ``slots`` documents."""
+    if doc_ids.dim() != 2:
+        raise ValueError(f"doc_ids must be [R, T], got shape {tuple(doc_ids.shape)}")
+    R, T = doc_ids.shape
+    is_start = torch.ones_like(doc_ids, dtype=torch.bool)  # [R, T]
+    is_start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    counts = is_start.sum(dim=1)
+    if int(counts.max()) > slots:
+        raise ValueError(f"slots={slots} is fewer than the {int(counts.max())} documents of a row")
+    rows, cols = is_start.nonzero(as_tuple=True)  # every start, row by row, in order
+    rank = is_start.long().cumsum(dim=1) - 1  # [R, T]: the index of each token's document in its row
+    out = torch.full((R, slots), T, dtype=torch.int32, device=doc_ids.device)
+    out[rows, rank[rows, cols]] = cols.to(torch.int32)
+    return out
+
+
+def rows_cu_seqlens(starts: torch.Tensor, T: int) -> torch.Tensor:
+    """Row starts [..., B, S] (``row_starts`` of a batch's rows) -> cu_seqlens [..., B * S + 1]: the rows laid end
+    to end on the flattened B * T axis, then B * T. A static shape for any layout (empty documents pad it), and
+    no host read: the same on the host and on a device."""
+    B = starts.shape[-2]
+    offsets = starts + T * torch.arange(B, dtype=starts.dtype, device=starts.device)[:, None]  # [..., B, S]
+    end = torch.full((*starts.shape[:-2], 1), B * T, dtype=starts.dtype, device=starts.device)
+    return torch.cat([offsets.flatten(-2), end], dim=-1)
 
 
 def doc_ids_to_cu_seqlens(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -166,8 +238,11 @@ _VALIDATED: dict[int, tuple[weakref.ref, tuple[int, int, int]]] = {}
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor | None, x: torch.Tensor) -> None:
-    """Validate an op's optional ``cu_seqlens`` against ``x: [B, T, D]``, device included (once per layout)."""
-    if cu_seqlens is None:
+    """Validate an op's optional ``cu_seqlens`` against ``x: [B, T, D]``, device included (once per layout).
+
+    Offsets of stacked runs (inside ``torch.func.vmap``) pass unchecked: the engine builds them with
+    ``rows_cu_seqlens``, valid by construction."""
+    if cu_seqlens is None or torch._C._functorch.is_batchedtensor(cu_seqlens):
         return
     if cu_seqlens.device != x.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")

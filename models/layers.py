@@ -35,6 +35,8 @@ class Mixer(nn.Module):
         stacks_on: the ``kernel_backend`` values (None: auto) under which runs of it train stacked in
             ``runners.engine`` (``torch.func.vmap``); every one unless a kernel it calls has no vmap rule there
             (RubiConv's Triton path); empty for a mixer whose forward is not known to run under vmap.
+        stacks_with_documents: runs of it on packed documents stack too (each run's ``cu_seqlens`` reaches it
+            batched under vmap: its ops with a host-side layout go once per run, ``kernels.triton_utils.per_run``).
         takes_qkv_conv: it reads ``ModelConfig.qkv_conv`` (attention); the config refuses a qkv conv for any
             other mixer.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
@@ -49,6 +51,7 @@ class Mixer(nn.Module):
     leaks_across_documents = False
     bitwise_causal = True
     stacks_on: tuple[str | None, ...] = (None, *BACKENDS)
+    stacks_with_documents = True
     takes_qkv_conv = False
 
     @classmethod

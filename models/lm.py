@@ -3,8 +3,9 @@
 Both embed tokens, run `config.n_layers` Blocks with the configured mixer (or per-layer mixers), and take
 `model(input_ids [B, T], doc_ids [B, T] | None, positions [B, S] | None) -> logits [B, T, V]`, or [B, S, V] at
 those positions only (the LM runs its norm and head there alone). doc_ids are turned into cu_seqlens once per
-forward and handed to every mixer. Every Embedding weight starts N(0, config.init_std), every Linear weight
-too under ``config.init="normal"`` or PyTorch's default under "torch_linear"; Linear biases start at zero;
+forward and handed to every mixer; the training loops pass ``cu_seqlens=`` instead, built on the host with a
+static length (``kernels.utils.rows_cu_seqlens``). Every Embedding weight starts N(0, config.init_std), every
+Linear weight too under ``config.init="normal"`` or PyTorch's default under "torch_linear"; Linear biases start at zero;
 mixer-specific parameters (conv weights, long filters) keep their modules' own init.
 """
 
@@ -44,15 +45,17 @@ class _BlockStack(nn.Module):
         names = layer_mixers(config.mixer, config.n_layers)  # one per block: a hybrid stack's pattern, cycled
         self.blocks = nn.ModuleList(Block(config, i, resolve_mixer(name)) for i, name in enumerate(names))
 
-    def encode(self, input_ids: torch.Tensor,
-               doc_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> states [B, T, D] after the last block, cu_seqlens (int32 [n_docs + 1]) or None."""
+    def encode(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None,
+               cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> states [B, T, D] after the last block, cu_seqlens (int32 [n_docs + 1]) or None. The layout comes
+        as doc_ids or, already converted (``kernels.utils.rows_cu_seqlens``), as cu_seqlens."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         if input_ids.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds "
                              f"max_seq_len={self.config.max_seq_len}")
-        cu_seqlens = None
+        if doc_ids is not None and cu_seqlens is not None:
+            raise ValueError("give the layout as doc_ids or as cu_seqlens, not both")
         if doc_ids is not None:
             if doc_ids.shape != input_ids.shape:
                 raise ValueError(f"doc_ids shape {tuple(doc_ids.shape)} != input_ids shape "
@@ -74,8 +77,8 @@ class LanguageModel(_BlockStack):
         init_weights(self, config)
 
     def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        x, _ = self.encode(input_ids, doc_ids)
+                positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        x, _ = self.encode(input_ids, doc_ids, cu_seqlens)
         if positions is not None:  # norm and head are per token: run them at these positions only
             x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))  # [B, S, D]
         return self.head(self.norm(x))  # [B, T or S, V]
@@ -101,8 +104,8 @@ class CompressionAutoencoder(_BlockStack):
         init_weights(self, config)
 
     def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        x, cu_seqlens = self.encode(input_ids, doc_ids)
+                positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        x, cu_seqlens = self.encode(input_ids, doc_ids, cu_seqlens)
         B, T, D = x.shape
         if cu_seqlens is None:
             # Each row is one document: its code is the row's last state. No searchsorted here: inductor cannot

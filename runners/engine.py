@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mixlab import models, tasks
+from mixlab import kernels, models, tasks
 from mixlab.models.layers import stacked_runs
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import eval_batches
@@ -86,7 +86,7 @@ from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.record import RunLog, TrainClock, write_record
 from mixlab.runners.schedule import StepPlan
 from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
-from mixlab.runners.train import train_run
+from mixlab.runners.train import packed_layout, train_run
 from mixlab.tasks.fields import PositiveInt, check
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
@@ -120,9 +120,7 @@ def group_key(config: RunConfig) -> tuple:
 def unbatchable_reason(config: RunConfig) -> str | None:
     """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
     task, model_config = resolve(config)
-    if task.generate(1, seed=0).doc_ids is not None:
-        return (f"task {config.task!r} has documents (doc_ids): cu_seqlens have data-dependent shapes, "
-                f"which vmap cannot batch")
+    packed = task.generate(1, seed=0).doc_ids is not None
     backend = model_config.kernel_backend
     for name, mixer in models.pattern_classes(model_config.mixer).items():
         if not mixer.stacks_on:
@@ -130,6 +128,9 @@ def unbatchable_reason(config: RunConfig) -> str | None:
                     f"(data-dependent control flow or .item() would fail there)")
         if backend not in mixer.stacks_on:
             return f"kernel_backend={backend!r}: a kernel of mixer {name!r} has no vmap rule there"
+        if packed and not mixer.stacks_with_documents:
+            return (f"task {config.task!r} has documents and mixer {name!r} reads their layout on the host in "
+                    f"code with no per-run vmap rule")
     return None
 
 
@@ -156,6 +157,10 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
         device = pick_device(configs[members[0]].train.device)
         if cuda_graph and device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
+        packed = group_key(configs[members[0]])[2]
+        if packed and (compile or cuda_graph):
+            raise ValueError("compile and cuda_graph cannot serve runs of a packed task: each step's document "
+                             "layout is read on the host")
         if unbatchable_reason(configs[members[0]]) is not None:
             for i in members:
                 records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i])
@@ -217,25 +222,31 @@ def _quiet_vmap_fallback():
 
 def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
                     targets: torch.Tensor, positions: torch.Tensor | None, autocast: bool,
-                    cache: bool) -> torch.Tensor:
+                    cache: bool, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """Per-run training losses [N] of params {name: [N, *shape]} on inputs [N, B, T]; targets [N, B, T], or
-    [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.metrics)."""
+    [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.metrics); packed
+    tasks' layouts cu_seqlens [N, B * slots + 1]."""
 
     with bf16_autocast(inputs.device, autocast, cache), _vmap_attention(inputs.device):
-        logits = _stacked_logits(template, params, inputs, positions)  # [N, B, T or S, V]
+        logits = _stacked_logits(template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
     return torch.stack([training_loss(lg, tg) for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
 
 
 def _stacked_logits(template: torch.nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor,
-                    positions: torch.Tensor | None) -> torch.Tensor:
-    """Each run's logits [N, B, T, V] on its inputs [N, B, T], or [N, B, S, V] at positions [N, B, S]."""
+                    positions: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """Each run's logits [N, B, T, V] on its inputs [N, B, T], or [N, B, S, V] at positions [N, B, S]; with
+    documents laid out by cu_seqlens [N, B * slots + 1]."""
 
-    def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
-        return torch.func.functional_call(template, p, (x,), {"positions": pos})
+    def forward(p: dict[str, torch.Tensor], x: torch.Tensor, pos: torch.Tensor | None,
+                cu: torch.Tensor | None) -> torch.Tensor:
+        return torch.func.functional_call(template, p, (x,), {"positions": pos, "cu_seqlens": cu})
 
-    in_dims = (0, 0, None if positions is None else 0)
-    return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions)
+    in_dims = (0, 0, None if positions is None else 0, None if cu_seqlens is None else 0)
+    with warnings.catch_warnings():
+        # the document search of stacked layouts (kernels.utils.doc_positions) gets its tokens expanded by vmap
+        warnings.filterwarnings("ignore", message="torch.searchsorted\\(\\): input value tensor is non-contiguous")
+        return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions, cu_seqlens)
 
 
 def _scored_stack(targets: list[torch.Tensor], device: torch.device
@@ -304,7 +315,16 @@ class _Stack:
         self.train_positions, self.train_targets = _scored_stack([d.targets for d in train_sets], device)
         self.test_inputs = torch.stack([d.inputs for d in test_sets]).to(device)  # [U, num_test, T]
         self.test_positions, self.test_targets = _scored_stack([d.targets for d in test_sets], device)
-        self.data_index = torch.tensor(index, device=device)  # [N]: each run's data set
+        self.data_index_host = torch.tensor(index)  # [N]: each run's data set
+        self.data_index = self.data_index_host.to(device)
+        # packed tasks: every row's document starts on the host [U, rows, slots], one slot count for the stack
+        # (the most documents of any row), so each step's layouts [N, B * slots + 1] stack (train.packed_layout)
+        self.train_starts = self.test_starts = None
+        if train_sets[0].doc_ids is not None:
+            slots = kernels.utils.max_docs_per_row(*(d.doc_ids for d in train_sets + test_sets))
+            self.train_starts, self.test_starts = (
+                torch.stack([kernels.utils.row_starts(d.doc_ids, slots) for d in sets])
+                for sets in (train_sets, test_sets))
 
         # static shapes: vmap does not run on symbolic sizes (dynamic=None fails once a second shape shows up)
         self.compile = compile
@@ -331,9 +351,18 @@ class _Stack:
         """The parameters' views of the flat parameters, as leaves that require grad."""
         return [view.requires_grad_() for view in self._views(self.params)]
 
+    def layout(self, starts: torch.Tensor | None, rows: torch.Tensor | slice) -> torch.Tensor | None:
+        """Each run's cu_seqlens [N, B * slots + 1] on the device for its rows (host idx [N, B], or one slice of
+        the test set) of packed data (``starts``, [U, rows, slots]); None for unpacked tasks."""
+        if starts is None:
+            return None
+        rows = torch.arange(starts.shape[1])[rows] if isinstance(rows, slice) else rows
+        return packed_layout(starts[self.data_index_host[:, None], rows], self.train_inputs.shape[-1], self.device)
+
     def _step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
-              bc2_sqrt: torch.Tensor) -> None:
-        """One optimizer step of every run; idx [N, B] are the rows of each run's training set."""
+              bc2_sqrt: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> None:
+        """One optimizer step of every run; idx [N, B] are the rows of each run's training set, cu_seqlens
+        [N, B * slots + 1] their layouts (packed tasks)."""
         rows = (self.data_index[:, None], idx)
         inputs, targets = self.train_inputs[rows], self.train_targets[rows]  # [N, B, T], [N, B, T or S]
         positions = None if self.train_positions is None else self.train_positions[rows]  # [N, B, S]
@@ -341,7 +370,7 @@ class _Stack:
         limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if self.compile else nullcontext()
         with limit:
             losses = self.losses_fn(self.template, dict(zip(self.names, leaves)), inputs, targets, positions,
-                                    self.autocast, not self.cuda_graph)  # [N]
+                                    self.autocast, not self.cuda_graph, cu_seqlens)  # [N]
             grads = torch.autograd.grad(losses.sum(), leaves)  # d(sum)/d(run n's params) = d(loss n)/d(...)
             flat_grads = torch.empty_like(self.params)  # [N, P]
             for view, grad in zip(self._views(flat_grads), grads):
@@ -351,9 +380,9 @@ class _Stack:
         self.loss_acc += losses.detach()
 
     def step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
-             bc2_sqrt: torch.Tensor) -> None:
-        if not self.cuda_graph:
-            self._step(idx, decay, step_size, bc2_sqrt)
+             bc2_sqrt: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> None:
+        if not self.cuda_graph:  # packed tasks (cu_seqlens) never take graphs: train_runs_batched refuses them
+            self._step(idx, decay, step_size, bc2_sqrt, cu_seqlens)
             return
         if idx.shape[1] not in self.graphs:
             self._capture(idx, decay, step_size, bc2_sqrt)
@@ -413,8 +442,9 @@ class _Stack:
             inputs = self.test_inputs[self.data_index, batch]  # [N, B, T]
             targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
             positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
+            cu_seqlens = self.layout(self.test_starts, batch)
             with bf16_autocast(self.device, self.autocast, not self.cuda_graph), _vmap_attention(self.device):
-                logits = _stacked_logits(self.template, params, inputs, positions)  # [N, B, T or S, V]
+                logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
         return sums
@@ -445,6 +475,7 @@ class _Stack:
         self.exp_avg_sq = self.exp_avg_sq.index_select(0, index)
         self.loss_acc = self.loss_acc.index_select(0, index)
         self.data_index = self.data_index.index_select(0, index)
+        self.data_index_host = self.data_index_host[rows]
         self.graphs.clear()  # captured graphs point at the old buffers
         self.eval_graph = None
         self.graph_pool = None
@@ -495,11 +526,12 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
     try:
         while step < plan.total_steps and live:
             epoch = plan.epoch_of(step)
-            orders = torch.stack([torch.randperm(tc.num_train, generator=run.shuffle) for run in rows])
-            orders = orders.to(device)  # [N, num_train]
+            orders_host = torch.stack([torch.randperm(tc.num_train, generator=run.shuffle) for run in rows])
+            orders = orders_host.to(device)  # [N, num_train]
             lrs, decay, step_size, bc2_sqrt = _epoch_schedule(rows, plan, step, device)
             for i in range(plan.steps_from(step)):
-                stack.step(orders[:, plan.batch(i)], decay[i], step_size[i], bc2_sqrt[i])
+                stack.step(orders[:, plan.batch(i)], decay[i], step_size[i], bc2_sqrt[i],
+                           stack.layout(stack.train_starts, orders_host[:, plan.batch(i)]))
                 for run, lr in zip(rows, lrs[i]):
                     run.lr = lr
                 loss_count += 1
@@ -533,6 +565,7 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
                     stack.keep(keep)
                     kept = torch.tensor(keep, device=device)
                     orders = orders.index_select(0, kept)
+                    orders_host = orders_host[keep]
                     decay, step_size = decay.index_select(1, kept), step_size.index_select(1, kept)
                     lrs = [[row[n] for n in keep] for row in lrs]
                     rows = live

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mixlab import models
+from mixlab import kernels, models
 from mixlab.runners.atomic import writable_folder
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import evaluate
@@ -77,24 +77,31 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     # the training set lives on the device: a step indexes it there, with no copy from pageable host memory
     # (each such copy waits for the GPU, like a sync)
     train_inputs, train_targets = train_data.inputs.to(device), train_targets.to(device)
-    train_doc_ids = None if train_data.doc_ids is None else train_data.doc_ids.to(device)
+    # packed rows: each row's document starts, once, on the host; a step lays its rows' out with a static
+    # length and copies them to the device without a sync (kernels.utils.rows_cu_seqlens, offsets_to_device)
+    train_starts = None
+    if train_data.doc_ids is not None:
+        train_starts = kernels.utils.row_starts(train_data.doc_ids,
+                                                kernels.utils.max_docs_per_row(train_data.doc_ids))
     train_positions = None if train_positions is None else train_positions.to(device)
     model.train()
     clock = TrainClock(device)
     try:
         while step < plan.total_steps and not log.stopped_early:
             epoch = plan.epoch_of(step)
-            order = torch.randperm(tc.num_train, generator=shuffle).to(device)
+            order_host = torch.randperm(tc.num_train, generator=shuffle)
+            order = order_host.to(device)
             for i in range(plan.steps_from(step)):
                 idx = order[plan.batch(i)]
                 inputs, targets = train_inputs[idx], train_targets[idx]  # [B, T], [B, T or S]
-                doc_ids = None if train_doc_ids is None else train_doc_ids[idx]
+                cu_seqlens = None if train_starts is None else packed_layout(train_starts[order_host[plan.batch(i)]],
+                                                                             inputs.shape[1], device)
                 positions = None if train_positions is None else train_positions[idx]  # [B, S]
                 lr = plan.lr(tc, step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 with bf16_autocast(device, autocast):
-                    logits = model(inputs, doc_ids=doc_ids, positions=positions)  # [B, T or S, V]
+                    logits = model(inputs, positions=positions, cu_seqlens=cu_seqlens)  # [B, T or S, V]
                 loss = training_loss(logits, targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -128,3 +135,9 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
             models.save(model, Path(out_dir) / record["checkpoint"], state_dict=best_state, metadata=metadata)
         write_record(out_dir, record)
     return record
+
+
+def packed_layout(starts: torch.Tensor, T: int, device: torch.device) -> torch.Tensor:
+    """Row starts [..., B, S] (host) of a batch's rows -> their cu_seqlens [..., B * S + 1] on ``device``, with the
+    host copy that the ops read instead of the device."""
+    return kernels.utils.offsets_to_device(kernels.utils.rows_cu_seqlens(starts, T), device)

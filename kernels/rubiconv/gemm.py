@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from mixlab.kernels.utils import host_offsets, host_to_device
 
 PRECISIONS = ("fp32", "bf16")
 # Automatic block: the smallest power of two whose square covers the longest padded document (its F_k and
@@ -164,10 +165,8 @@ def build_plan(
 ) -> RubiPlan:
     """The plan of a validated layout (cu_seqlens int32 [n_docs + 1], or None: one document per row) for
     tensors on ``device``."""
-    if cu_seqlens is None:
-        offsets = np.arange(B + 1, dtype=np.int64) * T
-    else:
-        offsets = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+    rows = np.arange(B + 1, dtype=np.int64) * T
+    offsets = rows if cu_seqlens is None else host_offsets(cu_seqlens).numpy()
     starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
     keep = lengths > 0  # empty documents hold no token
     starts, lengths = starts[keep], lengths[keep]
@@ -205,7 +204,7 @@ def get_plan(
     cu_seqlens: torch.Tensor | None, B: int, T: int, L_F: int, block: int | None, device: torch.device
 ) -> RubiPlan:
     """``build_plan``, cached on the layout (the offsets' values), the filter length, the block and device."""
-    offsets = None if cu_seqlens is None else cu_seqlens.detach().cpu().numpy().tobytes()
+    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens).numpy().tobytes()
     key = (offsets, B, T, L_F, block, str(device))
     plan = _PLANS.get(key)
     if plan is None:
@@ -226,7 +225,8 @@ def _gemm_tensors(plan: RubiPlan, dtype: torch.dtype) -> dict:
 
     def make() -> dict:
         np_tables, dev, k = plan.tables(), plan.device, plan.k
-        as_t = lambda a: torch.as_tensor(a, dtype=dtype, device=dev)  # noqa: E731
+        as_t = lambda a: host_to_device(a, dtype, dev)  # noqa: E731
+        as_index = lambda a: host_to_device(a, torch.long, dev)  # noqa: E731
         pos = np.empty(plan.n_tokens, dtype=np.int64)  # token -> row of the padded, sorted layout
         gather, filters = [], []
         padded_start = np.concatenate([[0], np.cumsum(plan.cols * k)[:-1]])
@@ -235,8 +235,8 @@ def _gemm_tensors(plan: RubiPlan, dtype: torch.dtype) -> dict:
             t = np.arange(m * k)
             inside = t[None, :] < plan.lengths[lo:hi, None]  # [n, m k]
             src = np.where(inside, plan.starts[lo:hi, None] + t, plan.n_tokens)  # padding reads the zero row
-            gather.append(torch.as_tensor(src, device=dev))
-            filters.append(torch.as_tensor(np.where(t < plan.group_taps[g], t, plan.max_taps), device=dev))
+            gather.append(as_index(src))
+            filters.append(as_index(np.where(t < plan.group_taps[g], t, plan.max_taps)))
         for i in range(plan.n_docs):
             L, s = int(plan.lengths[i]), int(plan.starts[i])
             pos[s : s + L] = padded_start[i] + np.arange(L)
@@ -247,10 +247,10 @@ def _gemm_tensors(plan: RubiPlan, dtype: torch.dtype) -> dict:
             "tw_r": as_t(np_tables["tw_r"]).unsqueeze(-1),  # [n_filter_cols, k, 1]
             "tw_i": as_t(np_tables["tw_i"]).unsqueeze(-1),
             "scale": as_t(np_tables["scale"])[:, None, None],  # [n_filter_cols, 1, 1]
-            "col_group": torch.as_tensor(plan.col_group(), device=dev),
+            "col_group": as_index(plan.col_group()),
             "gather": gather,
             "filters": filters,
-            "pos": torch.as_tensor(pos, device=dev),
+            "pos": as_index(pos),
         }
 
     return plan.cached(("gemm", dtype), make)

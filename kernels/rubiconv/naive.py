@@ -9,7 +9,7 @@ differentiable.
 """
 
 import torch
-from mixlab.kernels.utils import compute_dtype
+from mixlab.kernels.utils import compute_dtype, host_offsets, host_to_device
 
 
 def _fft_size(n: int) -> int:
@@ -41,7 +41,7 @@ def _causal_fft_conv(xs: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def _packed_fft_conv(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """x: [B, T, D], h: [D, L_F], cu_seqlens: int32 [n_docs + 1] -> [B, T, D], one convolution a document."""
     B, T, D = x.shape
-    cu = cu_seqlens.detach().cpu().long()
+    cu = host_offsets(cu_seqlens)
     starts, lengths = cu[:-1], cu[1:] - cu[:-1]
     starts, lengths = starts[lengths > 0], lengths[lengths > 0]  # empty documents hold no token
     buckets = torch.ceil(torch.log2(lengths.double())).long()  # exact on powers of two
@@ -50,8 +50,9 @@ def _packed_fft_conv(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor)
     for bucket in buckets.unique().tolist():
         s, l = starts[buckets == bucket], lengths[buckets == bucket]
         t = torch.arange(int(l.max()))
-        valid = (t < l[:, None]).to(x.device)  # [n, L_max]
-        idx = torch.where(valid, (s[:, None] + t).to(x.device), 0)  # [n, L_max], padding reads token 0
+        valid = host_to_device(t < l[:, None], torch.bool, x.device)  # [n, L_max]
+        # [n, L_max], padding reads token 0
+        idx = torch.where(valid, host_to_device(s[:, None] + t, torch.long, x.device), 0)
         xs = torch.where(valid[..., None], x_flat[idx], 0.0)  # [n, L_max, D], padding is zero
         pieces.append(_causal_fft_conv(xs, h)[valid])
         tokens.append(idx[valid])

@@ -33,6 +33,15 @@ def _check_inputs(
     check_cu_seqlens(cu_seqlens, x)
 
 
+def _rubiconv_plain(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor, backend: str | None) -> torch.Tensor:
+    """One run's packed call of ``rubiconv`` (plain tensors: Triton on CUDA under auto)."""
+    return rubiconv(x, h, cu_seqlens=cu_seqlens, backend=backend)
+
+
+# Stacked runs with documents: each run's layout is its own, read on the host, so the runs go one at a time.
+_rubiconv_per_run = tu.per_run("rubiconv_per_run", _rubiconv_plain)
+
+
 def rubiconv(
     x: torch.Tensor,
     h: torch.Tensor,
@@ -69,10 +78,12 @@ def rubiconv(
         return rubiconv_gemm(x, h, get_plan(cu_seqlens, B, T, h.shape[1], block, x.device), precision)
     if backend is not None and backend not in RUBICONV_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected {', '.join(RUBICONV_BACKENDS)}")
+    if cu_seqlens is not None and (tu.is_batched(x) or tu.is_batched(cu_seqlens)):
+        return _rubiconv_per_run(x, h, cu_seqlens, backend)
     if backend is None and tu.is_batched(x):
-        # stacked runs (torch.func.vmap): the Triton path (an autograd.Function over host-side plans) has no
-        # vmap rule, the reference batches
-        return rubiconv_ref(x, h, cu_seqlens=cu_seqlens)
+        # stacked runs (torch.func.vmap) without documents: the Triton path (an autograd.Function over host-side
+        # plans) has no vmap rule, the reference batches its FFTs
+        return rubiconv_ref(x, h)
     if tu.use_triton(backend, "rubiconv", _rubi_spectrum_kernel, x, h):
         if block is not None and (block & (block - 1) or not MIN_BLOCK <= block <= MAX_BLOCK):
             raise ValueError(f"backend='triton' takes a power-of-two block in [16, 512], got {block}")

@@ -29,6 +29,7 @@ import torch
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
 from mixlab.kernels.rubiconv.gemm import RubiPlan
+from mixlab.kernels.utils import host_to_device
 
 # F_k-stage modes (module docstring); constexpr globals so the kernel can compare against them
 MODE_CONV, MODE_SPECTRUM, MODE_CORRELATE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -333,8 +334,8 @@ def _tables(plan: RubiPlan, precision: str) -> dict:
     def make() -> dict:
         dev, tabs = plan.device, plan.tables()
         dot_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        i32 = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int32), device=dev)  # noqa: E731
-        f32 = lambda a: torch.as_tensor(a, dtype=torch.float32, device=dev)  # noqa: E731
+        i32 = lambda a: host_to_device(np.asarray(a, dtype=np.int32), torch.int32, dev)  # noqa: E731
+        f32 = lambda a: host_to_device(a, torch.float32, dev)  # noqa: E731
         as_dot = lambda a: _round_tf32(f32(a)) if tf32 else f32(a).to(dot_dtype)  # noqa: E731
         mh = plan.group_m // 2 + 1
         group_blk = np.concatenate([[0], np.cumsum(mh * plan.group_m)[:-1]])  # offsets of the F_m tables

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.attention.triton import MAX_HEAD_DIM
-from mixlab.kernels.triton_utils import TRITON_DTYPES
+from mixlab.kernels.triton_utils import TRITON_DTYPES, per_run
 from mixlab.models.layers import Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
 from mixlab.models.mixers.short_conv import check_conv_unit, make_conv_unit
 from torch import nn
@@ -76,14 +76,18 @@ def document_slots(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tenso
     """Padded per-document layout of the flattened token axis.
 
     Returns slot [n_tokens] (Long): each token's row-major position in a padded [n_docs, L_max] layout (document
-    d, offset o -> d * L_max + o), unique and increasing, plus n_docs and L_max.
+    d, offset o -> d * L_max + o), unique and increasing, plus n_docs and L_max. Empty documents hold no token
+    and get no row, so padding a layout with them changes nothing. Computed on the host from the offsets' host
+    copy (``kernels.utils.host_offsets``: no device sync when the caller kept one) and copied to the device.
     """
-    cu = cu_seqlens.long()
+    cu = kernels.utils.host_offsets(cu_seqlens)
     starts, lengths = cu[:-1], cu[1:] - cu[:-1]  # [n_docs]
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
     n_docs, max_len = len(lengths), int(lengths.max())
-    doc = torch.repeat_interleave(torch.arange(n_docs, device=cu.device), lengths, output_size=n_tokens)  # [n_tokens]
-    slot = doc * max_len + torch.arange(n_tokens, device=cu.device) - starts[doc]
-    return slot, n_docs, max_len
+    doc = torch.repeat_interleave(torch.arange(n_docs), lengths, output_size=n_tokens)  # [n_tokens]
+    slot = doc * max_len + torch.arange(n_tokens) - starts[doc]
+    return kernels.utils.host_to_device(slot, torch.long, cu_seqlens.device), n_docs, max_len
 
 
 class Attention(Mixer):
@@ -131,31 +135,48 @@ class Attention(Mixer):
         if self.qkv_conv is not None:
             qkv = self.qkv_conv(qkv, x, cu_seqlens=cu_seqlens)
         if cu_seqlens is None:
-            out = self._causal_attention(qkv.view(B, T, 3, H, hd))  # [B, T, H, hd]
-        else:
-            slot, n_docs, max_len = document_slots(cu_seqlens, B * T)
-            flat = qkv.reshape(B * T, 3, H, hd)
-            padded = flat.new_zeros(n_docs * max_len, 3, H, hd).index_copy(0, slot, flat)
-            out = self._causal_attention(padded.view(n_docs, max_len, 3, H, hd))  # [n_docs, L_max, H, hd]
-            out = out.reshape(n_docs * max_len, H, hd).index_select(0, slot)  # [B*T, H, hd]
-        return self.out(out.reshape(B, T, D))
+            out = causal_attention(qkv.view(B, T, 3, H, hd), self.rope_base, self.backend)  # [B, T, H, hd]
+            return self.out(out.reshape(B, T, D))
+        return self.out(_document_attention_per_run(qkv, cu_seqlens, H, self.rope_base, self.backend))
 
-    def _causal_attention(self, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]."""
-        q, k, v = qkv.unbind(2)  # [N, L, H, hd] each
-        cos, sin = rope_cos_sin(qkv.shape[1], self.head_dim, self.rope_base, qkv.device)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
-        if self._on_kernel(q):
-            # the kernel takes the transposed layout without a copy; its custom op folds stacked runs itself
-            return kernels.causal_attention(q, k, v, backend="triton").transpose(1, 2)
-        if running_stacked():
-            return causal_sdpa_stacked(q, k, v).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
-    def _on_kernel(self, q: torch.Tensor) -> bool:
-        """Whether the Triton kernel runs: the backend resolves to "triton" and the kernel takes q's dtype and
-        head size (under auto, anything else stays on SDPA; an explicit "triton" then fails in the kernel)."""
-        if kernels.resolve_backend(self.backend, q, self.kernel_op) != "triton":
-            return False
-        return self.backend == "triton" or (q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_HEAD_DIM)
+def causal_attention(qkv: torch.Tensor, rope_base: float, backend: str | None) -> torch.Tensor:
+    """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]: RoPE, then causal
+    attention by the Triton kernel (``_on_kernel``) or torch's fused SDPA."""
+    q, k, v = qkv.unbind(2)  # [N, L, H, hd] each
+    cos, sin = rope_cos_sin(qkv.shape[1], qkv.shape[-1], rope_base, qkv.device)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
+    if _on_kernel(q, backend):
+        # the kernel takes the transposed layout without a copy; its custom op folds stacked runs itself
+        return kernels.causal_attention(q, k, v, backend="triton").transpose(1, 2)
+    if running_stacked():
+        return causal_sdpa_stacked(q, k, v).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+
+def _on_kernel(q: torch.Tensor, backend: str | None) -> bool:
+    """Whether the Triton kernel runs: the backend resolves to "triton" and the kernel takes q's dtype and
+    head size (under auto, anything else stays on SDPA; an explicit "triton" then fails in the kernel)."""
+    if kernels.resolve_backend(backend, q, Attention.kernel_op) != "triton":
+        return False
+    return backend == "triton" or (q.dtype in TRITON_DTYPES and q.shape[-1] <= MAX_HEAD_DIM)
+
+
+def document_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, n_heads: int, rope_base: float,
+                       backend: str | None) -> torch.Tensor:
+    """qkv [B, T, 3D] of packed documents -> [B, T, D]: each document attends within itself, in its own row of a
+    zero-padded [n_docs, L_max] batch (module docstring)."""
+    B, T, D3 = qkv.shape
+    hd = D3 // (3 * n_heads)
+    slot, n_docs, max_len = document_slots(cu_seqlens, B * T)
+    flat = qkv.reshape(B * T, 3, n_heads, hd)
+    padded = flat.new_zeros(n_docs * max_len, 3, n_heads, hd).index_copy(0, slot, flat)
+    out = causal_attention(padded.view(n_docs, max_len, 3, n_heads, hd), rope_base, backend)  # [n_docs, L_max, H, hd]
+    return out.reshape(n_docs * max_len, n_heads * hd).index_select(0, slot).view(B, T, D3 // 3)
+
+
+# Stacked runs (torch.func.vmap) each have their own layout, read on the host: one call per run.
+_document_attention_per_run = per_run(
+    "document_attention", document_attention,
+    lambda qkv, *args: qkv.new_empty(*qkv.shape[:-1], qkv.shape[-1] // 3))

@@ -87,6 +87,9 @@ class FlaMixer(Mixer):
     name: str  # its registry name, for messages
     op: str
     stacks_on = (None, *BACKENDS)
+    # with documents the op reads the layout on the host (per_document's padded layout, fla's varlen chunks)
+    # in code with no per-run rule
+    stacks_with_documents = False
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:
