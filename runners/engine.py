@@ -155,12 +155,12 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     records: list[dict[str, Any] | None] = [None] * len(configs)
     for members in groups.values():
         device = pick_device(configs[members[0]].train.device)
-        if cuda_graph and device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
         packed = group_key(configs[members[0]])[2]
         if packed and (compile or cuda_graph):
             raise ValueError("compile and cuda_graph cannot serve runs of a packed task: each step's document "
                              "layout is read on the host")
+        if cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
         if unbatchable_reason(configs[members[0]]) is not None:
             for i in members:
                 records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i])

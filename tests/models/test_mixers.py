@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from mixlab import kernels
 from mixlab.models import MIXERS, ModelConfig
 from mixlab.models.layers import running_stacked, stacked_runs
 from mixlab.models.mixers import attention
@@ -270,3 +271,59 @@ def test_attention_on_the_triton_kernel_matches_sdpa(with_docs):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     stacked = torch.func.vmap(on_kernel)(torch.stack([x, x.flip(1)]))  # two runs through the op's vmap rule
     torch.testing.assert_close(stacked[1], on_kernel(x.flip(1)), rtol=1e-6, atol=1e-6)
+
+
+def padded_layout(slots: int) -> torch.Tensor:
+    """LAYOUT as the training loops lay it out: ``slots`` per row, empty documents at each row's end."""
+    doc_ids = torch.tensor([[d for d, length in enumerate(row) for _ in range(length)] for row in LAYOUT])
+    return kernels.utils.rows_cu_seqlens(kernels.utils.row_starts(doc_ids, slots), T)
+
+
+def test_padded_layout_is_the_layout_with_empty_documents():
+    padded = padded_layout(6)
+    assert padded.shape == (B * 6 + 1,)  # static: slots per row, whatever the documents
+    assert padded.unique_consecutive().tolist() == layout_cu_seqlens().tolist()
+    assert padded.tolist()[:7] == [0, 5, 6, 8, T, T, 13]  # row 0: its starts, then T = row 1's start
+    with pytest.raises(ValueError, match="slots=3 is fewer than the 4 documents"):
+        padded_layout(3)
+
+
+@pytest.mark.parametrize(("name", "qkv_conv"), CASES)
+def test_empty_documents_change_no_output_or_gradient(name, qkv_conv):
+    """Padding a layout with empty documents (the static layouts of runners.train and runners.engine) leaves every
+    output and every parameter gradient bitwise as with the plain layout."""
+    mixer = make_mixer(name, qkv_conv)
+    x, up = randn(B, T, D).requires_grad_(), randn(B, T, D, seed=1)
+    results = []
+    for cu in (layout_cu_seqlens(), padded_layout(4), padded_layout(9)):
+        out = mixer(x, cu_seqlens=cu)
+        results.append((out, *torch.autograd.grad(out, [x, *mixer.parameters()], up)))
+    for padded in results[1:]:
+        for got, want in zip(padded, results[0]):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("name", "qkv_conv"), [c for c in CASES if MIXERS[c.values[0]].stacks_with_documents])
+def test_stacked_runs_with_their_own_layouts_match_each_run(name, qkv_conv):
+    """Under vmap each run's own cu_seqlens [N, n + 1] reaches the mixer batched (runners.engine): outputs and
+    gradients per run as the run alone (per-run ops: document attention, RubiConv), up to the rounding of
+    batched matmuls and FFTs (tests/runners/test_engine.py checks the records bitwise where they are)."""
+    mixer = make_mixer(name, qkv_conv)
+    names = [n for n, _ in mixer.named_parameters()]
+    params = {n: torch.stack([p.detach(), p.detach() * 0.5]).requires_grad_() for n, p in mixer.named_parameters()}
+    x, up = randn(2, B, T, D).requires_grad_(), randn(2, B, T, D, seed=1)
+    other = torch.tensor([[0, 13, 13, 13, 13], [0, 1, 3, 13, 13], [0, 6, 7, 13, 13]], dtype=torch.int32)  # [B, 5]
+    cu = torch.stack([padded_layout(5), kernels.utils.rows_cu_seqlens(other, T)])  # [2, B * 5 + 1]
+
+    def run(p, xs, c):
+        return torch.func.functional_call(mixer, p, (xs,), {"cu_seqlens": c})
+
+    out = torch.func.vmap(run)(params, x, cu)
+    grads = torch.autograd.grad(out, [x, *(params[n] for n in names)], up)
+    for r in range(2):
+        alone = {n: params[n][r].detach().requires_grad_() for n in names}
+        xr = x[r].detach().requires_grad_()
+        want = run(alone, xr, cu[r])
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-6)
+        for n, got, ref in zip(["x", *names], grads, torch.autograd.grad(want, [xr, *alone.values()], up[r])):
+            torch.testing.assert_close(got[r], ref, rtol=1e-5, atol=1e-5, msg=n)

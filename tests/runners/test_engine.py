@@ -221,19 +221,52 @@ def test_short_convs_stack_on_their_triton_kernels(label, model):
         assert "has no vmap rule" in unbatchable_reason(tiny(model={"mixer": long_conv, "kernel_backend": "triton"}))
 
 
-def test_packed_tasks_are_trained_one_at_a_time(monkeypatch):
-    packed = ("packed/associative_retrieval", {"seq_len": 128})
-    configs = [tiny(task=packed, steps=2, epochs=None, num_train=16, num_test=8, init_seed=s) for s in (0, 1)]
-    assert "doc_ids" in unbatchable_reason(configs[0])
+PACKED = ("packed/associative_retrieval", {"seq_len": 64, "min_doc_len": 8, "doc_len_median": 16, "max_doc_len": 32,
+                                           "num_keys": 16, "keys_per_doc": 4, "num_values": 16, "query_share": 0.5})
+PACKED_CASES = [("attention", {"mixer": "attention"}), ("attention+static", {"qkv_conv": "static"}),
+                ("rubiconv", {"mixer": "rubiconv"}), ("hyena", {"mixer": "hyena"}),
+                ("fft_conv_leaky", {"mixer": "fft_conv_leaky"})]
+
+
+def packed_pair(model):
+    """Two packed runs with their own data (so their layouts and slot counts differ)."""
+    return [tiny(task=PACKED, model=model, steps=3, epochs=None, num_train=16, num_test=8, init_seed=s, data_seed=s,
+                 lr=1e-2 * (s + 1)) for s in (0, 1)]
+
+
+@pytest.mark.parametrize(("label", "model"), PACKED_CASES, ids=[c[0] for c in PACKED_CASES])
+def test_packed_runs_stack(monkeypatch, label, model):
+    """Each run of a packed stack gets its own layouts (static slots, engine.layout); records equal train_run's
+    up to the head's rounding at few scored positions (module docstring of runners.engine; the mixers' outputs
+    per run: tests/models/test_mixers.py)."""
+    configs = packed_pair(model)
+    assert unbatchable_reason(configs[0]) is None
+    monkeypatch.setattr(engine, "train_run", None)  # nothing may train alone
+    batched = train_runs_batched(configs, progress=False)
+    monkeypatch.undo()
+    assert_same_records(batched, solo(configs), exact=False)
+
+
+def test_packed_runs_refuse_compile_and_graphs():
+    for option in ("compile", "cuda_graph"):
+        with pytest.raises(ValueError, match="packed task"):
+            train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, **{option: True})
+
+
+@pytest.mark.skipif(not models.MIXERS["gla"].available(), reason="needs fla-core")
+def test_packed_fla_baselines_are_trained_one_at_a_time(monkeypatch):
+    configs = packed_pair({"mixer": "gla"})
+    assert "layout on the host" in unbatchable_reason(configs[0])
+    assert unbatchable_reason(tiny(model={"mixer": "gla"})) is None  # without documents it stacks
     calls = []
+
     def spy(config, **kwargs):
         calls.append(config)
         return train_run(config, **kwargs)
 
     monkeypatch.setattr(engine, "train_run", spy)
-    batched = train_runs_batched(configs, progress=False)
+    train_runs_batched(configs, progress=False)
     assert calls == configs
-    assert_same_records(batched, solo(configs))
 
 
 def test_max_stack_splits_groups_and_keeps_the_order(monkeypatch):
