@@ -57,8 +57,10 @@ def kernel_backend_label(model_config: models.ModelConfig) -> str:
 
 
 def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
-                  task_params: dict[str, Any] | None = None, **train: Any) -> list[RunConfig]:
-    """The benchmark's runs: the MAD grid in turn, then the next seed (init and data)."""
+                  task_params: dict[str, Any] | None = None, model_params: dict[str, Any] | None = None,
+                  **train: Any) -> list[RunConfig]:
+    """The benchmark's runs: the MAD grid in turn, then the next seed (init and data); ``model_params`` are
+    ModelConfig fields over the model's."""
     n_runs = check("n_runs", n_runs, PositiveInt)
     out = []
     for i in range(n_runs):
@@ -66,8 +68,8 @@ def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *
         seed = i // len(MAD_GRID)
         tc = TrainConfig(epochs=None, steps=steps, lr=lr, weight_decay=wd, init_seed=seed, data_seed=seed,
                          device=device, **train)
-        out.append(RunConfig(task=task, task_params=dict(task_params or {}), model=_model_fields(model),
-                             train=tc))
+        out.append(RunConfig(task=task, task_params=dict(task_params or {}),
+                             model={**_model_fields(model), **(model_params or {})}, train=tc))
     resolve(out[0])  # a bad task, parameter or model field fails here, before any timing
     return out
 
@@ -96,7 +98,8 @@ def timed(fn) -> tuple[list[dict[str, Any]], float]:
 
 def bench_train(task: str = "mad/in_context_recall", model: str = "transformer", n_runs: int = 6,
                 steps: int = 200, device: str = "auto", *, task_params: dict[str, Any] | None = None,
-                solo_runs: int = 1, compile: bool = False, cuda_graph: bool = False, epochs: int = 200,
+                model_params: dict[str, Any] | None = None, solo_runs: int = 1, compile: bool = False,
+                cuda_graph: bool = False, epochs: int = 200,
                 progress: bool = False, **train: Any) -> str:
     """Markdown report: device and versions, then one row for one run at a time (``solo_runs`` of the runs,
     trained by train_run) and one for the ``n_runs`` runs batched (eager; plus compiled and/or CUDA-graphed
@@ -104,7 +107,8 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     ``epochs`` is the full run's length that runs/hour refers to. ``progress``: the step bars of train_run and
     of the batched engine on stderr while the benchmark runs (a microsecond a step, within the timings' noise)."""
     steps = check("steps", steps, PositiveInt)
-    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)  # checks n_runs
+    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params,  # checks n_runs
+                            model_params=model_params, **train)
     if check("solo_runs", solo_runs, PositiveInt) > n_runs:
         raise ValueError(f"solo_runs must be in [1, n_runs={n_runs}], got {solo_runs}")
     warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
@@ -149,6 +153,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         f"torch {versions['torch']}, CUDA {cuda}, triton {versions['triton']}, python {versions['python']}, "
         f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}",
         f"bench_train(task={task!r}, model={model!r}, n_runs={n_runs}, steps={steps}, device={device!r}, "
+        f"task_params={task_params or {}!r}, model_params={model_params or {}!r}, "
         f"solo_runs={solo_runs}, compile={compile}, cuda_graph={cuda_graph}, epochs={epochs}"
         + "".join(f", {k}={v!r}" for k, v in train.items()) + ")",
         f"batch {tc.batch_size}, {tc.num_train} training rows, full run = {full_steps} steps",

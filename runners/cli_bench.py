@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
 
@@ -77,12 +79,20 @@ def bench_train_cmd(
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row."),
     progress: bool = typer.Option(True, help="Show the runs' progress bars on stderr (on the CPU the benchmark "
                                   "takes minutes)."),
+    task_params: str = typer.Option("{}", help="Task parameters as JSON, e.g. '{\"query_share\": 0.5}'."),
+    model_params: str = typer.Option("{}", help="ModelConfig fields over the model's as JSON, e.g. "
+                                     "'{\"n_heads\": 8}'."),
+    batch_size: int = typer.Option(128, help="Rows per step."),
+    num_train: int = typer.Option(12800, help="Training rows (generated once per data seed)."),
+    num_test: int = typer.Option(1280, help="Test rows."),
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
     from mixlab.runners.bench_train import bench_train
 
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
-                           cuda_graph=cuda_graph, progress=progress))
+                           cuda_graph=cuda_graph, progress=progress, task_params=json.loads(task_params),
+                           model_params=json.loads(model_params), batch_size=batch_size, num_train=num_train,
+                           num_test=num_test))
 
 
 @bench_app.command("mad")

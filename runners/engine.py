@@ -31,10 +31,14 @@ equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``n
 ``eval_batch_size``, ``eval_every``, ``beta1``, ``beta2``, device and precision. Free to differ: ``task``
 and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
 ``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
-Runs that cannot stack (``unbatchable_reason``) are trained one at a time by ``train_run``, in the same call:
+Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
+count per stack, ``_Stack.layout``), built on the host and copied with a host copy so no op syncs to read it;
+attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Not with
+``compile`` or ``cuda_graph``. Runs that cannot stack (``unbatchable_reason``) are trained one at a time by
+``train_run``, in the same call:
 
-- packed tasks (``doc_ids``): turning doc_ids into ``cu_seqlens`` has data-dependent shapes, which vmap
-  cannot batch;
+- packed tasks with an fla-core baseline (``stacks_with_documents``): its document path reads the layout on
+  the host with no per-run rule;
 - ``kernel_backend="triton"`` with RubiConv (``rubiconv``, ``fft_conv_leaky``, ``hyena``, ``hyena_leaky``): its
   Triton path has no vmap rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``:
   the kernels once per run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run
