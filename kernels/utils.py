@@ -93,21 +93,27 @@ def offsets_to_device(cu_host: torch.Tensor, device: torch.device) -> torch.Tens
     copy is remembered, so ``host_offsets`` and the ops' checks and plans read it instead of the device."""
     dev = host_to_device(cu_host, torch.int32, device)
     if dev.device.type != "cpu":
-        for key in [k for k, (ref, _, _) in _HOST_COPIES.items() if ref() is None]:
-            del _HOST_COPIES[key]
-        _HOST_COPIES[dev.untyped_storage().data_ptr()] = (weakref.ref(dev), dev._version, cu_host.long())
+        remember_host_copy(dev, cu_host)
     return dev
+
+
+def remember_host_copy(offsets: torch.Tensor, host: torch.Tensor) -> None:
+    """Keep ``host`` (equal values, on the host, same shape) as what ``host_offsets`` returns for ``offsets`` and
+    its views, until ``offsets`` is modified in place or freed."""
+    for key in [k for k, (ref, _, _) in _HOST_COPIES.items() if ref() is None]:
+        del _HOST_COPIES[key]
+    _HOST_COPIES[offsets.untyped_storage().data_ptr()] = (weakref.ref(offsets), offsets._version,
+                                                          host.to(torch.int64, copy=True).contiguous())
 
 
 def host_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """The offsets as an int64 host tensor: the host copy ``offsets_to_device`` kept for them (or for the tensor
     they are a view of), else read from the device (a sync on CUDA)."""
-    if cu_seqlens.device.type != "cpu":
-        ref, version, host = _HOST_COPIES.get(cu_seqlens.untyped_storage().data_ptr(), (None, None, None))
-        base = None if ref is None else ref()
-        if base is not None and version == cu_seqlens._version:
-            offset = cu_seqlens.storage_offset() - base.storage_offset()
-            return host.as_strided(cu_seqlens.shape, cu_seqlens.stride(), host.storage_offset() + offset)
+    ref, version, host = _HOST_COPIES.get(cu_seqlens.untyped_storage().data_ptr(), (None, None, None))
+    base = None if ref is None else ref()
+    if base is not None and version == cu_seqlens._version:
+        offset = cu_seqlens.storage_offset() - base.storage_offset()
+        return host.as_strided(cu_seqlens.shape, cu_seqlens.stride(), offset)
     return cu_seqlens.detach().cpu().long()
 
 

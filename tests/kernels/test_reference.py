@@ -597,3 +597,34 @@ def test_cu_seqlens_validated_once_per_layout_and_again_after_a_change():
         kutils.check_cu_seqlens(cu, x)
     with pytest.raises(ValueError, match="B\\*T"):
         kutils.check_cu_seqlens(torch.tensor([0, 4, 8], dtype=torch.int32), torch.randn(3, 4, 3))
+
+
+def test_host_offsets_read_the_kept_copy_of_a_tensor_and_its_views():
+    """remember_host_copy (offsets_to_device on a GPU): host_offsets answers from the host copy, for the tensor and
+    for a view (one run's row of a stack's [N, S + 1] offsets), until an in-place change; else it reads the
+    tensor. A copy with other values stands for the host copy here, so the test can tell which was read."""
+    stacked = torch.tensor([[0, 4, 8], [0, 2, 8]], dtype=torch.int32)  # [N=2, S+1]
+    kutils.remember_host_copy(stacked, stacked + 100)
+    assert kutils.host_offsets(stacked).tolist() == [[100, 104, 108], [100, 102, 108]]
+    assert kutils.host_offsets(stacked.select(0, 1)).tolist() == [100, 102, 108]
+    assert kutils.host_offsets(stacked[:, 1]).tolist() == [104, 102]
+    stacked.add_(0)  # an in-place op: the copy may be stale
+    assert kutils.host_offsets(stacked.select(0, 1)).tolist() == [0, 2, 8]
+    assert kutils.host_offsets(torch.tensor([0, 3], dtype=torch.int32)).tolist() == [0, 3]
+
+
+def test_row_starts_and_rows_cu_seqlens_against_doc_ids_to_cu_seqlens():
+    """The static layout of a batch is doc_ids_to_cu_seqlens's with empty documents added (repeated offsets)."""
+    g = torch.Generator().manual_seed(0)
+    doc_ids = (torch.rand(5, 17, generator=g) < 0.3).long().cumsum(dim=1)  # [5, 17], random documents
+    doc_ids[2] = 0  # a one-document row
+    slots = kutils.max_docs_per_row(doc_ids)
+    assert slots == int(max(len(row.unique()) for row in doc_ids))
+    for extra in (0, 3):
+        starts = kutils.row_starts(doc_ids, slots + extra)  # [5, slots + extra]
+        cu = kutils.rows_cu_seqlens(starts, 17)
+        assert cu.shape == (5 * (slots + extra) + 1,) and cu.dtype == torch.int32
+        kutils.validate_cu_seqlens(cu, 5, 17)
+        assert cu.unique_consecutive().tolist() == kutils.doc_ids_to_cu_seqlens(doc_ids).tolist()
+    stacked = kutils.rows_cu_seqlens(torch.stack([starts, starts.flip(0)]), 17)  # [2, 5 * S + 1]: per run
+    assert torch.equal(stacked[0], cu) and torch.equal(stacked[1], kutils.rows_cu_seqlens(starts.flip(0), 17))

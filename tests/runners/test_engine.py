@@ -253,6 +253,33 @@ def test_packed_runs_refuse_compile_and_graphs():
             train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, **{option: True})
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("mixer", ["attention", "rubiconv", "hyena"])
+def test_packed_stack_steps_never_wait_for_the_device(monkeypatch, mixer):
+    """After the first step (lazy initialisations), laying out a step's documents and the step itself (forward,
+    backward, AdamW) make no device sync: the ops read the layouts' host copies (kernels.utils.host_offsets)."""
+    steps = []
+
+    def strict(real):
+        def call(self, *args):
+            if not steps:  # before the first step is done
+                return real(self, *args)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return real(self, *args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return call
+
+    monkeypatch.setattr(engine._Stack, "layout", strict(engine._Stack.layout))
+    step = strict(engine._Stack.step)
+    monkeypatch.setattr(engine._Stack, "step", lambda self, *args: (step(self, *args), steps.append(1)))
+    configs = [tiny(task=PACKED, model={"mixer": mixer}, steps=4, epochs=None, num_train=16, num_test=8,
+                    init_seed=seed, data_seed=seed, device="cuda") for seed in (0, 1)]
+    records = train_runs_batched(configs, progress=False)
+    assert len(steps) == 4 and all(r["steps"] == 4 for r in records)
+
+
 @pytest.mark.skipif(not models.MIXERS["gla"].available(), reason="needs fla-core")
 def test_packed_fla_baselines_are_trained_one_at_a_time(monkeypatch):
     configs = packed_pair({"mixer": "gla"})
