@@ -8,6 +8,7 @@ consecutive offsets are an empty document. ``doc_ids: [B, T]`` numbers the docum
 """
 
 import os
+import warnings
 import weakref
 
 import torch
@@ -172,7 +173,11 @@ def _doc_index(cu_seqlens: torch.Tensor, B: int, T: int) -> tuple[torch.Tensor, 
     cu = cu_seqlens.long()
     flat = torch.arange(B * T, device=cu.device)  # [B*T]
     # right=True skips empty documents: the last offset <= t is the start of the non-empty document holding t
-    doc = torch.searchsorted(cu, flat, right=True) - 1
+    with warnings.catch_warnings():
+        # under vmap (stacked runs, each with its own offsets) the batch rule expands the tokens, and the search
+        # warns about the expanded (non-contiguous) view it copies
+        warnings.filterwarnings("ignore", message="torch.searchsorted\\(\\): input value tensor is non-contiguous")
+        doc = torch.searchsorted(cu, flat, right=True) - 1
     return doc, cu[doc]
 
 

@@ -121,10 +121,16 @@ def group_key(config: RunConfig) -> tuple:
             device.type, uses_bf16(tc.precision, device))
 
 
+def is_packed(config: RunConfig) -> bool:
+    """Whether the run's task packs documents into its rows (its data has doc_ids)."""
+    task, _ = resolve(config)
+    return task.generate(1, seed=0).doc_ids is not None
+
+
 def unbatchable_reason(config: RunConfig) -> str | None:
     """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
-    task, model_config = resolve(config)
-    packed = task.generate(1, seed=0).doc_ids is not None
+    _, model_config = resolve(config)
+    packed = is_packed(config)
     backend = model_config.kernel_backend
     for name, mixer in models.pattern_classes(model_config.mixer).items():
         if not mixer.stacks_on:
@@ -159,8 +165,7 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     records: list[dict[str, Any] | None] = [None] * len(configs)
     for members in groups.values():
         device = pick_device(configs[members[0]].train.device)
-        packed = group_key(configs[members[0]])[2]
-        if packed and (compile or cuda_graph):
+        if (compile or cuda_graph) and is_packed(configs[members[0]]):
             raise ValueError("compile and cuda_graph cannot serve runs of a packed task: each step's document "
                              "layout is read on the host")
         if cuda_graph and device.type != "cuda":
@@ -247,10 +252,7 @@ def _stacked_logits(template: torch.nn.Module, params: dict[str, torch.Tensor], 
         return torch.func.functional_call(template, p, (x,), {"positions": pos, "cu_seqlens": cu})
 
     in_dims = (0, 0, None if positions is None else 0, None if cu_seqlens is None else 0)
-    with warnings.catch_warnings():
-        # the document search of stacked layouts (kernels.utils.doc_positions) gets its tokens expanded by vmap
-        warnings.filterwarnings("ignore", message="torch.searchsorted\\(\\): input value tensor is non-contiguous")
-        return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions, cu_seqlens)
+    return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions, cu_seqlens)
 
 
 def _scored_stack(targets: list[torch.Tensor], device: torch.device
