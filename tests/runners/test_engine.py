@@ -223,9 +223,8 @@ def test_short_convs_stack_on_their_triton_kernels(label, model):
 
 PACKED = ("packed/associative_retrieval", {"seq_len": 64, "min_doc_len": 8, "doc_len_median": 16, "max_doc_len": 32,
                                            "num_keys": 16, "keys_per_doc": 4, "num_values": 16, "query_share": 0.5})
-PACKED_CASES = [("attention", {"mixer": "attention"}), ("attention+static", {"qkv_conv": "static"}),
-                ("rubiconv", {"mixer": "rubiconv"}), ("hyena", {"mixer": "hyena"}),
-                ("fft_conv_leaky", {"mixer": "fft_conv_leaky"})]
+PACKED_CASES = [("attention", {"mixer": "attention"}), ("rubiconv", {"mixer": "rubiconv"}),
+                ("hyena", {"mixer": "hyena"}), ("fft_conv_leaky", {"mixer": "fft_conv_leaky"})]
 
 
 def packed_pair(model):
