@@ -41,6 +41,9 @@ from mixlab.runners.manifest import is_record
 from mixlab.runners.record import RunLog
 
 PARTIAL = "partial"
+# A sweep's default seconds between checkpoints: writing one costs well under a second, and a ten-minute GPU call
+# stopped by its limit loses at most this much.
+DEFAULT_EVERY_S = 120.0
 FORMAT = 1
 # The stack's tensors a checkpoint holds: flat parameters and AdamW moments [N, P], training-loss sums [N].
 TENSORS = ("params", "exp_avg", "exp_avg_sq", "loss_acc")
