@@ -60,6 +60,10 @@ unreported, until at most half of it still trains, so a stack of N compiles for 
 and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
 state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
 captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
+
+Checkpoints (``runners.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
+evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
+the loop stands (step, rows, records) so it can be saved and put back between any two steps.
 """
 
 from __future__ import annotations

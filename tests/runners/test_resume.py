@@ -1,6 +1,7 @@
 """Checkpoints of a stack in mid-training (runners/resume.py): a stack stopped part-way and trained again ends
 with the records of a stack never stopped, bitwise on the CPU (time fields aside)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -198,6 +199,28 @@ def test_a_checkpoint_that_does_not_fit_is_ignored_with_a_warning(tmp_path, monk
     assert len(steps) == 15 and all(r["history"][0]["step"] == 2 for r in records)
     # the same runs under the same names: the new stack's checkpoint replaced the stale one, then ended
     assert partial(tmp_path) == ([] if case == "changed-config" else stale)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compile and CUDA graphs are measured on a GPU")
+@pytest.mark.parametrize("mode", ["compile", "cuda_graph"])
+def test_compiled_and_graphed_stacks_resume_on_a_gpu(tmp_path, monkeypatch, mode):
+    """Compiled code and captured graphs are made again after the load; the stack with the early-stopped run
+    (a frozen row under compile) ends as the uninterrupted one, within rounding (GPU kernels need not repeat
+    their bits)."""
+    configs = [dataclasses.replace(c, train=dataclasses.replace(c.train, device="cuda")) for c in stack(1e-6)]
+    options = {"run_names": NAMES, "progress": False, mode: True}
+    train_runs_batched(configs, out_dir=tmp_path / "reference", **options)
+    interrupt_after(monkeypatch, "step", 7)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs_batched(configs, out_dir=tmp_path / "resumed", checkpoint_every_s=NEVER, **options)
+    monkeypatch.undo()
+    train_runs_batched(configs, out_dir=tmp_path / "resumed", checkpoint_every_s=NEVER, **options)
+    resumed, expected = files(tmp_path / "resumed"), files(tmp_path / "reference")
+    for name in NAMES:
+        assert [h["step"] for h in resumed[name]["history"]] == [h["step"] for h in expected[name]["history"]]
+        for got, want in zip(resumed[name]["history"], expected[name]["history"]):
+            assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert partial(tmp_path / "resumed") == []
 
 
 def test_a_second_signal_stops_at_once_without_a_checkpoint():
