@@ -99,7 +99,7 @@ def run_in_worker(job: Job, runs_dir: str, engine: dict[str, Any]) -> int:
 
     The pool ends its workers with SIGTERM (Ctrl-C, a failed run): while a job trains, SIGTERM raises
     KeyboardInterrupt, so the engine checkpoints its stack first (``runners.resume``), then the worker exits."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return len(run_job(job, runs_dir, **engine))
     except KeyboardInterrupt:
@@ -107,7 +107,7 @@ def run_in_worker(job: Job, runs_dir: str, engine: dict[str, Any]) -> int:
     except torch.OutOfMemoryError as exc:
         message = str(exc).splitlines()[0]
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous)
     # out of the except block, the failed job's frames and tensors are gone: give their cached blocks back to
     # the device, for the other workers that share it
     torch.cuda.empty_cache()

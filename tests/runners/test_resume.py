@@ -11,13 +11,13 @@ import mixlab.runners.engine as engine
 import pytest
 import torch
 import yaml
-from mixlab.runners import resume
+from mixlab.runners import local_backend, resume
 from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.manifest import finished_hashes
 from mixlab.runners.sweep import SweepInterrupted, SweepOptions, run_sweep
-from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.runners.sweep_jobs import Job, plan_jobs
 from mixlab.runners.sweep_spec import SweepSpec
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
@@ -231,6 +231,36 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint():
         os.kill(os.getpid(), signal.SIGINT)
         pytest.fail("the second signal raises")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_sweep_worker_checkpoints_its_stack_when_the_pool_ends_it(tmp_path, monkeypatch, reference):
+    """The pool ends its workers with SIGTERM: a worker in a job finishes the step, checkpoints and exits."""
+    class Exited(Exception):
+        pass
+
+    def exit_(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    real = engine._Stack.step
+    seen = []
+
+    def step(self, *args):
+        real(self, *args)
+        seen.append(1)
+        if len(seen) == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine._Stack, "step", step)
+    job = Job(tuple((name, config.to_dict()) for name, config in zip(NAMES, stack())))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Exited):
+        local_backend.run_in_worker(job, str(tmp_path), {"checkpoint_every_s": NEVER})
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert json.loads(next((tmp_path / resume.PARTIAL).glob("*.json")).read_text())["step"] == 7
+    monkeypatch.undo()
+    assert local_backend.run_in_worker(job, str(tmp_path), {"checkpoint_every_s": NEVER}) == 3
+    assert files(tmp_path) == files(reference[("fp32", None)])
 
 
 # Six runs of one stack: those with early_stop_acc 1e-6 stop at their first evaluation (step 1).
