@@ -168,7 +168,8 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
             raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
         if unbatchable_reason(configs[members[0]]) is not None:
             for i in members:
-                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i])
+                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i],
+                                       checkpoint_every_s=checkpoint_every_s)
             continue
         size = max_stack or len(members)
         for lo in range(0, len(members), size):
@@ -495,8 +496,8 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
     runs = [_Run.of(config, name) for config, name in zip(configs, names)]
-    saver, saved = resume.StackCheckpoint.open(out_dir, runs, every_s=checkpoint_every_s, device=device.type,
-                                               bf16=autocast)
+    saver, saved = resume.Checkpoint.open(out_dir, runs, every_s=checkpoint_every_s, loop="stack",
+                                          device=device.type, bf16=autocast)
     rows = runs
     if saved is not None:  # the checkpoint's rows, which may hold runs finished before, in its order
         rows = [_Run.of(RunConfig.from_dict(row["config"]), row["name"]) for row in saved.rows]
@@ -507,12 +508,11 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
         loop.restore(saved)
     bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step",
                dynamic_ncols=True, leave=False, desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(rows)}")
+    interrupts = resume.Interrupts(active=saver is not None)
     try:
-        if saver is None:
-            loop.train(bar)
-        else:
-            with resume.Interrupts().held() as interrupts:
-                loop.train(bar, saver, interrupts)
+        with interrupts.held():
+            loop.train(bar, saver, interrupts)
+            if saver is not None:
                 saver.remove()
     finally:
         bar.close()
@@ -566,8 +566,7 @@ class _Loop:
     def live(self) -> list[_Run]:
         return [run for run in self.rows if not run.done]
 
-    def train(self, bar: tqdm, saver: resume.StackCheckpoint | None = None,
-              interrupts: resume.Interrupts | None = None) -> None:
+    def train(self, bar: tqdm, saver: resume.Checkpoint | None, interrupts: resume.Interrupts) -> None:
         """Step until every run has finished; checkpoint at evaluations when ``saver`` is due, and after the
         step in flight when ``interrupts`` has one pending (then raise KeyboardInterrupt)."""
         plan = self.plan
@@ -588,7 +587,7 @@ class _Loop:
                     if saver is not None and saver.due():
                         saver.write(self.snapshot())
                         self.clock.restart()  # writing is no training time
-                if interrupts is not None and interrupts.pending:
+                if interrupts.pending:
                     saver.write(self.snapshot())
                     raise KeyboardInterrupt
 

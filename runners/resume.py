@@ -12,7 +12,8 @@ training-loss sums, the step counter and the steps summed since the last evaluat
 run (name, config), log (history, best evaluation, early stop, training time), whether it finished, and its
 shuffle generator's state before the permutation of the epoch the next step belongs to (the loop draws that
 permutation again and skips the steps already taken). The data, the initialisation and the learning rates follow
-from the configs.
+from the configs. A run trained alone (``runners.train.train_run``) is checkpointed the same way, as a stack of
+one whose tensors are its model's and AdamW's state dicts.
 
 A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash,
 and every run still training in it is asked for or has a record by now. A sweep run again plans only the runs
@@ -51,16 +52,21 @@ TENSORS = ("params", "exp_avg", "exp_avg_sq", "loss_acc")
 
 @dataclasses.dataclass
 class Snapshot:
-    """A stack between two steps: the loop's counters, the stack's tensors (on the CPU) and one dict per row
-    (``_row_state``). ``finished`` names live rows whose records were written after the snapshot."""
+    """A training loop between two steps: its counters, its tensors (a stack's ``TENSORS`` on the CPU, or a run's
+    model and optimizer state dicts) and one dict per run (``log_state``), in the stack's row order. ``finished``
+    names live rows whose records were written after the snapshot."""
 
     step: int
-    loss_count: int
-    tensors: dict[str, torch.Tensor]
+    loss_count: int  # steps since the last evaluation
+    tensors: dict[str, Any]
     rows: list[dict[str, Any]]
     elapsed_s: float  # wall seconds of the loop so far
     lap_s: float  # training seconds since the last evaluation
     finished: frozenset[str] = frozenset()
+
+
+# What a checkpoint file holds of a Snapshot (``finished`` is learnt when it is loaded).
+_SAVED = tuple(f.name for f in dataclasses.fields(Snapshot) if f.name != "finished")
 
 
 def snapshot(stack: Any, rows: Sequence[Any], *, step: int, loss_count: int, new_epoch: bool, lap_s: float,
@@ -69,14 +75,8 @@ def snapshot(stack: Any, rows: Sequence[Any], *, step: int, loss_count: int, new
     ``new_epoch``: the next step starts an epoch, whose permutation is not drawn yet."""
     return Snapshot(step=step, loss_count=loss_count,
                     tensors={name: getattr(stack, name).detach().cpu() for name in TENSORS},
-                    rows=[_row_state(run, new_epoch) for run in rows], elapsed_s=elapsed_s, lap_s=lap_s)
-
-
-def _row_state(run: Any, new_epoch: bool) -> dict[str, Any]:
-    best = next(i for i, entry in enumerate(run.history) if entry is run.best) if run.best is not None else None
-    return {"name": run.default_name(), "config": run.config.to_dict(), "history": run.history, "best": best,
-            "stopped_early": run.stopped_early, "train_time": run.train_time, "done": run.done,
-            "shuffle": run.shuffle.get_state() if new_epoch else run.epoch_shuffle}
+                    rows=[log_state(run, run.shuffle.get_state() if new_epoch else run.epoch_shuffle, run.done)
+                          for run in rows], elapsed_s=elapsed_s, lap_s=lap_s)
 
 
 def restore(saved: Snapshot, stack: Any, rows: Sequence[Any]) -> None:
@@ -85,15 +85,24 @@ def restore(saved: Snapshot, stack: Any, rows: Sequence[Any]) -> None:
     for name in TENSORS:
         getattr(stack, name).copy_(saved.tensors[name])
     for run, state in zip(rows, saved.rows, strict=True):
-        _restore_log(run, state)
+        restore_log(run, run.shuffle, state)
         run.done = state["done"] or state["name"] in saved.finished
-        run.shuffle.set_state(state["shuffle"])
 
 
-def _restore_log(run: RunLog, state: Mapping[str, Any]) -> None:
+def log_state(run: RunLog, shuffle: torch.Tensor, done: bool) -> dict[str, Any]:
+    """A run's part of a snapshot: its name and config, its log, whether it finished, and ``shuffle``, its
+    shuffle generator's state before the permutation of the epoch that its next step belongs to."""
+    best = next(i for i, entry in enumerate(run.history) if entry is run.best) if run.best is not None else None
+    return {"name": run.default_name(), "config": run.config.to_dict(), "history": run.history, "best": best,
+            "stopped_early": run.stopped_early, "train_time": run.train_time, "done": done, "shuffle": shuffle}
+
+
+def restore_log(run: RunLog, shuffle: torch.Generator, state: Mapping[str, Any]) -> None:
+    """Put a ``log_state`` back into the run's log and its shuffle generator."""
     run.history = list(state["history"])
     run.best = None if state["best"] is None else run.history[state["best"]]
     run.stopped_early, run.train_time = state["stopped_early"], state["train_time"]
+    shuffle.set_state(state["shuffle"])
 
 
 def stack_key(names: Sequence[str]) -> str:
@@ -101,8 +110,8 @@ def stack_key(names: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
-class StackCheckpoint:
-    """The checkpoint file of one stack (module docstring): found or started by ``open``, written when
+class Checkpoint:
+    """The checkpoint file of one stack or run (module docstring): found or started by ``open``, written when
     ``due``, removed at the end."""
 
     def __init__(self, out_dir: Path, key: str, members: dict[str, str], every_s: float,
@@ -112,15 +121,16 @@ class StackCheckpoint:
         self.last = time.monotonic()
 
     @classmethod
-    def open(cls, out_dir: str | Path | None, runs: Sequence[RunLog], *, every_s: float | None, device: str,
-             bf16: bool) -> tuple[StackCheckpoint | None, Snapshot | None]:
-        """The checkpoint of a stack of ``runs`` writing records to ``out_dir`` and what it saved, if anything.
-        (None, None) when checkpoints are off (no ``out_dir``, ``every_s`` None or negative)."""
+    def open(cls, out_dir: str | Path | None, runs: Sequence[RunLog], *, every_s: float | None, loop: str,
+             device: str, bf16: bool) -> tuple[Checkpoint | None, Snapshot | None]:
+        """The checkpoint of a stack of ``runs`` writing records to ``out_dir`` and what it saved, if anything;
+        ``loop`` (``stack`` or ``run``: what its tensors are), ``device`` (the type) and ``bf16`` must be the
+        checkpoint's. (None, None) when checkpoints are off (no ``out_dir``, ``every_s`` None or negative)."""
         if out_dir is None or every_s is None or every_s < 0:
             return None, None
         out_dir = Path(out_dir)
         asked = {run.default_name(): config_hash(run.config) for run in runs}
-        where = {"device": device, "bf16": bf16}
+        where = {"loop": loop, "device": device, "bf16": bf16}
         for meta_path in sorted((out_dir / PARTIAL).glob("*.json")):
             found = _matching(meta_path, out_dir, asked, where)
             if found is not None:
@@ -138,7 +148,8 @@ class StackCheckpoint:
     def write(self, saved: Snapshot) -> None:
         """The .pt, then the .json that points at it, each atomically."""
         live = [row["name"] for row in saved.rows if not row["done"]]
-        state = {"format": FORMAT, "members": self.members, **dataclasses.asdict(saved), "finished": []}
+        state = {"format": FORMAT, "members": self.members,
+                 **{name: getattr(saved, name) for name in _SAVED}}
         with atomic_file(self.path) as f:
             torch.save(state, f)
         write_json_atomic(self.path.with_suffix(".json"), {
@@ -167,12 +178,12 @@ def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict
     if why is None:
         try:
             state = torch.load(meta_path.with_suffix(".pt"), map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, ValueError) as exc:
+            saved = _snapshot_of(state)
+            agree = state["members"] == members and {r["name"] for r in saved.rows if not r["done"]} == live
+        except Exception as exc:  # missing, cut short, foreign or refused by weights_only: not usable
             why = f"its .pt cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
         else:
-            saved = _snapshot_of(state)
-            if state["members"] != members or {r["name"] for r in saved.rows if not r["done"]} != live:
-                why = "its .pt and .json disagree"
+            why = None if agree else "its .pt and .json disagree"
     if why is not None:
         warnings.warn(f"ignoring the checkpoint {str(meta_path.with_suffix('.pt'))!r}: {why}; the stack starts "
                       "from step 0 (delete the checkpoint to silence this)", stacklevel=4)
@@ -184,8 +195,8 @@ def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], whe
     """Why a checkpoint that shares runs with the stack ``asked`` is not its checkpoint, or None."""
     members, live = meta["members"], set(meta["live"])
     if {k: meta.get(k) for k in where} != where:
-        return f"it was written on {meta.get('device')} (bf16 {meta.get('bf16')}), this stack runs on " \
-               f"{where['device']} (bf16 {where['bf16']})"
+        return f"it was written for {', '.join(f'{k} {meta.get(k)}' for k in where)}, not for " \
+               f"{', '.join(f'{k} {v}' for k, v in where.items())}"
     for name, hashed in asked.items():
         if name not in members:
             return f"run {name!r} is not one of its runs"
@@ -200,20 +211,20 @@ def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], whe
 
 
 def _snapshot_of(state: Mapping[str, Any]) -> Snapshot:
-    fields = {f.name for f in dataclasses.fields(Snapshot)} - {"finished"}
-    return Snapshot(**{name: state[name] for name in fields})
+    return Snapshot(**{name: state[name] for name in _SAVED})
 
 
 class Interrupts:
     """While training, a signal that would raise KeyboardInterrupt (Ctrl-C's SIGINT; SIGTERM in a sweep's
     worker, ``local_backend``) only sets ``pending``: the loop finishes its step (and the evaluation after
-    it), checkpoints that consistent state and raises KeyboardInterrupt itself (``checkpoint_and_stop``). A
-    second such signal raises at once (to leave a long compilation), with no checkpoint. Off the main thread,
-    or where another handler is installed (a worker ignores SIGINT), nothing changes."""
+    it), checkpoints that consistent state and raises KeyboardInterrupt itself. A second such signal raises at
+    once (to leave a long compilation), with no checkpoint. Off the main thread, or where another handler is
+    installed (a worker ignores SIGINT), nothing changes."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, active: bool = True) -> None:
+        self.active = active  # False: ``held`` holds nothing back (no checkpoint to write)
         self.pending = False
 
     def _handle(self, signum: int, frame: object) -> None:
@@ -225,7 +236,7 @@ class Interrupts:
     def held(self) -> Iterator[Interrupts]:
         """Hold the signals back inside the block; one still pending when it ends raises KeyboardInterrupt."""
         previous = {}
-        if threading.current_thread() is threading.main_thread():
+        if self.active and threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 if signal.getsignal(signum) is signal.default_int_handler:
                     previous[signum] = signal.signal(signum, self._handle)

@@ -101,5 +101,5 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compil
     if batch:
         return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, compile=compile,
                                   cuda_graph=cuda_graph, checkpoint_every_s=checkpoint_every_s)
-    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False)
+    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False, checkpoint_every_s=checkpoint_every_s)
             for name, config in zip(names, configs)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from mixlab.runners import local_backend, resume
+from mixlab.runners import train as train_module
 from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.engine import train_runs_batched
@@ -19,6 +20,7 @@ from mixlab.runners.manifest import finished_hashes
 from mixlab.runners.sweep import SweepInterrupted, SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import Job, plan_jobs
 from mixlab.runners.sweep_spec import SweepSpec
+from mixlab.runners.train import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = [pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet"),
@@ -178,7 +180,7 @@ def test_a_run_that_ended_after_the_checkpoint_is_dropped_when_it_is_not_asked_f
     assert files(tmp_path) == files(reference[("fp32", None)]) and partial(tmp_path) == []
 
 
-@pytest.mark.parametrize("case", ["changed-config", "run-left-out"])
+@pytest.mark.parametrize("case", ["changed-config", "run-left-out", "cut-short"])
 def test_a_checkpoint_that_does_not_fit_is_ignored_with_a_warning(tmp_path, monkeypatch, case):
     interrupt_after(monkeypatch, "step", 7)
     with pytest.raises(KeyboardInterrupt):
@@ -189,16 +191,35 @@ def test_a_checkpoint_that_does_not_fit_is_ignored_with_a_warning(tmp_path, monk
     if case == "changed-config":
         configs[1] = tiny(lr=1e-3, init_seed=1, data_seed=1)
         why = "run 'early' has another config there"
-    else:
+    elif case == "run-left-out":
         configs, names = configs[:1], NAMES[:1]
         why = "its run 'c' is still training there but is not asked for now"
+    else:
+        pt = tmp_path / resume.PARTIAL / stale[1]
+        pt.write_bytes(pt.read_bytes()[:1000])
+        why = "its .pt cannot be read"
     steps = interrupt_after(monkeypatch, "step", 0)
     with pytest.warns(UserWarning, match=f"ignoring the checkpoint .*: {why}.*; the stack starts from step 0"):
         records = train_runs_batched(configs, out_dir=tmp_path, run_names=names, progress=False,
                                      checkpoint_every_s=NEVER)
     assert len(steps) == 15 and all(r["history"][0]["step"] == 2 for r in records)
     # the same runs under the same names: the new stack's checkpoint replaced the stale one, then ended
-    assert partial(tmp_path) == ([] if case == "changed-config" else stale)
+    assert partial(tmp_path) == (stale if case == "run-left-out" else [])
+
+
+def test_a_run_trained_alone_does_not_take_a_stacks_checkpoint(tmp_path, monkeypatch, reference):
+    """A stack's checkpoint holds stacked tensors, not a model's: train_run ignores it, even where it would fit
+    (the stack's other runs have records), and its record is the stack's all the same."""
+    interrupt_after(monkeypatch, "step", 7)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs_batched(stack(), out_dir=tmp_path, run_names=NAMES, progress=False, checkpoint_every_s=NEVER)
+    monkeypatch.undo()
+    stale = partial(tmp_path)
+    for name in NAMES[1:]:
+        shutil.copy(reference[("fp32", None)] / f"{name}.json", tmp_path / f"{name}.json")
+    with pytest.warns(UserWarning, match="it was written for loop stack, .* not for loop run"):
+        train_run(stack()[0], out_dir=tmp_path, run_name="a", progress=False, checkpoint_every_s=NEVER)
+    assert files(tmp_path) == files(reference[("fp32", None)]) and partial(tmp_path) == stale
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compile and CUDA graphs are measured on a GPU")
@@ -220,6 +241,36 @@ def test_compiled_and_graphed_stacks_resume_on_a_gpu(tmp_path, monkeypatch, mode
         assert [h["step"] for h in resumed[name]["history"]] == [h["step"] for h in expected[name]["history"]]
         for got, want in zip(resumed[name]["history"], expected[name]["history"]):
             assert got["test_loss"] == pytest.approx(want["test_loss"], rel=1e-4)
+    assert partial(tmp_path / "resumed") == []
+
+
+@pytest.mark.parametrize("k", [3, 5], ids=["inside-an-epoch", "at-an-epoch-end"])
+def test_a_run_trained_alone_goes_on_to_the_same_record_and_model(tmp_path, monkeypatch, k):
+    """train_run checkpoints as a stack does: interrupted after its k-th evaluation (step 6, inside the second
+    epoch, or step 10, the end of it), trained again it ends with the record and saved best weights of a run
+    never stopped."""
+    config = stack()[2]
+    train_run(config, out_dir=tmp_path / "reference", run_name="c", progress=False, save=True)
+    real, calls = train_module.evaluate, []
+
+    def evaluate(*args):
+        calls.append(1)
+        if len(calls) == k:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+    options = {"out_dir": tmp_path / "resumed", "run_name": "c", "progress": False, "save": True,
+               "checkpoint_every_s": NEVER}
+    with pytest.raises(KeyboardInterrupt):
+        train_run(config, **options)
+    assert json.loads(next((tmp_path / "resumed" / resume.PARTIAL).glob("*.json")).read_text())["step"] == 2 * k
+    monkeypatch.undo()
+    train_run(config, **options)
+    assert files(tmp_path / "resumed", ["c"]) == files(tmp_path / "reference", ["c"])
+    weights = [torch.load(tmp_path / folder / "c.pt", weights_only=True)["state_dict"]
+               for folder in ("reference", "resumed")]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
     assert partial(tmp_path / "resumed") == []
 
 
