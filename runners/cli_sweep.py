@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
-from mixlab.runners import mad
+from mixlab.runners import mad, resume
 from mixlab.runners.ray_backend import RayOptions
 from mixlab.runners.sweep import BACKENDS, SweepOptions, SweepResult, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
@@ -34,6 +34,9 @@ ADDRESS_HELP = ("Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: RAY_A
 CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
 GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
 RETRIES_HELP = "Ray: times a job whose worker died is run again."
+CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
+                         "evaluation; negative: none), also written on Ctrl-C or SIGINT (timeout -s INT): the same "
+                         "command run again goes on from them to the same records.")
 CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
                      "seeing only its own (at least one worker per device).")
 
@@ -57,6 +60,7 @@ SWEEP_OPTIONS = (
     ("gpus_per_job", float, 1.0, GPUS_HELP),
     ("max_retries", int, 3, RETRIES_HELP),
     ("cuda_devices", str, None, CUDA_DEVICES_HELP),
+    ("checkpoint_every", float, resume.DEFAULT_EVERY_S, CHECKPOINT_EVERY_HELP),
 )
 
 
@@ -97,7 +101,8 @@ def sweep(
     *,
     options: SweepOptions,
 ) -> None:
-    """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
+    """Run a grid of runs; finished runs are skipped and stacks stopped part-way go on from their checkpoints, so
+    the same command resumes a stopped sweep."""
     grid = load_spec(spec)
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name

@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from mixlab.runners import local_backend, ray_backend
+from mixlab.runners import local_backend, ray_backend, resume
 from mixlab.runners.atomic import writable_folder
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
@@ -52,6 +52,9 @@ class SweepOptions:
     cuda_devices: the local backend's workers go round-robin to these CUDA devices (indices as this process
         sees them), each worker seeing only its own as ``cuda``: one sweep uses every GPU of a host. Workers
         are processes then, also for workers=1; at least one worker per device.
+    checkpoint_every: seconds between a stack's checkpoints in mid-training (``runners.resume``; 0: at every
+        evaluation; None or negative: none), also written on Ctrl-C: the sweep run again goes on from them
+        (local backend; Ray's jobs write no files).
     """
 
     workers: PositiveInt = 1
@@ -67,6 +70,7 @@ class SweepOptions:
     backend: Literal[BACKENDS] = "local"
     ray: ray_backend.RayOptions | None = None
     cuda_devices: tuple[NonNegativeInt, ...] | None = None
+    checkpoint_every: float | None = resume.DEFAULT_EVERY_S
 
     def __post_init__(self) -> None:
         check_dataclass(self)
@@ -89,9 +93,10 @@ class SweepOptions:
                              "(batch=True)")
 
     @property
-    def engine(self) -> dict[str, bool]:
+    def engine(self) -> dict[str, Any]:
         """``sweep_jobs.run_job``'s options: how each job trains."""
-        return {"batch": self.batch, "compile": self.compile, "cuda_graph": self.cuda_graph}
+        return {"batch": self.batch, "compile": self.compile, "cuda_graph": self.cuda_graph,
+                "checkpoint_every_s": self.checkpoint_every}
 
 
 class SweepInterrupted(BaseException):
@@ -138,15 +143,12 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     out = Path(out_dir)
     runs_dir = out / RUNS
     done = finished_hashes(out)
-    todo = [r for r in plan.runs if r.hash not in done]
-    skipped = len(plan.runs) - len(todo)
-    if options.tasks:
-        todo = [r for r in todo if r.meta["task"] in options.tasks]
-    if options.models:
-        todo = [r for r in todo if r.meta["model"] in options.models]
-    if options.limit is not None:
-        todo = todo[: options.limit]
-    jobs = plan_jobs(todo, options.max_stack if options.batch else 1)
+    skipped = sum(r.hash in done for r in plan.runs)
+    chosen = [r for r in plan.runs if (not options.tasks or r.meta["task"] in options.tasks)
+              and (not options.models or r.meta["model"] in options.models)]
+    todo = [r.hash for r in chosen if r.hash not in done][: options.limit]
+    # the finished runs shape the jobs too: a stack stopped part-way is formed again and finds its checkpoint
+    jobs = plan_jobs(chosen, options.max_stack if options.batch else 1, todo=set(todo))
     writable_folder(out)
     runs_dir.mkdir(exist_ok=True)
     write_manifest(out, plan)
