@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
 
 
-def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, bool], job_done: Callable[[Job, int], None],
-             may_start: Callable[[], bool], *, workers: int = 1, device_ids: Sequence[str] | None = None) -> None:
+def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, bool | str],
+             job_done: Callable[[Job, int], None], may_start: Callable[[], bool], *, workers: int = 1,
+             device_ids: Sequence[str] | None = None) -> None:
     """Train ``jobs`` in order, ``job_done(job, runs trained)`` after each; a job starts only while
     ``may_start()``. One worker and no pinned devices: in this process; else in worker processes (``run_pool``).
     ``engine``: ``run_job``'s options."""
@@ -88,7 +89,7 @@ class JobOutOfMemory(RuntimeError):
     """A job of a sweep ran out of device memory (its message: the allocator's first line)."""
 
 
-def run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
+def run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool | str]) -> int:
     """A worker's body: train ``job`` (``run_job``); return how many runs it trained. Out of device memory, it
     raises JobOutOfMemory, which the pool tells from other failures."""
     try:
@@ -117,9 +118,9 @@ def _sigint_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
+def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, bool | str],
              job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
-             run: Callable[[Job, str, dict[str, bool]], int] = run_in_worker,
+             run: Callable[[Job, str, dict[str, bool | str]], int] = run_in_worker,
              device_ids: Sequence[str] | None = None) -> None:
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
     job starts only while ``may_start()``. With ``device_ids`` (``visible_device_ids``) worker k sees only device

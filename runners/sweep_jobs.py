@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mixlab.runners.config import RunConfig
-from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.engine import chunks, group_key, train_runs_batched, unbatchable_reason
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.train import train_run
@@ -60,39 +60,38 @@ def job_key(config: RunConfig) -> tuple:
 
 
 def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK) -> list[Job]:
-    """Runs of equal ``job_key`` in plan order, ``max_stack`` to a job; a run the engine cannot stack
-    (``engine.unbatchable_reason``: packed tasks, Triton kernels) is a job of its own. Jobs are ordered by
-    their first run, so the first jobs hold the plan's first runs (its first seeds)."""
+    """Runs of equal ``job_key`` in plan order, in the fewest jobs of at most ``max_stack`` runs whose sizes
+    differ by at most one (``engine.chunks``): a setting's grid, its seeds and the settings of equal shapes
+    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: packed tasks, Triton kernels) is
+    a job of its own. Jobs are ordered by their first run, so the first jobs hold the plan's first runs (its
+    first seeds)."""
     max_stack = check("max_stack", max_stack, PositiveInt)
     groups: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
         key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
         groups.setdefault(key, []).append(i)
-    chunks = [members[lo : lo + max_stack] for members in groups.values()
-              for lo in range(0, len(members), max_stack)]
-    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in sorted(chunks)]
+    stacks = [chunk for members in groups.values() for chunk in chunks(members, max_stack)]
+    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in sorted(stacks)]
 
 
-def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compile: bool = False,
-            cuda_graph: bool = False) -> list[dict[str, Any]]:
+def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True,
+            speed: str = "eager") -> list[dict[str, Any]]:
     """Train the runs of ``job`` that have no record in ``runs_dir`` yet; return their records.
 
     Each record goes to ``<runs_dir>/<hash>.json`` (atomically) as soon as its run ends, so a job run again
     (resumed after a crash, or retried) trains only its missing runs and never writes a run twice. runs_dir
     None: nothing is skipped or written (the Ray backend's tasks; the driver writes). batch: the runs
-    trained stacked by ``engine.train_runs_batched`` (with its ``compile`` and ``cuda_graph`` options);
-    False: one at a time by ``train_run``.
+    trained stacked by ``engine.train_runs_batched`` (with its ``speed``, ``runners.speed``); False: one at a
+    time by ``train_run``.
     """
-    if not batch and (compile or cuda_graph):
-        raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} are options of the batched engine; "
-                         "they need batch=True")
+    if not batch and speed != "eager":
+        raise ValueError(f"speed={speed!r} is an option of the batched engine; it needs batch=True")
     todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
             if runs_dir is None or not is_record(Path(runs_dir) / f"{name}.json")]
     if not todo:
         return []
     names, configs = [name for name, _ in todo], [config for _, config in todo]
     if batch:
-        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, compile=compile,
-                                  cuda_graph=cuda_graph)
+        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, speed=speed)
     return [train_run(config, out_dir=runs_dir, run_name=name, progress=False)
             for name, config in zip(names, configs)]

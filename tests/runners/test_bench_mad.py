@@ -6,7 +6,7 @@ import re
 import pytest
 from mixlab.models import ModelConfig, preset_config
 from mixlab.runners import bench_mad as bench_mad_module
-from mixlab.runners.bench_mad import bench_mad, flop_per_token, step_shapes
+from mixlab.runners.bench_mad import BenchMadOptions, bench_mad, flop_per_token, step_shapes
 from mixlab.runners.cli import main
 from mixlab.runners.mad import mad_plan
 from mixlab.runners.sweep_jobs import plan_jobs
@@ -45,17 +45,18 @@ def test_flop_per_token_counts_matmul_weights_and_causal_attention():
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_report_rows_and_totals_come_from_the_timed_runs():
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2,
-                     tasks=["mad/memorization", "mad/compression"], progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=2,
+                     tasks=["mad/memorization", "mad/compression"], progress=False))
     rows = [line for line in text.splitlines() if line.startswith("| mad/")]
     assert [r.split(" | ")[0] for r in rows] == ["| mad/compression", "| mad/memorization"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        stacked, alone = (float(cells[i].replace(",", "")) for i in (6, 7))
+        assert cells[6] == "eager"
+        stacked, alone = (float(cells[i].replace(",", "")) for i in (7, 8))
         assert stacked > 0 and alone > 0
         assert cells[-1] == "bitwise"  # eager fp32 on the CPU: the stacked run equals the run alone
     mean = float(re.search(r"token-weighted mean ([\d,]+) tokens/s", text).group(1).replace(",", ""))
-    rates = [float(r.split("|")[7].strip().replace(",", "")) for r in rows]
+    rates = [float(r.split("|")[8].strip().replace(",", "")) for r in rows]
     assert min(rates) <= mean <= max(rates)
 
 
@@ -83,13 +84,13 @@ def test_a_shape_that_fails_is_named_and_left_out_of_the_totals(monkeypatch):
         return real(configs, **options)
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1,
-                     tasks=["mad/memorization", "mad/compression"], alone=False, progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1,
+                     tasks=["mad/memorization", "mad/compression"], alone=False, progress=False))
     row = next(line for line in text.splitlines() if line.startswith("| mad/memorization"))
     assert row.endswith("| FAILED RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB |")
-    assert "1 step shape(s) failed" in text
+    assert "1 step shape(s) failed (gate column): mad/memorization T=32 V=256 x2." in text
     compression = next(line for line in text.splitlines() if line.startswith("| mad/compression"))
-    rate = compression.split("|")[7].strip()
+    rate = compression.split("|")[8].strip()
     assert f"token-weighted mean {rate} tokens/s" in text  # the totals are the one timed shape's
 
 
@@ -98,17 +99,17 @@ def test_every_shape_failing_is_one_error(monkeypatch):
         raise RuntimeError("no kernel image is available")
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
-    with pytest.raises(ValueError, match="every step shape failed: RuntimeError: no kernel image"):
-        bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
-                  alone=False, progress=False)
+    with pytest.raises(ValueError, match="no step shape was timed: RuntimeError: no kernel image"):
+        bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
+                  alone=False, progress=False))
 
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_end_to_end_sweep_counts_the_tokens_its_runs_trained():
     """The sweep's line counts every run once, with epochs cut (1 epoch of num_train rows here: none can stop
     earlier), and compares its wall time with the shapes' prediction for exactly those tokens."""
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2, tasks=["mad/memorization"],
-                     alone=False, sweep_epochs=1, progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=2,
+                     tasks=["mad/memorization"], alone=False, sweep_epochs=1, progress=False))
     runs = [r for r in mad_plan("transformer", "smoke", seeds=1, device="cpu").runs
             if r.meta["task"] == "mad/memorization"]
     tokens = sum(r.config.train.num_train * get_task(r.config.task, **r.config.task_params).generate(1, seed=0)

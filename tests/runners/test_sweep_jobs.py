@@ -87,7 +87,7 @@ def test_runs_of_one_model_shape_share_a_job_in_plan_order():
 
 
 @pytest.mark.parametrize(("max_stack", "sizes"),
-                         [(1, [1] * 16), (3, [3, 3, 3, 3, 1, 1, 1, 1]), (64, [4] * 4)],
+                         [(1, [1] * 16), (3, [2] * 8), (64, [4] * 4)],
                          ids=["one-run-per-job", "chunks-of-3", "whole-groups"])
 def test_max_stack_chunks_each_group(max_stack, sizes):
     plan = grid()
@@ -143,7 +143,7 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
     assert calls == [("alone", 1)] * 16
     calls.clear()
     chunked = run_sweep(plan, tmp_path / "chunked", SweepOptions(progress=False, max_stack=3))
-    assert calls == [("batched", 3)] * 4 + [("batched", 1)] * 4
+    assert calls == [("batched", 2)] * 8, "a group of 4 at max_stack 3: two stacks of 2, not 3 and 1"
     assert batched.ran == alone.ran == chunked.ran == 16
     reference = records(tmp_path / "alone")
     assert len(reference) == 16
@@ -190,7 +190,7 @@ def test_progress_bar_counts_runs(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("kwargs", "named"),
-    [({"max_stack": 0}, "max_stack"), ({"batch": False, "compile": True}, "compile"),
+    [({"max_stack": 0}, "max_stack"), ({"batch": False, "speed": "compile"}, "speed='compile'"),
      ({"backend": "slurm"}, "slurm"), ({"backend": "ray", "workers": 2}, "workers=2")],
     ids=["zero-max-stack", "compile-without-batch", "unknown-backend", "workers-with-ray"],
 )
@@ -217,7 +217,9 @@ def test_cli_passes_execution_options(tmp_path):
     assert "8 runs: 0 already done, 4 run now" in result.output
     result = invoke("sweep", str(spec), "--out", str(tmp_path / "a"), "--no-batch", "--no-progress")
     assert "8 runs: 4 already done, 4 run now" in result.output
-    for argv, named in [(["--max-stack", "0"], "max_stack"), (["--no-batch", "--compile"], "compile"),
+    for argv, named in [(["--max-stack", "0"], "max_stack"), (["--no-batch", "--compile"], "speed='compile'"),
+                        (["--no-batch", "--speed", "auto"], "speed='auto'"), (["--speed", "fast"], "unknown speed"),
+                        (["--speed", "eager", "--cuda-graph"], "contradicts"),
                         (["--address", "auto"], "--backend ray")]:
         result = invoke("sweep", str(spec), "--out", str(tmp_path / "b"), "--no-progress", *argv)
         assert isinstance(result.exception, ValueError) and named in str(result.exception), argv
