@@ -64,7 +64,10 @@ def test_report_rows_and_totals_come_from_the_timed_runs():
     ("bench mad --profile smoke --tasks mad/nope --device cpu", "unknown MAD task 'mad/nope'"),
     ("bench mad --profile huge --device cpu", "unknown profile 'huge'"),
     ("bench mad --profile smoke --steps 0 --device cpu", "steps must be a positive integer"),
-])
+    ("bench mad --profile smoke --settings seq_len=9 --device cpu", "unknown MAD setting 'seq_len=9'"),
+    ("bench mad --profile smoke --speed fast --device cpu", "unknown speed 'fast'"),
+    ("bench mad --profile smoke --speed auto --compile --device cpu", "--speed auto contradicts"),
+], ids=["unknown-task", "unknown-profile", "zero-steps", "unknown-setting", "unknown-speed", "speed-against-flag"])
 def test_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv.split())
@@ -120,3 +123,46 @@ def test_end_to_end_sweep_counts_the_tokens_its_runs_trained():
     wall, predicted = (float(x) for x in re.search(r"in ([\d.]+) s of wall.*predict ([\d.]+) s", line).groups())
     keeps = int(re.search(r"keeps (\d+)% of", line).group(1))
     assert abs(keeps - 100 * predicted / wall) <= 2
+
+
+def rows_of(text):
+    return {line.split(" | ")[0][2:]: [c.strip() for c in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| mad/")}
+
+
+def test_shapes_stack_every_seed_and_settings_pick_shapes(monkeypatch):
+    """Stacks hold a setting's grid times the seeds (smoke: 2 grid points); --settings keeps the shapes holding
+    one of them; auto on the CPU runs eager (nothing trains: the timing is stubbed)."""
+    speeds = []
+
+    def fake(shape, steps, speed, alone, warmup_steps):
+        speeds.append(speed)
+        shape.speed, shape.stacked = "eager", 1e6
+
+    monkeypatch.setattr(bench_mad_module, "_measure", fake)
+    options = dict(device="cpu", steps=1, alone=False, progress=False, speed="auto")
+    three = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(seeds=3, **options)))
+    assert len(three) == 6 and {cells[4] for cells in three.values()} == {"6"}
+    one = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(**options)))
+    assert {cells[4] for cells in one.values()} == {"2"}, "seeds default to the profile's (smoke: one)"
+    assert speeds == ["auto"] * 12
+    picked = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(seeds=3, settings=["baseline"],
+                                                                       tasks=["mad/compression"], **options)))
+    assert list(picked) == ["mad/compression"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_stop_after_names_the_shapes_not_timed(monkeypatch):
+    """Past stop_after no shape starts: its row says so, and the totals are the timed shapes' and say which."""
+    clock = iter(range(0, 1000, 10))  # each reading of the clock 10 s later
+    monkeypatch.setattr(bench_mad_module.time, "monotonic", lambda: next(clock))
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1, alone=False,
+                     progress=False, tasks=["mad/memorization", "mad/compression"], stop_after=15, speed="auto"))
+    rows = rows_of(text)
+    assert rows["mad/compression"][6] == "eager" and rows["mad/compression"][-1] == "-"
+    assert rows["mad/memorization"][7] == "-" and rows["mad/memorization"][-1] == "not timed (stop_after)"
+    assert "1 step shape(s) were not timed (stop_after passed first): mad/memorization T=32 V=256 x2." in text
+    rate = rows["mad/compression"][7]
+    assert "Totals over the 1 of 2 step shapes timed (1 seed(s), " in text
+    assert f"token-weighted mean {rate} tokens/s" in text
+    assert "Estimated device-minutes per seed before early stops, over the 1 of 2 step shapes timed" in text

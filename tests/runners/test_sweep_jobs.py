@@ -9,6 +9,8 @@ import typer
 from mixlab.runners import sweep_jobs
 from mixlab.runners.cli_sweep import register
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.engine import chunks
+from mixlab.runners.mad import LRS, WEIGHT_DECAYS, mad_plan
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import Job, job_key, plan_jobs, run_job
 from mixlab.runners.sweep_plan import PlannedRun
@@ -96,6 +98,37 @@ def test_max_stack_chunks_each_group(max_stack, sizes):
     assert sorted(h for job in jobs for h in job.hashes) == sorted(r.hash for r in plan.runs)
     if max_stack == 1:
         assert [job.hashes[0] for job in jobs] == [r.hash for r in plan.runs], "the plan's order, run by run"
+
+
+@pytest.mark.parametrize(("n", "max_stack", "sizes"), [
+    (90, 64, [45, 45]), (91, 64, [46, 45]), (64, 64, [64]), (10, 3, [3, 3, 2, 2]), (5, 1, [1] * 5), (3, 64, [3]),
+], ids=["90-at-64", "91-at-64", "exactly-one", "10-at-3", "one-each", "under-the-cap"])
+def test_chunks_are_the_fewest_of_near_equal_size(n, max_stack, sizes):
+    members = list(range(100, 100 + n))
+    stacks = chunks(members, max_stack)
+    assert [len(c) for c in stacks] == sizes
+    assert [m for c in stacks for m in c] == members, "in order, every member once"
+
+
+def test_mad_seeds_and_equal_shapes_share_a_stack():
+    """``mad run --profile paper --seeds 3`` on in-context and noisy recall: each setting's 6 grid points and
+    3 seeds make one stack of 18; in-context recall at V=32 with noisy recall's baseline and frac_noise settings
+    (equal shapes, 90 runs) make two stacks of 45 under --max-stack 64."""
+    plan = mad_plan("transformer", "paper", seeds=3, device="cpu")
+    runs = [r for r in plan.runs if r.meta["task"] in ("mad/in_context_recall", "mad/noisy_recall")]
+    meta = {r.hash: r.meta for r in runs}
+    jobs = plan_jobs(runs)
+    assert sorted(len(job) for job in jobs) == [18] * 20 + [45, 45]
+    for job in jobs:
+        if len(job) == 18:
+            assert {(meta[h]["seed"], meta[h]["train_grid"]["lr"], meta[h]["train_grid"]["weight_decay"])
+                    for h in job.hashes} == {(s, lr, wd) for s in range(3) for lr in LRS for wd in WEIGHT_DECAYS}
+            assert len({meta[h]["setting"] for h in job.hashes}) == 1
+    merged = {(meta[h]["task"], meta[h]["setting"], meta[h]["seed"]) for job in jobs if len(job) == 45
+              for h in job.hashes}
+    assert merged == {(task, setting, s) for s in range(3) for task, setting in [
+        ("mad/in_context_recall", "vocab_size=32"), ("mad/noisy_recall", "baseline"),
+        *(("mad/noisy_recall", f"frac_noise={f}") for f in (0.4, 0.6, 0.8))]}
 
 
 def test_unbatchable_runs_are_jobs_of_their_own():
