@@ -3,7 +3,11 @@ onto the modes, and the engine runs each stack in the mode picked for it."""
 
 import pytest
 import torch
+from mixlab.runners import bench_mad as bench_mad_module
+from mixlab.runners import bench_train as bench_train_module
 from mixlab.runners import engine
+from mixlab.runners.bench_train import bench_train
+from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.speed import COMPILE_MAX_ROW, from_flags, stack_modes
 from mixlab.runners.sweep_jobs import run_job
@@ -82,3 +86,28 @@ def test_auto_on_the_cpu_trains_as_eager():
            [{k: v for k, v in r.items() if k not in times} for r in eager]
     with pytest.raises(ValueError, match="speed='compile' is an option of the batched engine"):
         run_job(None, None, batch=False, speed="compile")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
+def test_bench_train_adds_a_row_per_mode_and_auto_names_its_pick():
+    report = bench_train(n_runs=2, steps=2, device="cpu", task_params={"seq_len": 16}, num_train=16, num_test=8,
+                         batch_size=8, speeds=["auto", "eager"])
+    rows = [line for line in report.splitlines() if line.startswith("| batched")]
+    assert [r.split(" | ")[0] for r in rows] == ["| batched", "| batched, auto (eager)"]
+    assert rows[1].endswith("| bitwise |")
+
+
+def test_bench_commands_map_flags_onto_modes(monkeypatch):
+    asked = {}
+    monkeypatch.setattr(bench_train_module, "bench_train", lambda **kwargs: asked.update(kwargs) or "")
+    main(["bench", "train", "--device", "cpu", "--compile", "--cuda-graph", "--speed", "auto"])
+    assert asked["speeds"] == ["compile", "cuda-graph", "compile+graph", "auto"]
+    monkeypatch.setattr(bench_mad_module, "bench_mad",
+                        lambda model, profile, options: asked.update(options=options) or "")
+    main(["bench", "mad", "--device", "cpu", "--cuda-graph", "--tasks", "mad/compression", "--settings",
+          "baseline,seq_len=64", "--stop-after", "420", "--warmup-steps", "2"])
+    options = asked["options"]
+    assert (options.speed, options.tasks, options.settings) == ("cuda-graph", ("mad/compression",),
+                                                                ("baseline", "seq_len=64"))
+    assert (options.stop_after, options.warmup_steps, options.seeds) == (420, 2, None)
