@@ -103,9 +103,9 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     """Markdown report: device and versions, then one row for one run at a time (``solo_runs`` of the runs,
     trained by train_run) and one for the ``n_runs`` runs batched eager, then one batched row per speed mode of
     ``speeds`` (``runners.speed``; auto's row names the mode it picked). ``train`` sets other TrainConfig fields
-    (batch_size, num_train, precision, ...);
-    ``epochs`` is the full run's length that runs/hour refers to. ``progress``: the step bars of train_run and
-    of the batched engine on stderr while the benchmark runs (a microsecond a step, within the timings' noise)."""
+    (batch_size, num_train, precision, ...); ``epochs`` is the full run's length that runs/hour refers to.
+    ``progress``: the step bars of train_run and of the batched engine on stderr while the benchmark runs (a
+    microsecond a step, within the timings' noise)."""
     steps = check("steps", steps, PositiveInt)
     configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params, **train)  # checks n_runs
     if check("solo_runs", solo_runs, PositiveInt) > n_runs:

@@ -160,8 +160,8 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
     module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
     stack steps (``runners.speed``; ``auto`` picks per stack from its device and row length). ``max_stack`` caps
-    the runs per stack (a larger group is trained in consecutive stacks of equal sizes, ``chunks``); None = no
-    cap.
+    the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
+    None = no cap.
     """
     configs = list(configs)
     names = [None] * len(configs) if run_names is None else list(run_names)
