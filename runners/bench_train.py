@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import math
 import time
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ def gate_text(diff: float, device: torch.device, bf16: bool, *, compiled: bool) 
 
 
 def timed(fn) -> tuple[list[dict[str, Any]], float]:
+    """(fn's records, seconds it took). Garbage is collected first: a compilation leaves many Python objects, and
+    a full collection they trigger (a CPU pause that grows with every graph the process has compiled) would
+    otherwise fall into the few timed steps after it rather than spread over a real run's thousands."""
+    gc.collect()
     start = time.perf_counter()
     records = fn()
     return records, time.perf_counter() - start
