@@ -355,9 +355,10 @@ def summarize(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: st
 
 def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     """For a grid sweep: best training point per (task, setting, model, model point, seed), then the median,
-    IQR and n over seeds, with the training point chosen most often (ties: the first in sorted order) and ``at_end``, how many of those best
-    runs were still improving when training ended (``run_row``). Cells in the manifest's order (those it does
-    not plan after them); a cell it plans that has no readable record gets a row too, with n = 0."""
+    IQR and n over seeds, with the training point chosen most often (ties: the first in sorted order) and
+    ``at_end``, how many of those best runs were still improving when training ended (``run_row``). Cells in the
+    manifest's order (those it does not plan after them); a cell it plans that has no readable record gets a row
+    too, with n = 0."""
     keys = GRID_CELL
     best = best_of_grid(data.rows, (*keys, "seed"), data.metric)
     groups = sorted({k for b in best for k in b if k.startswith("acc_") and k not in METRIC_KEYS})

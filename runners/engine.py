@@ -51,7 +51,7 @@ trained in it, so ``train_time_s`` is a run's share, the stack's total is the su
 ``steps_per_s`` is a run's effective rate. Evaluation time is left out, as in train_run. ``wall_time_s``
 runs from the start of the stack's training loop to the run's record, so runs of one stack overlap.
 
-Speed options (both off by default; the lead benchmarks them on the GPU):
+Speed options (``speed``, ``runners.speed``: eager by default; ``auto`` picks per stack by row length):
 ``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
 fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
 sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
@@ -91,6 +91,7 @@ from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.record import RunLog, TrainClock, write_record
 from mixlab.runners.schedule import StepPlan
 from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
+from mixlab.runners.speed import stack_modes
 from mixlab.runners.train import train_run
 from mixlab.tasks.fields import PositiveInt, check
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -122,6 +123,24 @@ def group_key(config: RunConfig) -> tuple:
             device.type, uses_bf16(tc.precision, device))
 
 
+def row_tokens(config: RunConfig) -> int:
+    """Tokens in one input row of the run's task (what ``auto`` speed reads)."""
+    task, _ = resolve(config)
+    return task.generate(1, seed=0).inputs.shape[-1]
+
+
+def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
+    """``members`` in order, cut into the fewest stacks of at most ``max_stack``, their sizes differing by at
+    most one: 90 runs at 64 make stacks of 45 and 45, not 64 and 26 (one stack size to compile, not two, and
+    the two stacks take as long)."""
+    count = -(-len(members) // max_stack)
+    size, extra = divmod(len(members), count)
+    bounds = [0]
+    for n in range(count):
+        bounds.append(bounds[-1] + size + (n < extra))
+    return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+
+
 def unbatchable_reason(config: RunConfig) -> str | None:
     """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
     task, model_config = resolve(config)
@@ -140,13 +159,15 @@ def unbatchable_reason(config: RunConfig) -> str | None:
 
 def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | None = None,
                        run_names: Sequence[str | None] | None = None, progress: bool = True,
-                       compile: bool = False, cuda_graph: bool = False, max_stack: int | None = None,
+                       speed: str = "eager", max_stack: int | None = None,
                        checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train every run, stacking those with equal ``group_key``; return their records in the order given.
 
     Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
-    module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``max_stack`` caps
-    the runs per stack (a larger group is trained in consecutive stacks); None = no cap.
+    module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
+    stack steps (``runners.speed``; ``auto`` picks per stack from its device and row length). ``max_stack`` caps
+    the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
+    None = no cap.
 
     ``checkpoint_every_s`` (with ``out_dir``): each stack writes a checkpoint under ``<out_dir>/partial/`` at
     evaluations once that many seconds have passed since its last (0: at every evaluation; None or negative:
@@ -164,16 +185,16 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     records: list[dict[str, Any] | None] = [None] * len(configs)
     for members in groups.values():
         device = pick_device(configs[members[0]].train.device)
+        compile, cuda_graph = stack_modes(speed, device, row_tokens(configs[members[0]]))
         if cuda_graph and device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
+            raise ValueError(f"speed={speed!r} needs runs on a CUDA device (cuda_graph), got device "
+                             f"{device.type!r}")
         if unbatchable_reason(configs[members[0]]) is not None:
             for i in members:
                 records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i],
                                        checkpoint_every_s=checkpoint_every_s)
             continue
-        size = max_stack or len(members)
-        for lo in range(0, len(members), size):
-            chunk = members[lo : lo + size]
+        for chunk in chunks(members, max_stack or len(members)):
             done = _train_stack([configs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
                                 progress=progress, compile=compile, cuda_graph=cuda_graph,
                                 compact_at=COMPILED_COMPACTION if compile else 1.0,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from mixlab.runners import local_backend, ray_backend, resume
 from mixlab.runners.atomic import writable_folder
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
+from mixlab.runners.speed import SPEEDS
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
 from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
@@ -44,8 +45,8 @@ class SweepOptions:
         kill at the limit does not throw away jobs that were nearly done.
     progress: a tqdm bar that counts runs, with an ETA.
     batch: the runs of a job trained stacked by the batched engine; False: one run per job with ``train_run``
-        (max_stack is then 1). max_stack: most runs in one job. ``compile`` and ``cuda_graph`` are the engine's
-        speed options.
+        (max_stack is then 1). max_stack: most runs in one job. speed: how the engine steps each stack
+        (``runners.speed``: eager, compile, cuda-graph, compile+graph, or auto, picked per stack).
     backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray``, default
         ``RayOptions()``); needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by
         resources).
@@ -65,8 +66,7 @@ class SweepOptions:
     progress: bool = True
     batch: bool = True
     max_stack: PositiveInt = DEFAULT_MAX_STACK
-    compile: bool = False
-    cuda_graph: bool = False
+    speed: Literal[SPEEDS] = "eager"
     backend: Literal[BACKENDS] = "local"
     ray: ray_backend.RayOptions | None = None
     cuda_devices: tuple[NonNegativeInt, ...] | None = None
@@ -88,15 +88,13 @@ class SweepOptions:
             if workers < len(devices):
                 raise ValueError(f"workers={workers} cannot cover {len(devices)} cuda_devices: give each at "
                                  "least one worker")
-        if not self.batch and (self.compile or self.cuda_graph):
-            raise ValueError(f"compile={self.compile} and cuda_graph={self.cuda_graph} need the batched engine "
-                             "(batch=True)")
+        if not self.batch and self.speed != "eager":
+            raise ValueError(f"speed={self.speed!r} needs the batched engine (batch=True)")
 
     @property
     def engine(self) -> dict[str, Any]:
         """``sweep_jobs.run_job``'s options: how each job trains."""
-        return {"batch": self.batch, "compile": self.compile, "cuda_graph": self.cuda_graph,
-                "checkpoint_every_s": self.checkpoint_every}
+        return {"batch": self.batch, "speed": self.speed, "checkpoint_every_s": self.checkpoint_every}
 
 
 class SweepInterrupted(BaseException):

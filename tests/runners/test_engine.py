@@ -278,8 +278,9 @@ def test_adamw_update_matches_torch_adamw():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"run_names": ["a"]}, "run_names"),
     ({"max_stack": 0}, "max_stack"),
-    ({"cuda_graph": True}, "cuda_graph"),
-], ids=["run_names_length", "max_stack_zero", "cuda_graph_on_cpu"])
+    ({"speed": "cuda-graph"}, "speed='cuda-graph' needs runs on a CUDA device"),
+    ({"speed": "fast"}, "unknown speed 'fast'"),
+], ids=["run_names_length", "max_stack_zero", "cuda_graph_on_cpu", "unknown_speed"])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         train_runs_batched([tiny(epochs=1), tiny(epochs=1, init_seed=1)], progress=False, **kwargs)

@@ -223,13 +223,13 @@ def test_a_run_trained_alone_does_not_take_a_stacks_checkpoint(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compile and CUDA graphs are measured on a GPU")
-@pytest.mark.parametrize("mode", ["compile", "cuda_graph"])
+@pytest.mark.parametrize("mode", ["compile", "cuda-graph"])
 def test_compiled_and_graphed_stacks_resume_on_a_gpu(tmp_path, monkeypatch, mode):
     """Compiled code and captured graphs are made again after the load; the stack with the early-stopped run
     (a frozen row under compile) ends as the uninterrupted one, within rounding (GPU kernels need not repeat
     their bits)."""
     configs = [dataclasses.replace(c, train=dataclasses.replace(c.train, device="cuda")) for c in stack(1e-6)]
-    options = {"run_names": NAMES, "progress": False, mode: True}
+    options = {"run_names": NAMES, "progress": False, "speed": mode}
     train_runs_batched(configs, out_dir=tmp_path / "reference", **options)
     interrupt_after(monkeypatch, "step", 7)
     with pytest.raises(KeyboardInterrupt):
