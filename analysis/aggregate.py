@@ -355,9 +355,10 @@ def summarize(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: st
 
 def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     """For a grid sweep: best training point per (task, setting, model, model point, seed), then the median,
-    IQR and n over seeds, with the training point chosen most often and ``at_end``, how many of those best
-    runs were still improving when training ended (``run_row``). Cells in the manifest's order (those it does
-    not plan after them); a cell it plans that has no readable record gets a row too, with n = 0."""
+    IQR and n over seeds, with the training point chosen most often (ties: the first in sorted order) and
+    ``at_end``, how many of those best runs were still improving when training ended (``run_row``). Cells in the
+    manifest's order (those it does not plan after them); a cell it plans that has no readable record gets a row
+    too, with n = 0."""
     keys = GRID_CELL
     best = best_of_grid(data.rows, (*keys, "seed"), data.metric)
     groups = sorted({k for b in best for k in b if k.startswith("acc_") and k not in METRIC_KEYS})
@@ -365,7 +366,8 @@ def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     for row in summarize(best, keys, data.metric):
         mine = [b for b in best if all(b[k] == row[k] for k in keys)]
         chosen = [b["train_grid"] for b in mine]
-        row["best_train"] = max(set(chosen), key=chosen.count)
+        # the most frequent point; ties go to the first in sorted order, so the label never depends on set order
+        row["best_train"] = max(sorted(set(chosen)), key=chosen.count)
         row["at_end"] = sum(bool(b.get("at_end")) for b in mine)
         for group in groups:  # median over seeds of the best point's accuracy on each score group
             row[f"{group}_median"] = Stats.of(b.get(group, math.nan) for b in mine).median

@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from mixlab import models
@@ -48,11 +49,12 @@ from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.schedule import StepPlan
+from mixlab.runners.speed import SPEEDS, mode_name, stack_modes
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import PlannedRun, SweepPlan
 from mixlab.runners.train import train_run
-from mixlab.tasks.fields import PositiveInt, check
+from mixlab.tasks.fields import NonNegativeFloat, PositiveInt, check_dataclass
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -73,10 +75,16 @@ class StepShape:
     settings: set[str] = dataclasses.field(default_factory=set)
     tokens: int = 0  # the protocol's training tokens over every run of these jobs, before early stops
     flop_per_token: float = 0.0
+    speed: str = ""  # the mode its stack ran in (runners.speed; auto resolved)
     stacked: float | None = None  # tokens/s
     alone: float | None = None
     gate: str = ""
     error: str = ""  # why timing this shape failed; its tokens are then left out of the totals
+    skipped: bool = False  # not timed: the time budget (stop_after) ran out first
+
+    @property
+    def label(self) -> str:
+        return f"{self.task} T={self.seq_len} V={self.vocab_size} x{len(self.jobs[0])}"
 
 
 def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
@@ -133,14 +141,17 @@ def _timing_configs(job: Job, steps: int) -> list[RunConfig]:
     return out
 
 
-def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alone: bool) -> None:
-    """Time the shape's largest job stacked, and its first run alone; fill in the rates and the gate."""
+def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps: int = WARMUP_STEPS) -> None:
+    """Time the shape's largest job stacked (``speed``, resolved for the shape), and its first run alone; fill
+    in the rates and the gate. The untimed warm-up call trains ``warmup_steps`` steps (compiles, captures)."""
     configs = _timing_configs(max(shape.jobs, key=len), steps)
-    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
+    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, warmup_steps)))
             for c in configs]
-    options = {"compile": compile, "cuda_graph": cuda_graph}
-    train_runs_batched(warm, progress=False, **options)
-    stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, **options))
+    device = pick_device(configs[0].train.device)
+    compile, cuda_graph = stack_modes(speed, device, shape.seq_len)
+    shape.speed = mode_name(compile, cuda_graph)
+    train_runs_batched(warm, progress=False, speed=shape.speed)
+    stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, speed=shape.speed))
     tokens = len(configs) * steps * configs[0].train.batch_size * shape.seq_len
     shape.stacked = tokens / sum(r["train_time_s"] for r in stacked)
     if not alone:
@@ -148,7 +159,6 @@ def _measure(shape: StepShape, steps: int, compile: bool, cuda_graph: bool, alon
     train_run(warm[0], progress=False)
     solo = train_run(configs[0], progress=False)
     shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
-    device = pick_device(configs[0].train.device)
     bf16 = uses_bf16(configs[0].train.precision, device)
     shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
 
@@ -191,7 +201,7 @@ def _capped(run: PlannedRun, epochs: int) -> PlannedRun:
 
 
 def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epochs: int, workers: int,
-               max_stack: int, compile: bool, cuda_graph: bool, progress: bool) -> EndToEnd:
+               max_stack: int, speed: str, progress: bool) -> EndToEnd:
     """Train ``runs`` (epochs cut to ``epochs``) with ``run_sweep`` in a scratch folder and time the whole sweep;
     each run's tokens are predicted at the stacked rate of the step shape its uncut run belongs to."""
     rate_of = {h: s.stacked for s in shapes if s.stacked for job in s.jobs for h in job.hashes}
@@ -200,8 +210,7 @@ def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epoch
     original = {c.hash: r.hash for c, r in zip(capped, kept)}
     plan = SweepPlan(name="bench-mad-end-to-end", kind="mad", spec={"bench": "mad", "epochs": epochs},
                      runs=capped)
-    options = SweepOptions(workers=workers, max_stack=max_stack, compile=compile, cuda_graph=cuda_graph,
-                           progress=progress)
+    options = SweepOptions(workers=workers, max_stack=max_stack, speed=speed, progress=progress)
     with tempfile.TemporaryDirectory(prefix="mixlab-bench-mad-") as folder:
         start = time.perf_counter()
         run_sweep(plan, folder, options)
@@ -221,11 +230,11 @@ def _shape_row(s: StepShape, peak: float | None) -> str:
     """The table row of one step shape (peak: the bf16 matmul TFLOP/s of the floor, None off CUDA)."""
     speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
     floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
+    verdict = f"FAILED {s.error}" if s.error else "not timed (stop_after)" if s.skipped else s.gate or "-"
     return (f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
-            f"{len(s.jobs)} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
+            f"{len(s.jobs)} | {s.speed or '-'} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
             f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
-            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | "
-            f"{('FAILED ' + s.error) if s.error else s.gate or '-'} |")
+            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | {verdict} |")
 
 
 def _minutes(tokens: float, rate: float | None) -> float | None:
@@ -236,94 +245,123 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str = "auto", seeds: int = 3,
-              steps: int = 30, tasks: Sequence[str] | None = None, max_stack: int = DEFAULT_MAX_STACK,
-              compile: bool = False, cuda_graph: bool = False, alone: bool = True, sweep_epochs: int | None = None,
-              workers: int = 1, progress: bool = True) -> str:
-    """Markdown report: device and versions, one row per step shape of the profile (``tasks``: only those MAD
-    tasks), then the protocol's totals per seed; with ``sweep_epochs``, a real sweep of the same runs cut to that
-    many epochs (``workers`` jobs at a time) against the benchmark's prediction. Raises ValueError on a bad
-    model, profile, task or count."""
-    steps, seeds = check("steps", steps, PositiveInt), check("seeds", seeds, PositiveInt)
-    sweep_epochs = check("sweep_epochs", sweep_epochs, PositiveInt | None)
-    workers = check("workers", workers, PositiveInt)
-    plan = mad_plan(model, profile, seeds=seeds, device=device)
-    runs = plan.runs
-    if tasks:
-        known = sorted({r.meta["task"] for r in runs})
-        unknown = [t for t in tasks if t not in known]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchMadOptions:
+    """What ``bench_mad`` times and how; checked when made (ValueError naming the bad value).
+
+    device: auto, cpu or cuda. seeds: seeds planned (None: the profile's, as ``mad run`` plans them); stacks hold
+        every seed of a setting's grid (``sweep_jobs.plan_jobs``), so 3 seeds time the stacks of a 3-seed sweep.
+    steps: timed steps a shape. warmup_steps: steps of the untimed call before (compilation, graph capture).
+    tasks: only these MAD tasks (the stacks stay as the sweep forms them over those tasks). settings: only the
+        step shapes holding one of these settings (e.g. ``baseline``, ``seq_len=512``); the rest are left out.
+    max_stack: as the sweep's. speed: ``runners.speed`` (auto: each shape's mode from its row length).
+    alone: also time one run of each shape in the plain loop, with the correctness gate.
+    stop_after: seconds after which no shape starts timing (the one in flight finishes); the shapes not timed
+        are named and left out of the totals, so a call fits a time limit. None: time every shape.
+    sweep_epochs, workers: then a real sweep of the timed shapes' runs cut to that many epochs, ``workers`` jobs
+        at a time, against the benchmark's prediction (None: no sweep).
+    progress: a bar over the shapes, and each row on stderr as soon as it is timed.
+    """
+
+    device: str = "auto"
+    seeds: PositiveInt | None = None
+    steps: PositiveInt = 30
+    warmup_steps: PositiveInt = WARMUP_STEPS
+    tasks: tuple[str, ...] | None = None
+    settings: tuple[str, ...] | None = None
+    max_stack: PositiveInt = DEFAULT_MAX_STACK
+    speed: Literal[SPEEDS] = "eager"
+    alone: bool = True
+    stop_after: NonNegativeFloat | None = None
+    sweep_epochs: PositiveInt | None = None
+    workers: PositiveInt = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_dataclass(self)
+
+
+def _chosen_shapes(model: str, profile: str, options: BenchMadOptions) -> tuple[list[PlannedRun], list[StepShape]]:
+    """The plan's runs of ``options.tasks`` and their step shapes, as the sweep would stack them; only the
+    shapes holding one of ``options.settings`` when given. ValueError names an unknown task or setting."""
+    runs = mad_plan(model, profile, seeds=options.seeds, device=options.device).runs
+    for label, chosen in (("task", options.tasks), ("setting", options.settings)):
+        known = sorted({r.meta[label] for r in runs})
+        unknown = [v for v in chosen or () if v not in known]
         if unknown:
-            raise ValueError(f"unknown MAD task {unknown[0]!r}; choose from {', '.join(known)}")
-        runs = [r for r in runs if r.meta["task"] in tasks]
-    shapes = step_shapes(plan_jobs(runs, max_stack=max_stack))
+            raise ValueError(f"unknown MAD {label} {unknown[0]!r}; choose from {', '.join(known)}")
+        if label == "task" and chosen:
+            runs = [r for r in runs if r.meta["task"] in chosen]
+    shapes = step_shapes(plan_jobs(runs, max_stack=options.max_stack))
     setting_of = {r.hash: r.meta["setting"] for r in runs}
     for shape in shapes:
         shape.settings = {setting_of[h] for job in shape.jobs for h in job.hashes}
+    if options.settings:
+        shapes = [s for s in shapes if s.settings & set(options.settings)]
+        if not shapes:
+            raise ValueError(f"no step shape of tasks {list(options.tasks or [])} holds settings "
+                             f"{list(options.settings)}")
+    kept = {h for s in shapes for job in s.jobs for h in job.hashes}
+    return [r for r in runs if r.hash in kept], shapes
 
-    dev = pick_device(device)
+
+def bench_mad(model: str = "transformer", profile: str = "paper", options: BenchMadOptions | None = None) -> str:
+    """Markdown report: device and versions, one row per step shape of the profile (as ``options`` choose them),
+    then the protocol's totals per seed over the shapes timed (those not timed are named); with
+    ``sweep_epochs``, a real sweep of the same runs against the benchmark's prediction. Raises ValueError on a
+    bad model, profile, task or setting."""
+    options = options or BenchMadOptions()
+    runs, shapes = _chosen_shapes(model, profile, options)
+    seeds = len({r.meta["seed"] for r in runs})
+    dev = pick_device(options.device)
     peak = matmul_tflops(dev)
-    for shape in (bar := tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not progress)):
+    start = time.monotonic()
+    for shape in (bar := tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not options.progress)):
+        if options.stop_after is not None and time.monotonic() - start >= options.stop_after:
+            shape.skipped = True
+            continue
         try:
-            _measure(shape, steps, compile, cuda_graph, alone)
+            _measure(shape, options.steps, options.speed, options.alone, options.warmup_steps)
         except Exception as err:  # noqa: BLE001 - one shape that fails (out of memory, a kernel) must not hide the rest
             message = str(err).splitlines()[0][:160] if str(err) else ""
             shape.error, shape.stacked, shape.alone = f"{type(err).__name__}: {message}", None, None
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        if progress:  # each row as soon as it is measured (stderr): a benchmark cut short keeps what it timed
+        if options.progress:  # each row as soon as it is measured (stderr): a benchmark cut short keeps what it timed
             bar.write(_shape_row(shape, peak), file=sys.stderr)
 
     timed_shapes = [s for s in shapes if s.stacked]
     if not timed_shapes:
-        raise ValueError("every step shape failed: " + "; ".join(sorted({s.error for s in shapes})))
+        raise ValueError("no step shape was timed: " + "; ".join(
+            sorted({s.error for s in shapes if s.error} | ({"stop_after passed"} if shapes[0].skipped else set()))))
     e2e = None
-    if sweep_epochs is not None:
-        e2e = end_to_end(runs, shapes, epochs=sweep_epochs, workers=workers, max_stack=max_stack, compile=compile,
-                         cuda_graph=cuda_graph, progress=progress)
-    total_tokens = sum(s.tokens for s in timed_shapes)
-    stacked_min = sum(_minutes(s.tokens, s.stacked) for s in timed_shapes)
-    alone_min = sum(_minutes(s.tokens, s.alone) for s in timed_shapes) if alone else None
-    floor_min = (sum(s.tokens * s.flop_per_token for s in timed_shapes) / (peak * 1e12) / 60) if peak else None
+    if options.sweep_epochs is not None:
+        e2e = end_to_end(runs, shapes, epochs=options.sweep_epochs, workers=options.workers,
+                         max_stack=options.max_stack, speed=options.speed, progress=options.progress)
     first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
     _, model_config = resolve(first)
     bf16 = uses_bf16(first.train.precision, dev)
     info, versions = device_info(dev), package_versions()
-    prof = get_profile(profile)
-    mode = "compiled + CUDA graph" if compile and cuda_graph else "compiled" if compile else \
-        "CUDA graph" if cuda_graph else "eager"
+    fields = ", ".join(f"{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
+                       if f.name != "progress")
     lines = [
-        f"# MAD protocol throughput: model {model}, profile {profile}, {seeds} seed(s), stacks {mode}",
+        f"# MAD protocol throughput: model {model}, profile {profile}, {seeds} seed(s), speed {options.speed}",
         "",
         f"{datetime.date.today().isoformat()}, device: {info['name']} ({dev.type}), torch {versions['torch']}, "
         f"CUDA {torch.version.cuda or 'none'}, triton {versions['triton']}, python {versions['python']}, "
         f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}"
         + (f", bf16 matmul {peak:.0f} TFLOP/s measured" if peak else ""),
-        f"bench_mad(model={model!r}, profile={profile!r}, device={device!r}, seeds={seeds}, steps={steps}, "
-        f"tasks={list(tasks) if tasks else None}, max_stack={max_stack}, compile={compile}, "
-        f"cuda_graph={cuda_graph}, alone={alone}, sweep_epochs={sweep_epochs}, workers={workers})",
-        prof.describe(),
+        f"bench_mad(model={model!r}, profile={profile!r}, {fields})",
+        get_profile(profile).describe(),
         f"{len(runs)} runs in {sum(len(s.jobs) for s in shapes)} jobs of {len(shapes)} step shapes; each shape's "
-        f"largest job timed for {steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops.",
+        f"largest job timed for {options.steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops.",
         "",
-        "| task | settings | V | T | runs/stack | jobs | stacked tok/s | alone tok/s | speed-up | protocol Mtok "
-        "| min stacked | min alone | min floor | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    lines += [_shape_row(s, peak) for s in shapes]
-    slowest = min(timed_shapes, key=lambda s: s.stacked)
-    failed = [s for s in shapes if s.error]
-    lines += [""]
-    if failed:
-        lost = sum(s.tokens for s in failed) / (total_tokens + sum(s.tokens for s in failed))
-        lines.append(f"{len(failed)} step shape(s) failed (gate column); their tokens, {lost:.1%} of the protocol's, "
-                     "are left out of the totals below.")
-    lines += [
-        f"Protocol ({seeds} seed(s), {total_tokens / 1e9:.2f}G training tokens): token-weighted mean "
-        f"{total_tokens / (stacked_min * 60):,.0f} tokens/s stacked; slowest shape {slowest.stacked:,.0f} tokens/s "
-        f"({slowest.task}, T={slowest.seq_len}, V={slowest.vocab_size}).",
-        f"Estimated device-minutes per seed before early stops: stacked {stacked_min / seeds:.1f}, one run at a "
-        f"time {_fmt(alone_min and alone_min / seeds, '.1f')}, "
-        f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}.",
+        "| task | settings | V | T | runs/stack | jobs | speed | stacked tok/s | alone tok/s | speed-up "
+        "| protocol Mtok | min stacked | min alone | min floor | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(_shape_row(s, peak) for s in shapes),
+        "",
+        *_totals(shapes, timed_shapes, seeds, peak, options.alone),
     ]
     if e2e is not None:
         lines += [
@@ -335,3 +373,32 @@ def bench_mad(model: str = "transformer", profile: str = "paper", *, device: str
             f"benchmark.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _totals(shapes: Sequence[StepShape], timed_shapes: Sequence[StepShape], seeds: int, peak: float | None,
+            alone: bool) -> list[str]:
+    """The totals' lines over the timed shapes, after naming every shape left out of them (failed, not timed)."""
+    total_tokens = sum(s.tokens for s in timed_shapes)
+    stacked_min = sum(_minutes(s.tokens, s.stacked) for s in timed_shapes)
+    alone_min = sum(_minutes(s.tokens, s.alone) for s in timed_shapes) if alone else None
+    floor_min = (sum(s.tokens * s.flop_per_token for s in timed_shapes) / (peak * 1e12) / 60) if peak else None
+    slowest = min(timed_shapes, key=lambda s: s.stacked)
+    planned = sum(s.tokens for s in shapes)
+    lines = []
+    for what, left in (("failed (gate column)", [s for s in shapes if s.error]),
+                       ("were not timed (stop_after passed first)", [s for s in shapes if s.skipped])):
+        if left:
+            lines.append(f"{len(left)} step shape(s) {what}: {'; '.join(s.label for s in left)}. Their tokens, "
+                         f"{sum(s.tokens for s in left) / planned:.1%} of those planned here, are left out of the "
+                         "totals below.")
+    scope = "every step shape" if len(timed_shapes) == len(shapes) else \
+        f"the {len(timed_shapes)} of {len(shapes)} step shapes timed"
+    lines += [
+        f"Totals over {scope} ({seeds} seed(s), {total_tokens / 1e9:.2f}G training tokens): token-weighted mean "
+        f"{total_tokens / (stacked_min * 60):,.0f} tokens/s stacked; slowest shape {slowest.stacked:,.0f} tokens/s "
+        f"({slowest.task}, T={slowest.seq_len}, V={slowest.vocab_size}).",
+        f"Estimated device-minutes per seed before early stops, over {scope}: stacked {stacked_min / seeds:.1f}, "
+        f"one run at a time {_fmt(alone_min and alone_min / seeds, '.1f')}, "
+        f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}.",
+    ]
+    return lines

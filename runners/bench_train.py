@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from mixlab import kernels, models
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
-from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.engine import row_tokens, train_runs_batched
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
+from mixlab.runners.speed import LABELS, check_speed, mode_name, stack_modes
 from mixlab.runners.train import train_run
 from mixlab.tasks.fields import PositiveInt, check
 
@@ -91,6 +94,10 @@ def gate_text(diff: float, device: torch.device, bf16: bool, *, compiled: bool) 
 
 
 def timed(fn) -> tuple[list[dict[str, Any]], float]:
+    """(fn's records, seconds it took). Garbage is collected first: a compilation leaves many Python objects, and
+    a full collection they trigger (a CPU pause that grows with every graph the process has compiled) would
+    otherwise fall into the few timed steps after it rather than spread over a real run's thousands."""
+    gc.collect()
     start = time.perf_counter()
     records = fn()
     return records, time.perf_counter() - start
@@ -98,14 +105,14 @@ def timed(fn) -> tuple[list[dict[str, Any]], float]:
 
 def bench_train(task: str = "mad/in_context_recall", model: str = "transformer", n_runs: int = 6,
                 steps: int = 200, device: str = "auto", *, task_params: dict[str, Any] | None = None,
-                model_params: dict[str, Any] | None = None, solo_runs: int = 1, compile: bool = False,
-                cuda_graph: bool = False, epochs: int = 200,
-                progress: bool = False, **train: Any) -> str:
+                model_params: dict[str, Any] | None = None, solo_runs: int = 1, speeds: Sequence[str] = (),
+                epochs: int = 200, progress: bool = False, **train: Any) -> str:
     """Markdown report: device and versions, then one row for one run at a time (``solo_runs`` of the runs,
-    trained by train_run) and one for the ``n_runs`` runs batched (eager; plus compiled and/or CUDA-graphed
-    rows when asked). ``train`` sets other TrainConfig fields (batch_size, num_train, precision, ...);
-    ``epochs`` is the full run's length that runs/hour refers to. ``progress``: the step bars of train_run and
-    of the batched engine on stderr while the benchmark runs (a microsecond a step, within the timings' noise)."""
+    trained by train_run) and one for the ``n_runs`` runs batched eager, then one batched row per speed mode of
+    ``speeds`` (``runners.speed``; auto's row names the mode it picked). ``train`` sets other TrainConfig fields
+    (batch_size, num_train, precision, ...); ``epochs`` is the full run's length that runs/hour refers to.
+    ``progress``: the step bars of train_run and of the batched engine on stderr while the benchmark runs (a
+    microsecond a step, within the timings' noise)."""
     steps = check("steps", steps, PositiveInt)
     configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params,  # checks n_runs
                             model_params=model_params, **train)
@@ -116,28 +123,26 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     dev = pick_device(configs[0].train.device)
     tc = configs[0].train
     _, model_config = resolve(configs[0])
-    seq_len = model_config.max_seq_len
+    seq_len = row_tokens(configs[0])
     bf16 = uses_bf16(tc.precision, dev)
     full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
 
-    modes: list[tuple[str, dict[str, Any]]] = [("batched", {})]
-    if compile:
-        modes.append(("batched, compiled", {"compile": True}))
-    if cuda_graph:
-        modes.append(("batched, CUDA graph", {"cuda_graph": True}))
-    if compile and cuda_graph:
-        modes.append(("batched, compiled + CUDA graph", {"compile": True, "cuda_graph": True}))
+    modes = [("batched", "eager")]
+    for speed in dict.fromkeys(check_speed(s) for s in speeds if s != "eager"):
+        picked = mode_name(*stack_modes(speed, dev, seq_len))
+        label = f"auto ({LABELS[picked]})" if speed == "auto" else LABELS[speed]
+        modes.append((f"batched, {label}", speed))
 
     train_run(warm[0], progress=progress)
     solo, solo_total = timed(lambda: [train_run(c, progress=progress) for c in configs[:solo_runs]])
     rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
                  seq_len, full_steps, None, "reference")]
     base_rate = rows[0][1]
-    for label, options in modes:
-        train_runs_batched(warm, progress=progress, **options)
-        batched, total = timed(lambda opts=options: train_runs_batched(configs, progress=progress, **opts))
+    for label, speed in modes:
+        train_runs_batched(warm, progress=progress, speed=speed)
+        batched, total = timed(lambda s=speed: train_runs_batched(configs, progress=progress, speed=s))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
-        gate = gate_text(diff, dev, bf16, compiled=options.get("compile", False))
+        gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len)[0])
         loop = max(r["wall_time_s"] for r in batched)
         rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
                          None if gate.startswith("FAILED") else base_rate, gate))
@@ -154,7 +159,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}",
         f"bench_train(task={task!r}, model={model!r}, n_runs={n_runs}, steps={steps}, device={device!r}, "
         f"task_params={task_params or {}!r}, model_params={model_params or {}!r}, "
-        f"solo_runs={solo_runs}, compile={compile}, cuda_graph={cuda_graph}, epochs={epochs}"
+        f"solo_runs={solo_runs}, speeds={list(speeds)}, epochs={epochs}"
         + "".join(f", {k}={v!r}" for k, v in train.items()) + ")",
         f"batch {tc.batch_size}, {tc.num_train} training rows, full run = {full_steps} steps",
         "",

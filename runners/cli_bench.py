@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import typer
+from mixlab.runners.bench_train import WARMUP_STEPS
+from mixlab.runners.speed import SPEED_HELP, from_flags
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
 
 bench_app = typer.Typer(help="Benchmarks: kernels and training throughput (tables for BENCHMARKS.md).",
@@ -75,8 +77,11 @@ def bench_train_cmd(
     n_runs: int = typer.Option(6, help="Runs trained together (e.g. the MAD lr x wd grid)."),
     steps: int = typer.Option(200, help="Timed optimizer steps per run."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    compile: bool = typer.Option(False, "--compile", help="Add a torch.compile row."),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row."),
+    speed: str = typer.Option(None, help="Comma-separated speed modes, a batched row each after the eager one: "
+                              "compile, cuda-graph, compile+graph, auto (auto's row names the mode it picked)."),
+    compile: bool = typer.Option(False, "--compile", help="Add a torch.compile row (as --speed compile)."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row (as --speed cuda-graph; "
+                                    "with --compile also a compile+graph row)."),
     progress: bool = typer.Option(True, help="Show the runs' progress bars on stderr (on the CPU the benchmark "
                                   "takes minutes)."),
     task_params: str = typer.Option("{}", help="Task parameters as JSON, e.g. '{\"query_share\": 0.5}'."),
@@ -88,11 +93,14 @@ def bench_train_cmd(
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
     from mixlab.runners.bench_train import bench_train
+    from mixlab.runners.cli_sweep import comma_names
 
-    typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device, compile=compile,
-                           cuda_graph=cuda_graph, progress=progress, task_params=json.loads(task_params),
-                           model_params=json.loads(model_params), batch_size=batch_size, num_train=num_train,
-                           num_test=num_test))
+    flagged = [m for m, on in (("compile", compile), ("cuda-graph", cuda_graph),
+                               ("compile+graph", compile and cuda_graph)) if on]
+    typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device,
+                           speeds=[*flagged, *(comma_names(speed) or [])], progress=progress,
+                           task_params=json.loads(task_params), model_params=json.loads(model_params),
+                           batch_size=batch_size, num_train=num_train, num_test=num_test))
 
 
 @bench_app.command("mad")
@@ -100,23 +108,35 @@ def bench_mad_cmd(
     model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
     profile: str = typer.Option("paper", help="MAD profile: paper, quick or smoke."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    seeds: int = typer.Option(3, help="Seeds planned, as the sweep would stack them (the grid times the seeds)."),
+    seeds: int = typer.Option(None, help="Seeds planned (default: the profile's, as `mad run`); a setting's stack "
+                              "holds its grid times the seeds, as the sweep stacks them."),
     steps: int = typer.Option(30, help="Timed optimizer steps per step shape."),
-    tasks: str = typer.Option("", help="Only these MAD tasks, comma-separated (e.g. mad/fuzzy_recall)."),
+    warmup_steps: int = typer.Option(WARMUP_STEPS, help="Steps of the untimed call before each timing "
+                                     "(compilation, graph capture)."),
+    tasks: str = typer.Option(None, help="Only these MAD tasks, comma-separated (e.g. mad/fuzzy_recall)."),
+    settings: str = typer.Option(None, help="Only the step shapes holding one of these settings, comma-separated "
+                                 "(e.g. baseline,seq_len=512)."),
     max_stack: int = typer.Option(DEFAULT_MAX_STACK, help="Runs per job, as the sweep's --max-stack."),
-    compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile."),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs."),
+    speed: str = typer.Option(None, help=SPEED_HELP),
+    compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile (as --speed compile)."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs (as --speed cuda-graph)."),
     alone: bool = typer.Option(True, "--alone/--no-alone", help="Also time one run at a time in the plain loop."),
+    stop_after: float = typer.Option(None, help="Seconds after which no step shape starts timing; the totals name "
+                                     "the shapes not timed and leave them out (fit a time limit)."),
     sweep_epochs: int = typer.Option(0, help="Then run a real sweep of the same runs cut to this many epochs and "
                                               "compare its tokens/s with the benchmark's (0: skip)."),
     workers: int = typer.Option(1, help="Jobs at a time in that sweep (as mad run --workers)."),
 ) -> None:
-    """The MAD protocol's train tokens/s per step shape, stacked as a sweep stacks it, and its GPU-minutes."""
-    from mixlab.runners.bench_mad import bench_mad
+    """The MAD protocol's train tokens/s per step shape, stacked as a sweep stacks it, and its GPU-minutes; each
+    row goes to stderr as soon as it is timed."""
+    from mixlab.runners.bench_mad import BenchMadOptions, bench_mad
+    from mixlab.runners.cli_sweep import comma_names
 
-    typer.echo(bench_mad(model, profile, device=device, seeds=seeds, steps=steps,
-                         tasks=[t for t in tasks.split(",") if t] or None, max_stack=max_stack, compile=compile,
-                         cuda_graph=cuda_graph, alone=alone, sweep_epochs=sweep_epochs or None, workers=workers))
+    options = BenchMadOptions(device=device, seeds=seeds, steps=steps, warmup_steps=warmup_steps,
+                              tasks=comma_names(tasks), settings=comma_names(settings), max_stack=max_stack,
+                              speed=from_flags(speed, compile, cuda_graph), alone=alone, stop_after=stop_after,
+                              sweep_epochs=sweep_epochs or None, workers=workers)
+    typer.echo(bench_mad(model, profile, options))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 import typer
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
-from mixlab.runners import mad
+from mixlab.runners import mad, resume
 from mixlab.runners.ray_backend import RayOptions
+from mixlab.runners.speed import SPEED_HELP, from_flags
 from mixlab.runners.sweep import BACKENDS, SweepOptions, SweepResult, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
 from mixlab.runners.sweep_spec import load_spec, preset_names
@@ -26,14 +27,18 @@ STOP_AFTER_HELP = ("Seconds after which no new job starts; jobs in flight finish
                    "minus the longest job).")
 MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
 BATCH_HELP = "Train the runs of a job stacked (the batched engine); --no-batch: one at a time (train_run)."
-COMPILE_HELP = "torch.compile the batched step (results match to rounding, not bitwise)."
-CUDA_GRAPH_HELP = "Replay the batched step as a CUDA graph (CUDA only)."
+COMPILE_HELP = "torch.compile the batched step (results match to rounding, not bitwise); as --speed compile."
+CUDA_GRAPH_HELP = ("Replay the batched step as a CUDA graph (CUDA only); as --speed cuda-graph, with --compile as "
+                   "--speed compile+graph.")
 BACKEND_HELP = f"Where jobs run: {' or '.join(BACKENDS)} (each job a Ray task; pip install 'mixlab[ray]')."
 ADDRESS_HELP = ("Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: RAY_ADDRESS, else a cluster started "
                 "here by `ray start`, else a new local Ray).")
 CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
 GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
 RETRIES_HELP = "Ray: times a job whose worker died is run again."
+CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
+                         "evaluation; negative: none), also written on Ctrl-C or SIGINT (timeout -s INT): the same "
+                         "command run again goes on from them to the same records.")
 CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
                      "seeing only its own (at least one worker per device).")
 
@@ -49,6 +54,7 @@ SWEEP_OPTIONS = (
     ("progress", bool, True, "Show progress bars."),
     ("max_stack", int, DEFAULT_MAX_STACK, MAX_STACK_HELP),
     ("batch", bool, True, BATCH_HELP),
+    ("speed", str, None, SPEED_HELP),
     ("compile", bool, False, COMPILE_HELP),
     ("cuda_graph", bool, False, CUDA_GRAPH_HELP),
     ("backend", str, "local", BACKEND_HELP),
@@ -57,6 +63,7 @@ SWEEP_OPTIONS = (
     ("gpus_per_job", float, 1.0, GPUS_HELP),
     ("max_retries", int, 3, RETRIES_HELP),
     ("cuda_devices", str, None, CUDA_DEVICES_HELP),
+    ("checkpoint_every", float, resume.DEFAULT_EVERY_S, CHECKPOINT_EVERY_HELP),
 )
 
 
@@ -82,10 +89,14 @@ def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., 
 
 
 def _sweep_options(*, tasks: str | None, models: str | None = None, cuda_devices: str | None, address: str | None,
-                   cpus_per_job: int, gpus_per_job: float, max_retries: int, **fields: object) -> SweepOptions:
-    """SweepOptions from the values of SWEEP_OPTIONS: comma-separated lists split, Ray's options gathered."""
-    return SweepOptions(**fields, tasks=_names(tasks), models=_names(models), cuda_devices=_indices(cuda_devices),
-                        ray=_ray_options(fields["backend"], address, cpus_per_job, gpus_per_job, max_retries))
+                   cpus_per_job: int, gpus_per_job: float, max_retries: int, speed: str | None, compile: bool,
+                   cuda_graph: bool, **fields: object) -> SweepOptions:
+    """SweepOptions from the values of SWEEP_OPTIONS: comma-separated lists split, Ray's options gathered, the
+    speed flags folded into one mode (``runners.speed.from_flags``)."""
+    return SweepOptions(**fields, tasks=comma_names(tasks), models=comma_names(models),
+                        cuda_devices=_indices(cuda_devices),
+                        ray=_ray_options(fields["backend"], address, cpus_per_job, gpus_per_job, max_retries),
+                        speed=from_flags(speed, compile, cuda_graph))
 
 
 @_with_sweep_options()
@@ -97,7 +108,8 @@ def sweep(
     *,
     options: SweepOptions,
 ) -> None:
-    """Run a grid of runs; finished runs are skipped, so the same command resumes a stopped sweep."""
+    """Run a grid of runs; finished runs are skipped and stacks stopped part-way go on from their checkpoints, so
+    the same command resumes a stopped sweep."""
     grid = load_spec(spec)
     plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
@@ -106,7 +118,7 @@ def sweep(
 
 def _indices(text: str | None) -> list[int] | None:
     """``--cuda-devices 0,1`` as [0, 1] (None when not given); a non-integer raises ValueError naming it."""
-    names = _names(text)
+    names = comma_names(text)
     if names is None:
         return None
     bad = [n for n in names if not n.isdigit()]
@@ -115,7 +127,7 @@ def _indices(text: str | None) -> list[int] | None:
     return [int(n) for n in names]
 
 
-def _names(text: str | None) -> list[str] | None:
+def comma_names(text: str | None) -> list[str] | None:
     """A comma-separated option as a list of names (None when not given)."""
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 

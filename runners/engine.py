@@ -33,9 +33,9 @@ and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``),
 ``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
 Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
 count per stack, ``_Stack.layout``), built on the host and copied with a host copy so no op syncs to read it;
-attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Not with
-``compile`` or ``cuda_graph``. Runs that cannot stack (``unbatchable_reason``) are trained one at a time by
-``train_run``, in the same call:
+attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Eager
+only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack (``unbatchable_reason``)
+are trained one at a time by ``train_run``, in the same call:
 
 - packed tasks with an fla-core baseline (``stacks_with_documents``): its document path reads the layout on
   the host with no per-run rule;
@@ -55,7 +55,7 @@ trained in it, so ``train_time_s`` is a run's share, the stack's total is the su
 ``steps_per_s`` is a run's effective rate. Evaluation time is left out, as in train_run. ``wall_time_s``
 runs from the start of the stack's training loop to the run's record, so runs of one stack overlap.
 
-Speed options (both off by default; the lead benchmarks them on the GPU):
+Speed options (``speed``, ``runners.speed``: eager by default; ``auto`` picks per stack by row length):
 ``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
 fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
 sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
@@ -64,6 +64,10 @@ unreported, until at most half of it still trains, so a stack of N compiles for 
 and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
 state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
 captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
+
+Checkpoints (``runners.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
+evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
+the loop stands (step, rows, records) so it can be saved and put back between any two steps.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ from typing import Any
 import torch
 from mixlab import kernels, models, tasks
 from mixlab.models.layers import stacked_runs
+from mixlab.runners import resume
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import eval_batches
 from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width, training_loss
@@ -90,6 +95,7 @@ from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.record import RunLog, TrainClock, write_record
 from mixlab.runners.schedule import StepPlan
 from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
+from mixlab.runners.speed import stack_modes
 from mixlab.runners.train import packed_layout, train_run
 from mixlab.tasks.fields import PositiveInt, check
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -127,6 +133,24 @@ def is_packed(config: RunConfig) -> bool:
     return task.generate(1, seed=0).doc_ids is not None
 
 
+def row_tokens(config: RunConfig) -> int:
+    """Tokens in one input row of the run's task (what ``auto`` speed reads)."""
+    task, _ = resolve(config)
+    return task.generate(1, seed=0).inputs.shape[-1]
+
+
+def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
+    """``members`` in order, cut into the fewest stacks of at most ``max_stack``, their sizes differing by at
+    most one: 90 runs at 64 make stacks of 45 and 45, not 64 and 26 (one stack size to compile, not two, and
+    the two stacks take as long)."""
+    count = -(-len(members) // max_stack)
+    size, extra = divmod(len(members), count)
+    bounds = [0]
+    for n in range(count):
+        bounds.append(bounds[-1] + size + (n < extra))
+    return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+
+
 def unbatchable_reason(config: RunConfig) -> str | None:
     """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
     _, model_config = resolve(config)
@@ -146,13 +170,20 @@ def unbatchable_reason(config: RunConfig) -> str | None:
 
 def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | None = None,
                        run_names: Sequence[str | None] | None = None, progress: bool = True,
-                       compile: bool = False, cuda_graph: bool = False,
-                       max_stack: int | None = None) -> list[dict[str, Any]]:
+                       speed: str = "eager", max_stack: int | None = None,
+                       checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train every run, stacking those with equal ``group_key``; return their records in the order given.
 
     Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
-    module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``max_stack`` caps
-    the runs per stack (a larger group is trained in consecutive stacks); None = no cap.
+    module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
+    stack steps (``runners.speed``; ``auto`` picks per stack from its device and row length). ``max_stack`` caps
+    the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
+    None = no cap.
+
+    ``checkpoint_every_s`` (with ``out_dir``): each stack writes a checkpoint under ``<out_dir>/partial/`` at
+    evaluations once that many seconds have passed since its last (0: at every evaluation; None or negative:
+    never), and on Ctrl-C (``runners.resume``); trained again, a stack goes on from its checkpoint to the same
+    records. A run that had finished before is not trained again: its record is read from ``out_dir``.
     """
     configs = list(configs)
     names = [None] * len(configs) if run_names is None else list(run_names)
@@ -165,21 +196,27 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     records: list[dict[str, Any] | None] = [None] * len(configs)
     for members in groups.values():
         device = pick_device(configs[members[0]].train.device)
-        if (compile or cuda_graph) and is_packed(configs[members[0]]):
-            raise ValueError("compile and cuda_graph cannot serve runs of a packed task: each step's document "
-                             "layout is read on the host")
+        packed = is_packed(configs[members[0]])
+        # auto leaves packed stacks eager: their layouts are read on the host every step, which neither a compiled
+        # graph nor a captured one can do
+        compile, cuda_graph = ((False, False) if packed and speed == "auto"
+                               else stack_modes(speed, device, row_tokens(configs[members[0]])))
+        if packed and (compile or cuda_graph):
+            raise ValueError(f"speed={speed!r} cannot serve runs of a packed task: each step's document layout is "
+                             "read on the host")
         if cuda_graph and device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs runs on a CUDA device, got device {device.type!r}")
+            raise ValueError(f"speed={speed!r} needs runs on a CUDA device (cuda_graph), got device "
+                             f"{device.type!r}")
         if unbatchable_reason(configs[members[0]]) is not None:
             for i in members:
-                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i])
+                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i],
+                                       checkpoint_every_s=checkpoint_every_s)
             continue
-        size = max_stack or len(members)
-        for lo in range(0, len(members), size):
-            chunk = members[lo : lo + size]
+        for chunk in chunks(members, max_stack or len(members)):
             done = _train_stack([configs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
                                 progress=progress, compile=compile, cuda_graph=cuda_graph,
-                                compact_at=COMPILED_COMPACTION if compile else 1.0)
+                                compact_at=COMPILED_COMPACTION if compile else 1.0,
+                                checkpoint_every_s=checkpoint_every_s)
             for i, record in zip(chunk, done):
                 records[i] = record
     return records
@@ -190,8 +227,15 @@ class _Run(RunLog):
     """One run of a stack: what train_run logs for its record, and its place in the stack's loop."""
 
     shuffle: torch.Generator
+    epoch_shuffle: torch.Tensor | None = None  # shuffle's state before the current epoch's permutation
     done: bool = False  # record written; the run may still sit in the stack, frozen, until compaction
     lr: float = 0.0  # of its latest step
+
+    @classmethod
+    def of(cls, config: RunConfig, name: str | None) -> _Run:
+        task, model_config = resolve(config)
+        return cls(config=config, name=name, task=task, model_config=model_config,
+                   shuffle=shuffle_generator(config.train.init_seed))
 
 
 @functools.lru_cache(maxsize=16)
@@ -505,80 +549,172 @@ def _epoch_schedule(runs: list[_Run], plan: StepPlan, first_step: int, device: t
 
 
 def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: str | Path | None,
-                 progress: bool, compile: bool, cuda_graph: bool, compact_at: float) -> list[dict[str, Any]]:
+                 progress: bool, compile: bool, cuda_graph: bool, compact_at: float,
+                 checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train runs of one group_key together; records in the order given. Finished runs leave the stack
-    once at most ``compact_at`` of its rows still train (1.0: at once)."""
+    once at most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and
+    ``checkpoint_every_s``, the stack goes on from its checkpoint and writes new ones (``runners.resume``)."""
     tc = configs[0].train
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
-    runs = []
-    for config, name in zip(configs, names):
-        task, model_config = resolve(config)
-        runs.append(_Run(config=config, name=name, task=task, model_config=model_config,
-                         shuffle=shuffle_generator(config.train.init_seed)))
-    stack = _Stack(runs, device, autocast, compile, cuda_graph)
-    records: dict[int, dict[str, Any]] = {}
-    position = {id(run): i for i, run in enumerate(runs)}
-
-    plan = StepPlan.of(tc)  # equal for every run of a stack (group_key)
-    rows = list(runs)  # the stack's runs, row by row; finished runs stay (frozen) until the next compaction
-    live = list(runs)
-    step = 0
-    loss_count = 0
-    bar = tqdm(total=plan.total_steps, disable=not progress, unit="step", dynamic_ncols=True, leave=False,
-               desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(runs)}")
-    start_wall = time.perf_counter()
-    clock = TrainClock(device)
+    runs = [_Run.of(config, name) for config, name in zip(configs, names)]
+    saver, saved = resume.Checkpoint.open(out_dir, runs, every_s=checkpoint_every_s, loop="stack",
+                                          device=device.type, bf16=autocast)
+    rows = runs
+    if saved is not None:  # the checkpoint's rows, which may hold runs finished before, in its order
+        rows = [_Run.of(RunConfig.from_dict(row["config"]), row["name"]) for row in saved.rows]
+        by_name = {run.default_name(): run for run in rows}
+        runs = [by_name.get(run.default_name(), run) for run in runs]
+    loop = _Loop(_Stack(rows, device, autocast, compile, cuda_graph), rows, StepPlan.of(tc), out_dir, compact_at)
+    if saved is not None:
+        loop.restore(saved)
+    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step",
+               dynamic_ncols=True, leave=False, desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(rows)}")
+    interrupts = resume.Interrupts(active=saver is not None)
     try:
-        while step < plan.total_steps and live:
-            epoch = plan.epoch_of(step)
-            orders_host = torch.stack([torch.randperm(tc.num_train, generator=run.shuffle) for run in rows])
-            orders = orders_host.to(device)  # [N, num_train]
-            lrs, decay, step_size, bc2_sqrt = _epoch_schedule(rows, plan, step, device)
-            for i in range(plan.steps_from(step)):
-                stack.step(orders[:, plan.batch(i)], decay[i], step_size[i], bc2_sqrt[i],
-                           stack.layout(stack.train_starts, orders_host[:, plan.batch(i)]))
-                for run, lr in zip(rows, lrs[i]):
-                    run.lr = lr
-                loss_count += 1
-                step += 1
-                bar.update(1)
-                if not plan.evaluates_after(step):
-                    continue
-
-                share = clock.lap() / len(live)
-                train_losses = stack.take_train_losses()
-                live_rows = [n for n, run in enumerate(rows) if not run.done]
-                metrics = stack.evaluate([rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
-                for n, row_metrics in zip(live_rows, metrics):
-                    run = rows[n]
-                    run.train_time += share
-                    run.add_evaluation(row_metrics, epoch=epoch, step=step, lr=run.lr, loss_sum=train_losses[n],
-                                       loss_steps=loss_count)
-                    run.done = run.stopped_early or step == plan.total_steps
-                    if run.done:
-                        record = run.record(n_params=stack.n_params, device=device, steps=step,
-                                            start_wall=start_wall, named=out_dir is not None)
-                        if out_dir is not None:
-                            write_record(out_dir, record)
-                        records[position[id(run)]] = record
-                loss_count = 0
-                live = [run for run in rows if not run.done]
-                if not live:
-                    break
-                if len(live) < len(rows) and len(live) <= len(rows) * compact_at:
-                    keep = [n for n, run in enumerate(rows) if not run.done]
-                    stack.keep(keep)
-                    kept = torch.tensor(keep, device=device)
-                    orders = orders.index_select(0, kept)
-                    orders_host = orders_host[keep]
-                    decay, step_size = decay.index_select(1, kept), step_size.index_select(1, kept)
-                    lrs = [[row[n] for n in keep] for row in lrs]
-                    rows = live
-                bar.set_postfix(runs=len(live))
-                clock.restart()
-            if not live:
-                break
+        with interrupts.held():
+            loop.train(bar, saver, interrupts)
+            if saver is not None:
+                saver.remove()
     finally:
         bar.close()
-    return [records[i] for i in range(len(runs))]
+    return [loop.records[id(run)] if id(run) in loop.records else _read_record(out_dir, run) for run in runs]
+
+
+def _read_record(out_dir: str | Path, run: _Run) -> dict[str, Any]:
+    """The record of a run that finished before its stack was resumed."""
+    return json.loads((Path(out_dir) / f"{run.default_name()}.json").read_text())
+
+
+@dataclasses.dataclass(eq=False)
+class _Epoch:
+    """An epoch's permutations of the training rows, orders [N, num_train] on the device and on the host
+    (``orders_host``: packed tasks lay their batches out there), and per step its AdamW scalars
+    (``_epoch_schedule``), one column per row of the stack."""
+
+    orders_host: torch.Tensor
+    orders: torch.Tensor
+    lrs: list[list[float]]
+    decay: torch.Tensor
+    step_size: torch.Tensor
+    bc2_sqrt: torch.Tensor
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep these rows' columns (as ``_Stack.keep``)."""
+        index = torch.tensor(rows, device=self.orders.device)
+        self.orders_host = self.orders_host[rows]
+        self.orders = self.orders.index_select(0, index)
+        self.decay, self.step_size = self.decay.index_select(1, index), self.step_size.index_select(1, index)
+        self.lrs = [[lrs[n] for n in rows] for lrs in self.lrs]
+
+
+@dataclasses.dataclass(eq=False)
+class _Loop:
+    """A stack's training loop and where it stands: ``step`` steps taken, ``loss_count`` of them since the last
+    evaluation; ``rows`` are the stack's runs, row by row (finished runs stay, frozen, until a compaction);
+    ``records`` those written so far, by ``id`` of their run."""
+
+    stack: _Stack
+    rows: list[_Run]
+    plan: StepPlan
+    out_dir: str | Path | None
+    compact_at: float
+    step: int = 0
+    loss_count: int = 0
+    records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.start_wall = time.perf_counter()
+        self.clock = TrainClock(self.stack.device)
+
+    @property
+    def live(self) -> list[_Run]:
+        return [run for run in self.rows if not run.done]
+
+    def train(self, bar: tqdm, saver: resume.Checkpoint | None, interrupts: resume.Interrupts) -> None:
+        """Step until every run has finished; checkpoint at evaluations when ``saver`` is due, and after the
+        step in flight when ``interrupts`` has one pending (then raise KeyboardInterrupt)."""
+        plan = self.plan
+        while self.step < plan.total_steps and self.live:
+            epoch_start = plan.epoch_of(self.step) * plan.steps_per_epoch
+            epoch = self._draw(epoch_start)
+            # from the epoch's first step, or from where a resumed stack left it
+            for i in range(self.step - epoch_start, plan.steps_from(epoch_start)):
+                self._step(epoch, i)
+                bar.update(1)
+                if plan.evaluates_after(self.step):
+                    self._evaluate()
+                    if not self.live:
+                        return
+                    self._compact(epoch)
+                    bar.set_postfix(runs=len(self.live))
+                    self.clock.restart()
+                    if saver is not None and saver.due():
+                        saver.write(self.snapshot())
+                        self.clock.restart()  # writing is no training time
+                if interrupts.pending:
+                    saver.write(self.snapshot())
+                    raise KeyboardInterrupt
+
+    def _draw(self, epoch_start: int) -> _Epoch:
+        """Each row's permutation of the epoch that starts at ``epoch_start``, and the epoch's schedule."""
+        for run in self.rows:
+            run.epoch_shuffle = run.shuffle.get_state()
+        orders = torch.stack([torch.randperm(run.config.train.num_train, generator=run.shuffle) for run in self.rows])
+        schedule = _epoch_schedule(self.rows, self.plan, epoch_start, self.stack.device)
+        return _Epoch(orders, orders.to(self.stack.device), *schedule)
+
+    def _step(self, epoch: _Epoch, i: int) -> None:
+        """Step ``i`` of the epoch for every row."""
+        batch = self.plan.batch(i)
+        self.stack.step(epoch.orders[:, batch], epoch.decay[i], epoch.step_size[i], epoch.bc2_sqrt[i],
+                        self.stack.layout(self.stack.train_starts, epoch.orders_host[:, batch]))
+        for run, lr in zip(self.rows, epoch.lrs[i]):
+            run.lr = lr
+        self.loss_count += 1
+        self.step += 1
+
+    def _evaluate(self) -> None:
+        """Evaluate the live runs; write the records of those that end here."""
+        live_rows = [n for n, run in enumerate(self.rows) if not run.done]
+        share = self.clock.lap() / len(live_rows)
+        train_losses = self.stack.take_train_losses()
+        tc = self.rows[0].config.train
+        metrics = self.stack.evaluate([self.rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
+        for n, row_metrics in zip(live_rows, metrics):
+            run = self.rows[n]
+            run.train_time += share
+            run.add_evaluation(row_metrics, epoch=self.plan.epoch_of(self.step - 1), step=self.step, lr=run.lr,
+                               loss_sum=train_losses[n], loss_steps=self.loss_count)
+            run.done = run.stopped_early or self.step == self.plan.total_steps
+            if run.done:
+                record = run.record(n_params=self.stack.n_params, device=self.stack.device, steps=self.step,
+                                    start_wall=self.start_wall, named=self.out_dir is not None)
+                if self.out_dir is not None:
+                    write_record(self.out_dir, record)
+                self.records[id(run)] = record
+        self.loss_count = 0
+
+    def _compact(self, epoch: _Epoch | None = None) -> None:
+        """Drop the finished rows once at most ``compact_at`` of the stack still trains (and the epoch's
+        columns of them)."""
+        keep = [n for n, run in enumerate(self.rows) if not run.done]
+        if len(keep) == len(self.rows) or len(keep) > len(self.rows) * self.compact_at:
+            return
+        self.stack.keep(keep)
+        self.rows = [self.rows[n] for n in keep]
+        if epoch is not None:
+            epoch.keep(keep)
+
+    def snapshot(self) -> resume.Snapshot:
+        return resume.snapshot(self.stack, self.rows, step=self.step, loss_count=self.loss_count,
+                               new_epoch=self.step % self.plan.steps_per_epoch == 0, lap_s=self.clock.lap(),
+                               elapsed_s=time.perf_counter() - self.start_wall)
+
+    def restore(self, saved: resume.Snapshot) -> None:
+        """Continue from ``saved``, taken of a stack of these rows."""
+        resume.restore(saved, self.stack, self.rows)
+        self.step, self.loss_count = saved.step, saved.loss_count
+        self.start_wall -= saved.elapsed_s
+        self.clock.start -= saved.lap_s
+        self._compact()

@@ -2,7 +2,8 @@
 
 ``run_jobs`` trains the jobs one after another in this process, or keeps ``workers`` spawned processes busy
 (``run_pool``), each pinned to one CUDA device when the sweep names several. A job that runs out of device
-memory beside others runs again alone after them; Ctrl-C or a failed run ends every worker at once.
+memory beside others runs again alone after them; Ctrl-C or a failed run ends every worker at once (each
+checkpoints its stack first).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from mixlab.runners.sweep_jobs import Job, run_job
@@ -25,8 +26,12 @@ from tqdm.auto import tqdm
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
 
+# Seconds a stopped sweep waits for its workers to checkpoint their stacks (they finish the step in flight
+# first) before it kills them.
+STOP_GRACE_S = 60.0
 
-def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, bool], job_done: Callable[[Job, int], None],
+
+def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, Any], job_done: Callable[[Job, int], None],
              may_start: Callable[[], bool], *, workers: int = 1, device_ids: Sequence[str] | None = None) -> None:
     """Train ``jobs`` in order, ``job_done(job, runs trained)`` after each; a job starts only while
     ``may_start()``. One worker and no pinned devices: in this process; else in worker processes (``run_pool``).
@@ -88,13 +93,21 @@ class JobOutOfMemory(RuntimeError):
     """A job of a sweep ran out of device memory (its message: the allocator's first line)."""
 
 
-def run_in_worker(job: Job, runs_dir: str, engine: dict[str, bool]) -> int:
+def run_in_worker(job: Job, runs_dir: str, engine: dict[str, Any]) -> int:
     """A worker's body: train ``job`` (``run_job``); return how many runs it trained. Out of device memory, it
-    raises JobOutOfMemory, which the pool tells from other failures."""
+    raises JobOutOfMemory, which the pool tells from other failures.
+
+    The pool ends its workers with SIGTERM (Ctrl-C, a failed run): while a job trains, SIGTERM raises
+    KeyboardInterrupt, so the engine checkpoints its stack first (``runners.resume``), then the worker exits."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return len(run_job(job, runs_dir, **engine))
+    except KeyboardInterrupt:
+        os._exit(1)
     except torch.OutOfMemoryError as exc:
         message = str(exc).splitlines()[0]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     # out of the except block, the failed job's frames and tensors are gone: give their cached blocks back to
     # the device, for the other workers that share it
     torch.cuda.empty_cache()
@@ -117,9 +130,9 @@ def _sigint_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, bool],
+def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, Any],
              job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
-             run: Callable[[Job, str, dict[str, bool]], int] = run_in_worker,
+             run: Callable[[Job, str, dict[str, Any]], int] = run_in_worker,
              device_ids: Sequence[str] | None = None) -> None:
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
     job starts only while ``may_start()``. With ``device_ids`` (``visible_device_ids``) worker k sees only device
@@ -180,8 +193,14 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
         # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
         with _sigint_held():
             executor.shutdown(wait=False, cancel_futures=True)
-            for child in set(multiprocessing.active_children()) - before:
+            children = set(multiprocessing.active_children()) - before
+            for child in children:
                 child.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for child in children:  # each writes its stack's checkpoint, then exits
+                child.join(max(0.0, deadline - time.monotonic()))
+                if child.is_alive():
+                    child.kill()
             executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
         raise
     executor.shutdown(wait=True)

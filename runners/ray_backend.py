@@ -83,7 +83,7 @@ def job_resources(job: Job, options: RayOptions, cluster_gpus: float) -> dict[st
     return {"num_cpus": options.cpus_per_job, "num_gpus": options.gpus_per_job if use_gpu else 0}
 
 
-def train_job(job: Job, engine: dict[str, bool], threads: int) -> list[dict[str, Any]]:
+def train_job(job: Job, engine: dict[str, Any], threads: int) -> list[dict[str, Any]]:
     """A task's body: train ``job`` on this worker with torch on ``threads`` threads; return the records."""
     torch.set_num_threads(threads)
     return run_job(job, None, **engine)
@@ -106,7 +106,7 @@ def store_records(records: Sequence[dict[str, Any]], job: Job, runs_dir: Path) -
     return written
 
 
-def run_jobs(jobs: Sequence[Job], runs_dir: Path, options: RayOptions, engine: dict[str, bool],
+def run_jobs(jobs: Sequence[Job], runs_dir: Path, options: RayOptions, engine: dict[str, Any],
              job_done: Callable[[Job, int], None]) -> None:
     """Run every job as a Ray task and write the records it returns into ``runs_dir`` as each job ends;
     ``job_done(job, records written)`` after each. The first failed job cancels the others and raises."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from mixlab.runners import local_backend, ray_backend
+from mixlab.runners import local_backend, ray_backend, resume
 from mixlab.runners.atomic import writable_folder
 from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
+from mixlab.runners.speed import SPEEDS
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
 from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
@@ -44,14 +45,17 @@ class SweepOptions:
         kill at the limit does not throw away jobs that were nearly done.
     progress: a tqdm bar that counts runs, with an ETA.
     batch: the runs of a job trained stacked by the batched engine; False: one run per job with ``train_run``
-        (max_stack is then 1). max_stack: most runs in one job. ``compile`` and ``cuda_graph`` are the engine's
-        speed options.
+        (max_stack is then 1). max_stack: most runs in one job. speed: how the engine steps each stack
+        (``runners.speed``: eager, compile, cuda-graph, compile+graph, or auto, picked per stack).
     backend: ``local``, or ``ray``: each job a Ray task (``runners.ray_backend``, options ``ray``, default
         ``RayOptions()``); needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by
         resources).
     cuda_devices: the local backend's workers go round-robin to these CUDA devices (indices as this process
         sees them), each worker seeing only its own as ``cuda``: one sweep uses every GPU of a host. Workers
         are processes then, also for workers=1; at least one worker per device.
+    checkpoint_every: seconds between a stack's checkpoints in mid-training (``runners.resume``; 0: at every
+        evaluation; None or negative: none), also written on Ctrl-C: the sweep run again goes on from them
+        (local backend; Ray's jobs write no files).
     """
 
     workers: PositiveInt = 1
@@ -62,11 +66,11 @@ class SweepOptions:
     progress: bool = True
     batch: bool = True
     max_stack: PositiveInt = DEFAULT_MAX_STACK
-    compile: bool = False
-    cuda_graph: bool = False
+    speed: Literal[SPEEDS] = "eager"
     backend: Literal[BACKENDS] = "local"
     ray: ray_backend.RayOptions | None = None
     cuda_devices: tuple[NonNegativeInt, ...] | None = None
+    checkpoint_every: float | None = resume.DEFAULT_EVERY_S
 
     def __post_init__(self) -> None:
         check_dataclass(self)
@@ -84,14 +88,13 @@ class SweepOptions:
             if workers < len(devices):
                 raise ValueError(f"workers={workers} cannot cover {len(devices)} cuda_devices: give each at "
                                  "least one worker")
-        if not self.batch and (self.compile or self.cuda_graph):
-            raise ValueError(f"compile={self.compile} and cuda_graph={self.cuda_graph} need the batched engine "
-                             "(batch=True)")
+        if not self.batch and self.speed != "eager":
+            raise ValueError(f"speed={self.speed!r} needs the batched engine (batch=True)")
 
     @property
-    def engine(self) -> dict[str, bool]:
+    def engine(self) -> dict[str, Any]:
         """``sweep_jobs.run_job``'s options: how each job trains."""
-        return {"batch": self.batch, "compile": self.compile, "cuda_graph": self.cuda_graph}
+        return {"batch": self.batch, "speed": self.speed, "checkpoint_every_s": self.checkpoint_every}
 
 
 class SweepInterrupted(BaseException):
@@ -138,15 +141,12 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     out = Path(out_dir)
     runs_dir = out / RUNS
     done = finished_hashes(out)
-    todo = [r for r in plan.runs if r.hash not in done]
-    skipped = len(plan.runs) - len(todo)
-    if options.tasks:
-        todo = [r for r in todo if r.meta["task"] in options.tasks]
-    if options.models:
-        todo = [r for r in todo if r.meta["model"] in options.models]
-    if options.limit is not None:
-        todo = todo[: options.limit]
-    jobs = plan_jobs(todo, options.max_stack if options.batch else 1)
+    skipped = sum(r.hash in done for r in plan.runs)
+    chosen = [r for r in plan.runs if (not options.tasks or r.meta["task"] in options.tasks)
+              and (not options.models or r.meta["model"] in options.models)]
+    todo = [r.hash for r in chosen if r.hash not in done][: options.limit]
+    # the finished runs shape the jobs too: a stack stopped part-way is formed again and finds its checkpoint
+    jobs = plan_jobs(chosen, options.max_stack if options.batch else 1, todo=set(todo))
     writable_folder(out)
     runs_dir.mkdir(exist_ok=True)
     write_manifest(out, plan)

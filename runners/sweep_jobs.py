@@ -9,12 +9,12 @@ Both backends (``local_backend``, ``ray_backend``) run these jobs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from mixlab.runners.config import RunConfig
-from mixlab.runners.engine import group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.engine import chunks, group_key, train_runs_batched, unbatchable_reason
 from mixlab.runners.manifest import is_record
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.train import train_run
@@ -59,40 +59,47 @@ def job_key(config: RunConfig) -> tuple:
     return group_key(on_cpu), config.train.device, config.train.precision
 
 
-def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK) -> list[Job]:
-    """Runs of equal ``job_key`` in plan order, ``max_stack`` to a job; a run the engine cannot stack
-    (``engine.unbatchable_reason``: packed tasks, Triton kernels) is a job of its own. Jobs are ordered by
-    their first run, so the first jobs hold the plan's first runs (its first seeds)."""
+def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK,
+              todo: Collection[str] | None = None) -> list[Job]:
+    """Runs of equal ``job_key`` in plan order, in the fewest jobs of at most ``max_stack`` runs whose sizes
+    differ by at most one (``engine.chunks``): a setting's grid, its seeds and the settings of equal shapes
+    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: packed tasks, Triton kernels) is
+    a job of its own. Jobs are ordered by their first run, so the first jobs hold the plan's first runs (its
+    first seeds).
+
+    ``todo``: the hashes to train now; the other runs (finished ones) still take their places in the jobs, which
+    then drop them, so a sweep run again forms the stacks it formed before, less their finished runs, and each
+    finds its checkpoint (``runners.resume``). Jobs left empty are dropped."""
     max_stack = check("max_stack", max_stack, PositiveInt)
     groups: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
         key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
         groups.setdefault(key, []).append(i)
-    chunks = [members[lo : lo + max_stack] for members in groups.values()
-              for lo in range(0, len(members), max_stack)]
-    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in sorted(chunks)]
+    stacks = [chunk for members in groups.values() for chunk in chunks(members, max_stack)]
+    stacks = [[i for i in chunk if todo is None or runs[i].hash in todo] for chunk in sorted(stacks)]
+    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in stacks if chunk]
 
 
-def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, compile: bool = False,
-            cuda_graph: bool = False) -> list[dict[str, Any]]:
+def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, speed: str = "eager",
+            checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train the runs of ``job`` that have no record in ``runs_dir`` yet; return their records.
 
     Each record goes to ``<runs_dir>/<hash>.json`` (atomically) as soon as its run ends, so a job run again
     (resumed after a crash, or retried) trains only its missing runs and never writes a run twice. runs_dir
     None: nothing is skipped or written (the Ray backend's tasks; the driver writes). batch: the runs
-    trained stacked by ``engine.train_runs_batched`` (with its ``compile`` and ``cuda_graph`` options);
-    False: one at a time by ``train_run``.
+    trained stacked by ``engine.train_runs_batched`` (with its ``speed``, ``runners.speed``); False: one at a
+    time by ``train_run``. checkpoint_every_s: the engine's checkpoints of a stack in mid-training
+    (``runners.resume``; with runs_dir only), so a job run again goes on where it stopped.
     """
-    if not batch and (compile or cuda_graph):
-        raise ValueError(f"compile={compile} and cuda_graph={cuda_graph} are options of the batched engine; "
-                         "they need batch=True")
+    if not batch and speed != "eager":
+        raise ValueError(f"speed={speed!r} is an option of the batched engine; it needs batch=True")
     todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
             if runs_dir is None or not is_record(Path(runs_dir) / f"{name}.json")]
     if not todo:
         return []
     names, configs = [name for name, _ in todo], [config for _, config in todo]
     if batch:
-        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, compile=compile,
-                                  cuda_graph=cuda_graph)
-    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False)
+        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, speed=speed,
+                                  checkpoint_every_s=checkpoint_every_s)
+    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False, checkpoint_every_s=checkpoint_every_s)
             for name, config in zip(names, configs)]

@@ -27,8 +27,8 @@ def main() -> None:
         for n_runs in (int(n) for n in args.runs.split(",")):
             print(f"## VMAP_ATTENTION={mode!r}, {n_runs} runs\n", flush=True)
             try:
-                print(bench_train(n_runs=n_runs, steps=args.steps, device="cuda", cuda_graph=True,
-                                  compile=args.compile), flush=True)
+                speeds = ["cuda-graph", "compile", "compile+graph"] if args.compile else ["cuda-graph"]
+                print(bench_train(n_runs=n_runs, steps=args.steps, device="cuda", speeds=speeds), flush=True)
             except Exception as exc:  # a mode that crashes is a result of the probe, not the end of it
                 print(f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n",
                       flush=True)

@@ -14,13 +14,18 @@ mixers:  every baseline mixer (MAD width 128 with 16 heads, and width 64 with 4)
 leakage: ``mixlab leakage`` on CUDA through the kernels: the perturbation, NaN and gradient probes must hold
          bitwise (a leak of an fla kernel across documents is a finding: the row names the mixer), packing
          invariance is printed.
-Prints one line per case; exit status 1 on any failure, 2 without CUDA.
+Prints one line per case (with its seconds: the first call of an fla kernel at a new shape autotunes it, which
+can take minutes); ``--autotune first`` keeps only the first config of every fla autotuner, enough for correctness.
+A stalled case shows up as the Python stack dumped every ``--stack-every`` seconds (autotuning: frames in
+``triton/runtime/autotuner.py``; a hung kernel: a synchronising call). Exit status 1 on any failure, 2 without CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
+import time
 
 import numpy as np
 import torch
@@ -39,11 +44,11 @@ MIXER_SHAPES = [(128, 16), (64, 4)]  # d_model, n_heads
 ROWS, SEQ_LEN = 4, 256
 
 
-def random_layout(rows: int, seq_len: int, seed: int) -> torch.Tensor:
-    """cu_seqlens of random documents (lengths 1 to 80) filling ``rows`` rows of ``seq_len`` tokens, and one
-    empty document (a repeated offset) at the start."""
+def random_layout(rows: int, seq_len: int, seed: int, empty: bool = True) -> torch.Tensor:
+    """cu_seqlens of random documents (lengths 1 to 80) filling ``rows`` rows of ``seq_len`` tokens, with one
+    empty document (a repeated offset) at the start when ``empty``."""
     rng = np.random.default_rng(seed)
-    offsets = [0, 0]
+    offsets = [0, 0] if empty else [0]
     for row in range(rows):
         t = 0
         while (t := t + int(rng.integers(1, 81))) < seq_len:
@@ -78,11 +83,12 @@ def op_fwd_bwd(op: str, inputs: dict, upstream: torch.Tensor, cu: torch.Tensor |
     return [o, *torch.autograd.grad(o, [q, k, v, *leaves.values()], upstream)]
 
 
-def report(label: str, names: list[str], got: list[torch.Tensor], want: list[torch.Tensor], bound: float) -> bool:
+def report(label: str, names: list[str], got: list[torch.Tensor], want: list[torch.Tensor], bound: float,
+           started: float) -> bool:
     errors = {n: rel_rms(a.float(), b.float()) for n, a, b in zip(names, got, want, strict=True)}
     ok = all(e <= bound for e in errors.values())  # a NaN error fails too
     detail = " ".join(f"{n}={e:.1e}" for n, e in errors.items())
-    print(f"{'PASS' if ok else 'FAIL'}  {label}: {detail}", flush=True)
+    print(f"{'PASS' if ok else 'FAIL'}  {label}: {detail}  ({time.perf_counter() - started:.1f} s)", flush=True)
     return ok
 
 
@@ -91,17 +97,18 @@ def check_ops() -> bool:
     for op in fla_ops.OPS:
         for shape in OP_SHAPES:
             for dtype in BOUND:
-                for docs in (False, True):
+                for docs in ("none", "varlen", "varlen+empty"):
+                    started = time.perf_counter()
                     gen = torch.Generator(device=DEVICE).manual_seed(0)
                     inputs = op_inputs(op, shape, dtype, gen)
-                    cu = random_layout(shape[0], shape[1], seed=1) if docs else None
+                    cu = None if docs == "none" else random_layout(shape[0], shape[1], 1, empty=docs.endswith("empty"))
                     upstream = torch.randn(*shape[:3], shape[4], generator=gen, device=DEVICE).to(dtype)
                     got = op_fwd_bwd(op, inputs, upstream, cu, "triton")
                     as32 = {n: t.float() for n, t in inputs.items()}
                     want = op_fwd_bwd(op, as32, upstream.float(), cu, "torch")
                     names = ["o"] + [f"d{n}" for n in inputs]  # q, k, v, then the gates
                     label = f"op {op} B,T,H,K,V={shape} {str(dtype)[6:]} docs={docs}"
-                    ok &= report(label, names, got, want, BOUND[dtype])
+                    ok &= report(label, names, got, want, BOUND[dtype], started)
     return ok
 
 
@@ -142,6 +149,7 @@ def check_mixers() -> bool:
             x = torch.randn(ROWS, SEQ_LEN, d_model, device=DEVICE)
             upstream = torch.randn_like(x)
             for docs in (False, True):
+                started = time.perf_counter()
                 cu = random_layout(ROWS, SEQ_LEN, seed=2) if docs else None
                 results = {}
                 for backend in ("triton", "torch"):
@@ -149,7 +157,7 @@ def check_mixers() -> bool:
                     results[backend] = mixer_fwd_bwd(module, x, cu, upstream)
                 names = ["y"] + [f"d{n}" for n, _ in module.named_parameters()]
                 label = f"mixer {name} d_model={d_model} n_heads={n_heads} docs={docs}"
-                ok &= report(label, names, results["triton"], results["torch"], BOUND[torch.float32])
+                ok &= report(label, names, results["triton"], results["torch"], BOUND[torch.float32], started)
     return ok
 
 
@@ -159,19 +167,37 @@ def check_leakage() -> bool:
     return all(r.perturbation and r.nan and r.gradient for r in reports)
 
 
+def first_config_only() -> int:
+    """Keep only the first config of every Triton autotuner of the loaded fla modules; returns how many."""
+    from triton.runtime.autotuner import Autotuner
+
+    fla_ops.load_fla()
+    tuners = {id(obj): obj for name, module in list(sys.modules.items()) if name.startswith("fla.")
+              for obj in vars(module).values() if isinstance(obj, Autotuner)}
+    for tuner in tuners.values():
+        tuner.configs = tuner.configs[:1]
+    return len(tuners)
+
+
 CHECKS = {"ops": check_ops, "stack": check_stack, "mixers": check_mixers, "leakage": check_leakage}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=list(CHECKS), help="run one group of checks")
+    parser.add_argument("--autotune", choices=["full", "first"], default="full",
+                        help="first: every fla autotuner keeps its first config only (no tuning: faster, same results)")
+    parser.add_argument("--stack-every", type=float, default=120.0, help="dump the Python stack every N seconds")
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         sys.exit(2)
     if not fla_ops.fla_available():
         print(f"fla-core is not installed: {fla_ops.INSTALL_HINT}", file=sys.stderr)
         sys.exit(2)
+    if args.autotune == "first":
+        print(f"autotune first: {first_config_only()} fla autotuners trimmed", flush=True)
     results = [check() for name, check in CHECKS.items() if args.only in (None, name)]
     print("ALL PASS" if all(results) else "FAILURES above")
     sys.exit(0 if all(results) else 1)

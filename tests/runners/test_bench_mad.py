@@ -6,7 +6,7 @@ import re
 import pytest
 from mixlab.models import ModelConfig, preset_config
 from mixlab.runners import bench_mad as bench_mad_module
-from mixlab.runners.bench_mad import bench_mad, flop_per_token, step_shapes
+from mixlab.runners.bench_mad import BenchMadOptions, bench_mad, flop_per_token, step_shapes
 from mixlab.runners.cli import main
 from mixlab.runners.mad import mad_plan
 from mixlab.runners.sweep_jobs import plan_jobs
@@ -45,17 +45,18 @@ def test_flop_per_token_counts_matmul_weights_and_causal_attention():
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_report_rows_and_totals_come_from_the_timed_runs():
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2,
-                     tasks=["mad/memorization", "mad/compression"], progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=2,
+                     tasks=["mad/memorization", "mad/compression"], progress=False))
     rows = [line for line in text.splitlines() if line.startswith("| mad/")]
     assert [r.split(" | ")[0] for r in rows] == ["| mad/compression", "| mad/memorization"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        stacked, alone = (float(cells[i].replace(",", "")) for i in (6, 7))
+        assert cells[6] == "eager"
+        stacked, alone = (float(cells[i].replace(",", "")) for i in (7, 8))
         assert stacked > 0 and alone > 0
         assert cells[-1] == "bitwise"  # eager fp32 on the CPU: the stacked run equals the run alone
     mean = float(re.search(r"token-weighted mean ([\d,]+) tokens/s", text).group(1).replace(",", ""))
-    rates = [float(r.split("|")[7].strip().replace(",", "")) for r in rows]
+    rates = [float(r.split("|")[8].strip().replace(",", "")) for r in rows]
     assert min(rates) <= mean <= max(rates)
 
 
@@ -63,7 +64,10 @@ def test_report_rows_and_totals_come_from_the_timed_runs():
     ("bench mad --profile smoke --tasks mad/nope --device cpu", "unknown MAD task 'mad/nope'"),
     ("bench mad --profile huge --device cpu", "unknown profile 'huge'"),
     ("bench mad --profile smoke --steps 0 --device cpu", "steps must be a positive integer"),
-])
+    ("bench mad --profile smoke --settings seq_len=9 --device cpu", "unknown MAD setting 'seq_len=9'"),
+    ("bench mad --profile smoke --speed fast --device cpu", "unknown speed 'fast'"),
+    ("bench mad --profile smoke --speed auto --compile --device cpu", "--speed auto contradicts"),
+], ids=["unknown-task", "unknown-profile", "zero-steps", "unknown-setting", "unknown-speed", "speed-against-flag"])
 def test_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv.split())
@@ -83,13 +87,13 @@ def test_a_shape_that_fails_is_named_and_left_out_of_the_totals(monkeypatch):
         return real(configs, **options)
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1,
-                     tasks=["mad/memorization", "mad/compression"], alone=False, progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1,
+                     tasks=["mad/memorization", "mad/compression"], alone=False, progress=False))
     row = next(line for line in text.splitlines() if line.startswith("| mad/memorization"))
     assert row.endswith("| FAILED RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB |")
-    assert "1 step shape(s) failed" in text
+    assert "1 step shape(s) failed (gate column): mad/memorization T=32 V=256 x2." in text
     compression = next(line for line in text.splitlines() if line.startswith("| mad/compression"))
-    rate = compression.split("|")[7].strip()
+    rate = compression.split("|")[8].strip()
     assert f"token-weighted mean {rate} tokens/s" in text  # the totals are the one timed shape's
 
 
@@ -98,17 +102,17 @@ def test_every_shape_failing_is_one_error(monkeypatch):
         raise RuntimeError("no kernel image is available")
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
-    with pytest.raises(ValueError, match="every step shape failed: RuntimeError: no kernel image"):
-        bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
-                  alone=False, progress=False)
+    with pytest.raises(ValueError, match="no step shape was timed: RuntimeError: no kernel image"):
+        bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1, tasks=["mad/memorization"],
+                  alone=False, progress=False))
 
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_end_to_end_sweep_counts_the_tokens_its_runs_trained():
     """The sweep's line counts every run once, with epochs cut (1 epoch of num_train rows here: none can stop
     earlier), and compares its wall time with the shapes' prediction for exactly those tokens."""
-    text = bench_mad("transformer", "smoke", device="cpu", seeds=1, steps=2, tasks=["mad/memorization"],
-                     alone=False, sweep_epochs=1, progress=False)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=2,
+                     tasks=["mad/memorization"], alone=False, sweep_epochs=1, progress=False))
     runs = [r for r in mad_plan("transformer", "smoke", seeds=1, device="cpu").runs
             if r.meta["task"] == "mad/memorization"]
     tokens = sum(r.config.train.num_train * get_task(r.config.task, **r.config.task_params).generate(1, seed=0)
@@ -119,3 +123,46 @@ def test_end_to_end_sweep_counts_the_tokens_its_runs_trained():
     wall, predicted = (float(x) for x in re.search(r"in ([\d.]+) s of wall.*predict ([\d.]+) s", line).groups())
     keeps = int(re.search(r"keeps (\d+)% of", line).group(1))
     assert abs(keeps - 100 * predicted / wall) <= 2
+
+
+def rows_of(text):
+    return {line.split(" | ")[0][2:]: [c.strip() for c in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| mad/")}
+
+
+def test_shapes_stack_every_seed_and_settings_pick_shapes(monkeypatch):
+    """Stacks hold a setting's grid times the seeds (smoke: 2 grid points); --settings keeps the shapes holding
+    one of them; auto on the CPU runs eager (nothing trains: the timing is stubbed)."""
+    speeds = []
+
+    def fake(shape, steps, speed, alone, warmup_steps):
+        speeds.append(speed)
+        shape.speed, shape.stacked = "eager", 1e6
+
+    monkeypatch.setattr(bench_mad_module, "_measure", fake)
+    options = dict(device="cpu", steps=1, alone=False, progress=False, speed="auto")
+    three = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(seeds=3, **options)))
+    assert len(three) == 6 and {cells[4] for cells in three.values()} == {"6"}
+    one = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(**options)))
+    assert {cells[4] for cells in one.values()} == {"2"}, "seeds default to the profile's (smoke: one)"
+    assert speeds == ["auto"] * 12
+    picked = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(seeds=3, settings=["baseline"],
+                                                                       tasks=["mad/compression"], **options)))
+    assert list(picked) == ["mad/compression"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_stop_after_names_the_shapes_not_timed(monkeypatch):
+    """Past stop_after no shape starts: its row says so, and the totals are the timed shapes' and say which."""
+    clock = iter(range(0, 1000, 10))  # each reading of the clock 10 s later
+    monkeypatch.setattr(bench_mad_module.time, "monotonic", lambda: next(clock))
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1, alone=False,
+                     progress=False, tasks=["mad/memorization", "mad/compression"], stop_after=15, speed="auto"))
+    rows = rows_of(text)
+    assert rows["mad/compression"][6] == "eager" and rows["mad/compression"][-1] == "-"
+    assert rows["mad/memorization"][7] == "-" and rows["mad/memorization"][-1] == "not timed (stop_after)"
+    assert "1 step shape(s) were not timed (stop_after passed first): mad/memorization T=32 V=256 x2." in text
+    rate = rows["mad/compression"][7]
+    assert "Totals over the 1 of 2 step shapes timed (1 seed(s), " in text
+    assert f"token-weighted mean {rate} tokens/s" in text
+    assert "Estimated device-minutes per seed before early stops, over the 1 of 2 step shapes timed" in text

@@ -246,10 +246,15 @@ def test_packed_runs_stack(monkeypatch, label, model):
     assert_same_records(batched, solo(configs), exact=False)
 
 
-def test_packed_runs_refuse_compile_and_graphs():
-    for option in ("compile", "cuda_graph"):
+def test_packed_runs_refuse_compile_and_graphs(monkeypatch):
+    for speed in ("compile", "cuda-graph", "compile+graph"):
         with pytest.raises(ValueError, match="packed task"):
-            train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, **{option: True})
+            train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, speed=speed)
+    modes = []
+    monkeypatch.setattr(engine, "_train_stack", lambda configs, names, **kw: modes.append(kw) or [{}] * len(configs))
+    monkeypatch.setattr(engine, "pick_device", lambda name: torch.device("cuda"))  # where auto would graph
+    train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, speed="auto")
+    assert [(m["compile"], m["cuda_graph"]) for m in modes] == [(False, False)]  # auto: eager
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -337,8 +342,9 @@ def test_adamw_update_matches_torch_adamw():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"run_names": ["a"]}, "run_names"),
     ({"max_stack": 0}, "max_stack"),
-    ({"cuda_graph": True}, "cuda_graph"),
-], ids=["run_names_length", "max_stack_zero", "cuda_graph_on_cpu"])
+    ({"speed": "cuda-graph"}, "speed='cuda-graph' needs runs on a CUDA device"),
+    ({"speed": "fast"}, "unknown speed 'fast'"),
+], ids=["run_names_length", "max_stack_zero", "cuda_graph_on_cpu", "unknown_speed"])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         train_runs_batched([tiny(epochs=1), tiny(epochs=1, init_seed=1)], progress=False, **kwargs)

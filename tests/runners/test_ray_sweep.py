@@ -170,9 +170,9 @@ def test_killed_worker_job_is_retried_without_duplicates(tmp_path, trigger, loca
 
 
 def test_training_error_in_a_task_stops_the_sweep_with_its_message(tmp_path, local_ray):
-    with pytest.raises(ValueError, match="cuda_graph=True needs runs on a CUDA device"):
+    with pytest.raises(ValueError, match="speed='cuda-graph' needs runs on a CUDA device"):
         run_sweep(SweepSpec.from_dict(GRID).plan(), tmp_path,
-                  SweepOptions(progress=False, backend="ray", cuda_graph=True))
+                  SweepOptions(progress=False, backend="ray", speed="cuda-graph"))
     assert not list((tmp_path / "runs").iterdir())
 
 

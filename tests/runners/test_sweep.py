@@ -347,7 +347,7 @@ def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
     done = []
 
     def pool():
-        local_backend.run_pool(jobs, runs_dir, 2, {"batch": True, "compile": False, "cuda_graph": False},
+        local_backend.run_pool(jobs, runs_dir, 2, {"batch": True, "speed": "eager"},
                                lambda job, trained: done.append((job, trained)), lambda: True,
                                run=out_of_memory_once)
 

@@ -9,6 +9,8 @@ import typer
 from mixlab.runners import sweep_jobs
 from mixlab.runners.cli_sweep import register
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.engine import chunks
+from mixlab.runners.mad import LRS, WEIGHT_DECAYS, mad_plan
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import Job, job_key, plan_jobs, run_job
 from mixlab.runners.sweep_plan import PlannedRun
@@ -87,7 +89,7 @@ def test_runs_of_one_model_shape_share_a_job_in_plan_order():
 
 
 @pytest.mark.parametrize(("max_stack", "sizes"),
-                         [(1, [1] * 16), (3, [3, 3, 3, 3, 1, 1, 1, 1]), (64, [4] * 4)],
+                         [(1, [1] * 16), (3, [2] * 8), (64, [4] * 4)],
                          ids=["one-run-per-job", "chunks-of-3", "whole-groups"])
 def test_max_stack_chunks_each_group(max_stack, sizes):
     plan = grid()
@@ -96,6 +98,37 @@ def test_max_stack_chunks_each_group(max_stack, sizes):
     assert sorted(h for job in jobs for h in job.hashes) == sorted(r.hash for r in plan.runs)
     if max_stack == 1:
         assert [job.hashes[0] for job in jobs] == [r.hash for r in plan.runs], "the plan's order, run by run"
+
+
+@pytest.mark.parametrize(("n", "max_stack", "sizes"), [
+    (90, 64, [45, 45]), (91, 64, [46, 45]), (64, 64, [64]), (10, 3, [3, 3, 2, 2]), (5, 1, [1] * 5), (3, 64, [3]),
+], ids=["90-at-64", "91-at-64", "exactly-one", "10-at-3", "one-each", "under-the-cap"])
+def test_chunks_are_the_fewest_of_near_equal_size(n, max_stack, sizes):
+    members = list(range(100, 100 + n))
+    stacks = chunks(members, max_stack)
+    assert [len(c) for c in stacks] == sizes
+    assert [m for c in stacks for m in c] == members, "in order, every member once"
+
+
+def test_mad_seeds_and_equal_shapes_share_a_stack():
+    """``mad run --profile paper --seeds 3`` on in-context and noisy recall: each setting's 6 grid points and
+    3 seeds make one stack of 18; in-context recall at V=32 with noisy recall's baseline and frac_noise settings
+    (equal shapes, 90 runs) make two stacks of 45 under --max-stack 64."""
+    plan = mad_plan("transformer", "paper", seeds=3, device="cpu")
+    runs = [r for r in plan.runs if r.meta["task"] in ("mad/in_context_recall", "mad/noisy_recall")]
+    meta = {r.hash: r.meta for r in runs}
+    jobs = plan_jobs(runs)
+    assert sorted(len(job) for job in jobs) == [18] * 20 + [45, 45]
+    for job in jobs:
+        if len(job) == 18:
+            assert {(meta[h]["seed"], meta[h]["train_grid"]["lr"], meta[h]["train_grid"]["weight_decay"])
+                    for h in job.hashes} == {(s, lr, wd) for s in range(3) for lr in LRS for wd in WEIGHT_DECAYS}
+            assert len({meta[h]["setting"] for h in job.hashes}) == 1
+    merged = {(meta[h]["task"], meta[h]["setting"], meta[h]["seed"]) for job in jobs if len(job) == 45
+              for h in job.hashes}
+    assert merged == {(task, setting, s) for s in range(3) for task, setting in [
+        ("mad/in_context_recall", "vocab_size=32"), ("mad/noisy_recall", "baseline"),
+        *(("mad/noisy_recall", f"frac_noise={f}") for f in (0.4, 0.6, 0.8))]}
 
 
 def test_unbatchable_runs_are_jobs_of_their_own():
@@ -143,7 +176,7 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
     assert calls == [("alone", 1)] * 16
     calls.clear()
     chunked = run_sweep(plan, tmp_path / "chunked", SweepOptions(progress=False, max_stack=3))
-    assert calls == [("batched", 3)] * 4 + [("batched", 1)] * 4
+    assert calls == [("batched", 2)] * 8, "a group of 4 at max_stack 3: two stacks of 2, not 3 and 1"
     assert batched.ran == alone.ran == chunked.ran == 16
     reference = records(tmp_path / "alone")
     assert len(reference) == 16
@@ -190,7 +223,7 @@ def test_progress_bar_counts_runs(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("kwargs", "named"),
-    [({"max_stack": 0}, "max_stack"), ({"batch": False, "compile": True}, "compile"),
+    [({"max_stack": 0}, "max_stack"), ({"batch": False, "speed": "compile"}, "speed='compile'"),
      ({"backend": "slurm"}, "slurm"), ({"backend": "ray", "workers": 2}, "workers=2")],
     ids=["zero-max-stack", "compile-without-batch", "unknown-backend", "workers-with-ray"],
 )
@@ -217,7 +250,9 @@ def test_cli_passes_execution_options(tmp_path):
     assert "8 runs: 0 already done, 4 run now" in result.output
     result = invoke("sweep", str(spec), "--out", str(tmp_path / "a"), "--no-batch", "--no-progress")
     assert "8 runs: 4 already done, 4 run now" in result.output
-    for argv, named in [(["--max-stack", "0"], "max_stack"), (["--no-batch", "--compile"], "compile"),
+    for argv, named in [(["--max-stack", "0"], "max_stack"), (["--no-batch", "--compile"], "speed='compile'"),
+                        (["--no-batch", "--speed", "auto"], "speed='auto'"), (["--speed", "fast"], "unknown speed"),
+                        (["--speed", "eager", "--cuda-graph"], "contradicts"),
                         (["--address", "auto"], "--backend ray")]:
         result = invoke("sweep", str(spec), "--out", str(tmp_path / "b"), "--no-progress", *argv)
         assert isinstance(result.exception, ValueError) and named in str(result.exception), argv
