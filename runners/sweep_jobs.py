@@ -63,9 +63,9 @@ def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK,
               todo: Collection[str] | None = None) -> list[Job]:
     """Runs of equal ``job_key`` in plan order, in the fewest jobs of at most ``max_stack`` runs whose sizes
     differ by at most one (``engine.chunks``): a setting's grid, its seeds and the settings of equal shapes
-    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: packed tasks, Triton kernels) is
-    a job of its own. Jobs are ordered by their first run, so the first jobs hold the plan's first runs (its
-    first seeds).
+    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: RubiConv on Triton, the fla
+    baselines on packed tasks) is a job of its own. Jobs are ordered by their first run, so the first jobs hold
+    the plan's first runs (its first seeds).
 
     ``todo``: the hashes to train now; the other runs (finished ones) still take their places in the jobs, which
     then drop them, so a sweep run again forms the stacks it formed before, less their finished runs, and each
