@@ -7,7 +7,8 @@ labels) and ``runs/<hash>.json`` (one record per finished run); a folder of sing
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
      "acc_macro", "acc_micro", "test_ppl", "test_loss", "best_epoch", "steps", "n_params",
-     "at_end"}                                                                 # bool, see run_rows
+     "at_end",                                                                 # bool, see run_rows
+     "task_params"}                                                            # the config's, a dict
 
 Labels come from the manifest; a record it does not list (or a folder without one) gets labels derived from
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
@@ -56,6 +57,8 @@ MAD_TASK_NAMES = {
     "mad/selective_copy": "Selective Copy",
 }
 AVERAGE = "Average"
+# The task parameters a length figure puts on its x axis, in order of preference (plots.accuracy_vs_length).
+LENGTH_PARAMS = ("seq_len", "num_kv_pairs")
 # the labels of one cell of a grid sweep's summary: its best training point per seed, then over seeds
 GRID_CELL = ("task", "setting", "model", "model_grid")
 
@@ -282,7 +285,8 @@ def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None) ->
         row = {"hash": record["name"], **row_labels(meta or derived_meta(config)),
                "lr": train["lr"], "weight_decay": train["weight_decay"], "d_model": d_model,
                "init_seed": train["init_seed"], "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
-               "steps": record.get("steps"), "n_params": record.get("n_params"), "at_end": at_end}
+               "steps": record.get("steps"), "n_params": record.get("n_params"), "at_end": at_end,
+               "task_params": dict(config["task_params"])}
     except KeyError as exc:
         raise ValueError(f"not a run record (no {exc.args[0]!r})") from None
     except (TypeError, AttributeError) as exc:
@@ -336,6 +340,23 @@ def group_by(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> dict[tup
     for row in rows:
         groups.setdefault(tuple(row[k] for k in keys), []).append(row)
     return groups
+
+
+def varying_task_params(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The task parameters whose value differs between two rows of the same task, in first-appearance order."""
+    varying: dict[str, None] = {}
+    for group in group_by(rows, ("task",)).values():
+        for name in dict.fromkeys(k for r in group for k in r["task_params"]):
+            # JSON text: values may be lists (e.g. key_lengths), and a parameter a row lacks reads null
+            if len({json.dumps(r["task_params"].get(name), sort_keys=True) for r in group}) > 1:
+                varying[name] = None
+    return list(varying)
+
+
+def length_param(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The first of LENGTH_PARAMS that varies between runs of one task (``varying_task_params``), else None."""
+    varying = varying_task_params(rows)
+    return next((name for name in LENGTH_PARAMS if name in varying), None)
 
 
 def best_of_grid(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: str) -> list[dict[str, Any]]:

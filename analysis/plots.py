@@ -1,5 +1,5 @@
-"""Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width;
-per-model bars of a grid's metric and score groups.
+"""Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width and vs
+sequence length (or number of key-value pairs); per-model bars of a grid's metric and score groups.
 
 Bars and lines show the median over seeds with the interquartile range (seaborn's ``errorbar=("pi", 50)``),
 and the bars carry one dot per seed, so a single seed reads as a bar without a spread. The dots are not jittered:
@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402 - seaborn's own dependency
 import seaborn as sns  # noqa: E402
-from mixlab.analysis.aggregate import AVERAGE  # noqa: E402
+from mixlab.analysis.aggregate import AVERAGE, varying_task_params  # noqa: E402
 from mixlab.analysis.tables import MAD_ROWS  # noqa: E402
 
 IQR = ("pi", 50)
@@ -69,14 +69,58 @@ def accuracy_vs_width(best_rows: Sequence[Mapping[str, Any]], metric: str, path:
     if frame.empty:
         raise ValueError("no rows to plot")
     frame["panel"] = frame["task"] + " " + frame["setting"].where(frame["setting"] != "default", "")
-    grid = sns.relplot(frame, x="d_model", y=metric, hue="model", col="panel", kind="line", marker="o",
+    widths = sorted(frame["d_model"].unique())
+    return _line_panels(frame, "d_model", metric, {w: str(w) for w in widths}, "d_model", path, title)
+
+
+def accuracy_vs_length(best_rows: Sequence[Mapping[str, Any]], param: str, metric: str, path: str | Path,
+                       title: str = "") -> Path:
+    """Accuracy against the task parameter ``param`` (``aggregate.length_param``: seq_len or num_kv_pairs), one
+    line per model, one panel per (task, d_model); rows as for ``accuracy_vs_width``. What it draws:
+    ``length_frame``."""
+    frame, xlabel = length_frame(best_rows, param, metric)
+    ticks = dict(sorted(zip(frame[param], frame["tick"])))
+    return _line_panels(frame, param, metric, ticks, xlabel, path, title)
+
+
+def length_frame(best_rows: Sequence[Mapping[str, Any]], param: str, metric: str) -> tuple[pd.DataFrame, str]:
+    """The points ``accuracy_vs_length`` draws, one per best row whose task has ``param``: task, model, seed,
+    d_model, the metric, ``param``'s value, its tick label and the panel; and the x axis's label.
+
+    Another task parameter that varies with one value per value of ``param`` (Zoology's pairs scaled with the
+    length) is written under each tick (``64/4``, axis ``seq_len/num_kv_pairs``); one that varies otherwise
+    splits the panels, so that a line joins runs that differ in ``param`` alone.
+    """
+    rows = [r for r in best_rows if param in r["task_params"]]
+    if not rows:
+        raise ValueError(f"no rows with the task parameter {param!r} to plot")
+    others = [p for p in varying_task_params(rows) if p != param]
+    frame = pd.DataFrame([{"task": r["task"], "model": r["model"], "seed": r["seed"], "d_model": r["d_model"],
+                           metric: r[metric], param: r["task_params"][param],
+                           **{p: str(r["task_params"].get(p)) for p in others}} for r in rows])
+    # the models' colours in the sweep's order, as in the width figure, whatever the sort below puts first
+    frame["model"] = pd.Categorical(frame["model"], categories=list(dict.fromkeys(frame["model"])))
+    follow = [p for p in others if (frame.groupby(param)[p].nunique() == 1).all()]
+    split = [p for p in others if p not in follow]
+    frame = frame.sort_values(["task", "d_model", *split, param], kind="stable", ignore_index=True)
+    frame["tick"] = frame[[param, *follow]].astype(str).agg("/".join, axis=1)
+    frame["panel"] = frame["task"] + " d_model=" + frame["d_model"].astype(str)
+    for p in split:
+        frame["panel"] += f" {p}=" + frame[p]
+    return frame, "/".join([param, *follow])
+
+
+def _line_panels(frame: pd.DataFrame, x: str, metric: str, ticks: Mapping[Any, str], xlabel: str,
+                 path: str | Path, title: str) -> Path:
+    """The metric against ``x`` (log 2 axis, ``ticks``: value -> label), one line per model with its median and
+    IQR over the rows at each point, one panel per value of the frame's ``panel``."""
+    grid = sns.relplot(frame, x=x, y=metric, hue="model", col="panel", kind="line", marker="o",
                        estimator=np.median, errorbar=IQR, col_wrap=min(3, frame["panel"].nunique()),
                        height=3.5, aspect=1.2, facet_kws={"sharey": True})
-    widths = sorted(frame["d_model"].unique())
     for ax in grid.axes.flat:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(widths, [str(w) for w in widths])
-        ax.set(ylim=(0, 1.02), xlabel="d_model", ylabel=f"{metric} (median, IQR over seeds)")
+        ax.set_xticks(list(ticks), list(ticks.values()))
+        ax.set(ylim=(0, 1.02), xlabel=xlabel, ylabel=f"{metric} (median, IQR over seeds)")
     grid.set_titles("{col_name}")
     if title:
         grid.figure.suptitle(title, y=1.02)

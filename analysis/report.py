@@ -3,7 +3,8 @@
 A folder given is a sweep folder, or holds sweep folders (a collection such as ``reproductions/mad``), the
 records of single runs (``mixlab run --out``), or both (``find_folders``). MAD folders (one model each) share one
 MAD table and one per-task bar chart; every grid folder gets its own summary table and, when it varies d_model, an
-accuracy-against-width figure; every folder of single runs gets a table with one row per run. Files written::
+accuracy-against-width figure (else bars per model), and when it varies seq_len or num_kv_pairs, an
+accuracy-against-length figure; every folder of single runs gets a table with one row per run. Files written::
 
     report.md                     the tables (markdown) with links to the figures, and the verdicts of the
                                   papers' claims (analysis.claims: the MAD table's, a grid's reference.claims)
@@ -12,6 +13,7 @@ accuracy-against-width figure; every folder of single runs gets a table with one
     mad_tasks.png                 per-task bars, median and IQR over seeds, one dot per seed
     <sweep>_summary.csv           per grid folder: median / IQR / n over seeds of the best training point
     <sweep>_acc_vs_width.png      per grid folder that varies d_model
+    <sweep>_acc_vs_length.png     per grid folder that varies seq_len (else num_kv_pairs): a panel per width
     <sweep>_bars.png              per grid folder of one width: its metric and score groups per model
     <folder>_runs.csv             per folder of single runs: one row per run
 
@@ -34,6 +36,7 @@ from mixlab.analysis.aggregate import (
     SweepData,
     Unreadable,
     best_of_grid,
+    length_param,
     load_runs,
     load_sweep,
 )
@@ -226,20 +229,25 @@ def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]
                  "evaluation without stopping early (a longer budget could change them).", "",
                  table.markdown(), ""]
     sections += _claims_lines(data)
+    best = best_of_grid(data.rows, ("task", "setting", "model", "d_model", "seed"), data.metric)
     if len({r["d_model"] for r in data.rows}) > 1:
-        best = best_of_grid(data.rows, ("task", "setting", "model", "d_model", "seed"), data.metric)
         figure = plots.accuracy_vs_width(best, data.metric, out / f"{name}_acc_vs_width.png", title=name)
         written.append(figure)
         sections += [f"![{name}: accuracy against width]({figure.name})", ""]
     else:  # one width: bars of the metric and the score groups, per model
-        best = best_of_grid(data.rows, ("task", "setting", "model", "model_grid", "seed"), data.metric)
-        groups = sorted({k for r in best for k in r if k.startswith("acc_") and k not in METRIC_KEYS})
+        bars = best_of_grid(data.rows, ("task", "setting", "model", "model_grid", "seed"), data.metric)
+        groups = sorted({k for r in bars for k in r if k.startswith("acc_") and k not in METRIC_KEYS})
         papers = {(v["task"], v["model"]): v["value"] for v in data.spec.get("reference", {}).get("values", [])
                   if v.get("value") is not None}
-        figure = plots.grid_bars(best, [data.metric, *groups], out / f"{name}_bars.png", title=name,
+        figure = plots.grid_bars(bars, [data.metric, *groups], out / f"{name}_bars.png", title=name,
                                  references=papers)
         written.append(figure)
         sections += [f"![{name}: {data.metric} and score groups per model]({figure.name})", ""]
+    param = length_param(data.rows)
+    if param is not None:  # Zoology's other MQAR figure: the metric against the length, per width
+        figure = plots.accuracy_vs_length(best, param, data.metric, out / f"{name}_acc_vs_length.png", title=name)
+        written.append(figure)
+        sections += [f"![{name}: accuracy against {param}]({figure.name})", ""]
     return written
 
 

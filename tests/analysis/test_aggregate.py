@@ -13,11 +13,14 @@ from mixlab.analysis.aggregate import (
     best_of_grid,
     derived_meta,
     grid_summary,
+    length_param,
     load_sweep,
     mad_scores,
     run_rows,
     selected_metrics,
+    varying_task_params,
 )
+from mixlab.analysis.plots import length_frame
 from mixlab.analysis.report import write_report
 from mixlab.analysis.tables import REFERENCE, grid_table, mad_budget_table, mad_entry, mad_table, mad_text
 from mixlab.tasks.mad import mad_sweep_settings
@@ -102,6 +105,32 @@ def grid_dir(tmp_path):
                                   "model_grid": {"d_model": d}, "train_grid": {"lr": lr}, "seed": seed})
     spec = {"name": "widths", "description": "fixture width sweep", "metric": "acc_micro", "seeds": [0, 1, 2]}
     return write_sweep(tmp_path / "widths", records, manifest_for(records, metas, "grid", spec))
+
+
+def length_sweep(folder, points, widths=(32, 64)):
+    """A length sweep on MQAR: models a and b x d_model ``widths`` x (seq_len, num_kv_pairs) ``points`` x lr
+    {1e-3, 1e-2} x seeds 0-2. At the better lr (1e-2) model a scores 0.9 - seq_len / 1000 - pairs / 100 + d / 1000
+    + 0.01 * seed, model b 0.3 less; the worse lr 0.2 less."""
+    records, metas = [], []
+    for model, base in [("a", 0.9), ("b", 0.6)]:
+        for d in widths:
+            for seq_len, pairs in points:
+                for lr in (1e-3, 1e-2):
+                    for seed in range(3):
+                        acc = base - seq_len / 1000 - pairs / 100 + d / 1000 - (lr == 1e-3) * 0.2 + 0.01 * seed
+                        params = {"vocab_size": 64, "seq_len": seq_len, "num_kv_pairs": pairs}
+                        records.append(record(f"{model}-{d}-{seq_len}-{pairs}-{lr}-{seed}", "mqar", params, 1000,
+                                              [(3.0, acc)], lr=lr, seed=seed, model={"mixer": model, "d_model": d}))
+                        metas.append({"task": "mqar", "setting": f"seq_len={seq_len} num_kv_pairs={pairs}",
+                                      "model": model, "model_grid": {"d_model": d}, "train_grid": {"lr": lr},
+                                      "seed": seed})
+    spec = {"name": "lengths", "description": "fixture length sweep", "metric": "acc_micro", "seeds": [0, 1, 2]}
+    return write_sweep(folder, records, manifest_for(records, metas, "grid", spec))
+
+
+def length_best(folder):
+    rows = load_sweep(folder).rows
+    return rows, best_of_grid(rows, ("task", "setting", "model", "d_model", "seed"), "acc_micro")
 
 
 def test_selected_metrics_are_the_lowest_perplexity_epoch():
@@ -334,3 +363,48 @@ def test_grid_table_shows_score_groups_and_the_papers_values(grid_dir):
     assert "widths_bars.png" in written and "widths_acc_vs_width.png" not in written
     assert written["widths_bars.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "(widths_bars.png)" in written["report.md"].read_text()
+
+
+
+@pytest.mark.parametrize("points, varying, param, panel, tick, xlabel", [
+    # Zoology's layout: the pairs scale with the length, so they label the ticks
+    ([(32, 4), (64, 8), (128, 16)], ["seq_len", "num_kv_pairs"], "seq_len", "mqar d_model=64", "64/8",
+     "seq_len/num_kv_pairs"),
+    # pairs crossed with the lengths split the panels, so that a line varies the length alone
+    ([(32, 4), (64, 4), (32, 8), (64, 8)], ["seq_len", "num_kv_pairs"], "seq_len", "mqar d_model=64 num_kv_pairs=8",
+     "64", "seq_len"),
+    ([(64, 4), (64, 8)], ["num_kv_pairs"], "num_kv_pairs", "mqar d_model=64", "8", "num_kv_pairs"),
+], ids=["pairs-scaled", "pairs-crossed", "pairs-only"])
+def test_length_frame_holds_the_best_lr_per_seed_against_the_varying_length(tmp_path, points, varying, param, panel,
+                                                                           tick, xlabel):
+    rows, best = length_best(length_sweep(tmp_path / "lengths", points))
+    assert varying_task_params(rows) == varying and length_param(rows) == param
+    frame, label = length_frame(best, param, "acc_micro")
+    assert label == xlabel and len(frame) == 2 * 2 * len(points) * 3  # models x widths x points x seeds
+    panels = list(dict.fromkeys(frame["panel"]))
+    assert panel in panels and len(panels) == (4 if "num_kv_pairs=" in panel else 2)
+    assert panels[0].startswith("mqar d_model=32")  # panels by width, narrowest first
+    # model b, d_model 64, seq_len 64 with 8 pairs, lr 1e-2: 0.6 - 0.064 - 0.08 + 0.064 + 0.01 * seed
+    point = frame[(frame["model"] == "b") & (frame["panel"] == panel) & (frame[param] == (8 if "pairs" in param
+                                                                                        else 64))]
+    assert sorted(point["acc_micro"]) == pytest.approx([0.52, 0.53, 0.54]) and sorted(point["seed"]) == [0, 1, 2]
+    assert set(point["tick"]) == {tick} and list(frame["model"].cat.categories) == ["a", "b"]
+
+
+def test_no_length_figure_without_a_varying_length(grid_dir):
+    rows = load_sweep(grid_dir).rows
+    assert varying_task_params(rows) == [] and length_param(rows) is None
+    with pytest.raises(ValueError, match="'seq_len'"):
+        length_frame(rows, "seq_len", "acc_micro")
+
+
+@pytest.mark.parametrize("widths, width_figure", [((32, 64), "lengths_acc_vs_width.png"), ((32,), "lengths_bars.png")],
+                         ids=["widths", "one-width"])
+def test_report_draws_accuracy_against_length_beside_the_width_figure(tmp_path, widths, width_figure):
+    folder = length_sweep(tmp_path / "lengths", [(32, 4), (64, 8)], widths)
+    written = {p.name: p for p in write_report([folder])}
+    assert set(written) == {"report.md", "lengths_summary.csv", width_figure, "lengths_acc_vs_length.png"}
+    data = written["lengths_acc_vs_length.png"].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    report = written["report.md"].read_text()
+    assert f"({width_figure})\n\n![lengths: accuracy against seq_len](lengths_acc_vs_length.png)" in report
