@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import os
+import signal
 
 import pytest
 import torch
@@ -11,6 +12,12 @@ import torch
 # Triton backend then runs in the interpreter (kernel tests at small shapes).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A shell without job control starts background commands with SIGINT ignored, and Python keeps an ignored
+# SIGINT ignored: the tests that stop a sweep or a stack with SIGINT (and the sweeps they start in child
+# processes, which inherit the disposition) would then run to the end. Ctrl-C is restored here, so they test
+# the code and not how the suite was started.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 EXAMPLE_PLUGIN = "mixlab-maxpool"
 
