@@ -1,9 +1,10 @@
 """Accuracy of a trained model on packed associative retrieval by query kind and by the query's distance from its
 document start (docs/packed.md).
 
-A leaky mixer fails where the previous document is near: an absent-key query (answer NONE) early in a document
-sits close to the previous document's copy of its key. Reading accuracy by distance separates that failure from a
-model that has not learnt retrieval at all, which fails at every distance.
+Where does a leaky mixer fail? An absent-key query (answer NONE) early in a document sits close to the previous
+document's copy of its key, so a leak might show there; a query late in a long document has more pairs, its own
+and the other documents', to pick among. Reading accuracy by distance tells these apart (at CPU size the leaky
+Hyena's deficit grew with distance: reproductions/packed/NOTES.md).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ For each model, trains the preset's packed associative-retrieval run of that lea
 checkpoint saved (``runners.train.train_run(save=True)``: the same config, so the same record as the sweep's;
 a checkpoint already in ``--saved`` is reused), then reads the saved model's test accuracy per kind (present
 key, absent key answered NONE) and distance bin (``analysis.packed_queries.accuracy_by_distance``). A leak from
-the previous document would show where that document is nearest, at small distances; a model that retrieves
-badly fails at every distance. Writes one CSV row per model, kind and bin, and prints them as a table.
+the previous document might show where it is nearest (small distances) or grow with the pairs a far query picks
+among. Writes one CSV row per model, kind and bin, and prints them as a table.
 """
 
 from __future__ import annotations
