@@ -54,6 +54,12 @@ def is_batched(x: torch.Tensor) -> bool:
     return torch._C._functorch.is_batchedtensor(x)
 
 
+def in_transform() -> bool:
+    """True inside a torch.func transform (vmap, grad), also on plain tensors (a custom op's vmap rule runs with
+    vmap still active): an autograd.Function cannot run there, a custom op with registered autograd can."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def per_run_vmap(op):
     """A vmap rule for a custom op whose weights are each run's own (so the runs cannot fold into the op's
     batch): ``op`` (the op, or any function of its arguments) once per run on that run's slices, outputs
@@ -139,7 +145,7 @@ class TritonOp:
 
     def __call__(self, *args) -> torch.Tensor:
         """args: (*inputs, cu_seqlens, residual), checked by the public op."""
-        if torch.compiler.is_compiling() or is_batched(args[0]):
+        if torch.compiler.is_compiling() or in_transform():
             return self.op(*args)
         return self.function.apply(*args)
 

@@ -385,6 +385,6 @@ class _CausalAttention(torch.autograd.Function):
 
 def causal_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q, k, v: [B, H, T, hd] (checked by the public op) -> o: [B, H, T, hd] in q's dtype."""
-    if torch.compiler.is_compiling() or tu.is_batched(q):
+    if torch.compiler.is_compiling() or tu.in_transform():
         return _fwd_op(q, k, v, scale)[0]
     return _CausalAttention.apply(q, k, v, scale)[0]

@@ -12,7 +12,7 @@ from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import HAS_TRITON
 from mixlab.kernels.rubiconv.gemm import MAX_BLOCK, MIN_BLOCK, PRECISIONS, get_plan, rubiconv_gemm
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
-from mixlab.kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton
+from mixlab.kernels.rubiconv.triton import _rubi_spectrum_kernel, rubiconv_triton, rubiconv_triton_in_transform
 from mixlab.kernels.utils import RUBICONV_BACKENDS, TRITON_OPS, check_cu_seqlens, check_tensor
 
 if HAS_TRITON:
@@ -87,5 +87,7 @@ def rubiconv(
     if tu.use_triton(backend, "rubiconv", _rubi_spectrum_kernel, x, h):
         if block is not None and (block & (block - 1) or not MIN_BLOCK <= block <= MAX_BLOCK):
             raise ValueError(f"backend='triton' takes a power-of-two block in [16, 512], got {block}")
+        if tu.in_transform():  # a stacked run's call from the per-run vmap rule: the custom op
+            return rubiconv_triton_in_transform(x, h, cu_seqlens, block, precision)
         return rubiconv_triton(x, h, get_plan(cu_seqlens, B, T, h.shape[1], block, x.device), precision)
     return rubiconv_ref(x, h, cu_seqlens=cu_seqlens)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
-from mixlab.kernels.rubiconv.gemm import RubiPlan
+from mixlab.kernels.rubiconv.gemm import RubiPlan, get_plan
 from mixlab.kernels.utils import host_to_device
 
 # F_k-stage modes (module docstring); constexpr globals so the kernel can compare against them
@@ -466,40 +466,90 @@ def _filter_spectra(h: torch.Tensor, plan: RubiPlan, t: dict) -> torch.Tensor:
     return _spectrum(MODE_SPECTRUM, _block_fwd(taps, plan, t, filters=True), plan, t)
 
 
+def _forward(x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, t: dict) -> tuple[torch.Tensor, ...]:
+    """x: [B, T, D], h: [D, L_F] -> y [B, T, D], and for the backward x's block spectra zx and h's spectra hs."""
+    D = x.shape[2]
+    x = x.contiguous()
+    hs = _filter_spectra(h, plan, t)
+    zx = _block_fwd(x.view(-1, D), plan, t, filters=False)
+    y = tu.empty(x.shape, x.dtype, x.device)
+    _block_inv(_spectrum(MODE_CONV, zx, plan, t, hs=hs), plan, t, y.view(-1, D), reduce=False)
+    return y, zx, hs
+
+
+def _backward(dy: torch.Tensor, zx: torch.Tensor | None, hs: torch.Tensor, h: torch.Tensor, plan: RubiPlan,
+              t: dict, need_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, T, D] -> dx (dy's dtype; None unless ``need_dx``) and dh (h's shape and dtype; None without zx)."""
+    D = dy.shape[2]
+    dy = dy.contiguous()
+    zg = _block_fwd(dy.view(-1, D), plan, t, filters=False)
+    dx = dh = None
+    if need_dx:
+        dx = tu.empty(dy.shape, dy.dtype, dy.device)
+        _block_inv(_spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True), plan, t, dx.view(-1, D), False)
+    if zx is not None:
+        dh_taps = tu.empty((plan.max_taps, D), torch.float32, dy.device)
+        _block_inv(_spectrum(MODE_CORRELATE, zg, plan, t, zx=zx), plan, t, dh_taps, reduce=True)
+        dh = dy.new_zeros(h.shape, dtype=h.dtype)
+        dh[:, : plan.max_taps] = dh_taps.T
+    return dx, dh
+
+
 class RubiConvTriton(torch.autograd.Function):
     """y = rubiconv(x, h) on a plan; backward gives dx (x's dtype) and dh (h's dtype)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, precision: str) -> torch.Tensor:
-        D = x.shape[2]
         t = _tables(plan, precision)
-        x = x.contiguous()
-        hs = _filter_spectra(h, plan, t)
-        zx = _block_fwd(x.view(-1, D), plan, t, filters=False)
-        y = tu.empty(x.shape, x.dtype, x.device)
-        _block_inv(_spectrum(MODE_CONV, zx, plan, t, hs=hs), plan, t, y.view(-1, D), reduce=False)
-        ctx.plan, ctx.t, ctx.h_meta = plan, t, (h.shape, h.dtype)
-        ctx.save_for_backward(zx if ctx.needs_input_grad[1] else None, hs)
+        y, zx, hs = _forward(x, h, plan, t)
+        ctx.plan, ctx.t = plan, t
+        ctx.save_for_backward(zx if ctx.needs_input_grad[1] else None, hs, h)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        zx, hs = ctx.saved_tensors
-        plan, t = ctx.plan, ctx.t
-        D = dy.shape[2]
-        dy = dy.contiguous()
-        zg = _block_fwd(dy.view(-1, D), plan, t, filters=False)
-        dx = dh = None
-        if ctx.needs_input_grad[0]:
-            dx = tu.empty(dy.shape, dy.dtype, dy.device)
-            _block_inv(_spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True), plan, t, dx.view(-1, D), False)
-        if ctx.needs_input_grad[1]:
-            h_shape, h_dtype = ctx.h_meta
-            dh_taps = tu.empty((plan.max_taps, D), torch.float32, dy.device)
-            _block_inv(_spectrum(MODE_CORRELATE, zg, plan, t, zx=zx), plan, t, dh_taps, reduce=True)
-            dh = dy.new_zeros(h_shape, dtype=h_dtype)
-            dh[:, : plan.max_taps] = dh_taps.T
+        zx, hs, h = ctx.saved_tensors
+        dx, dh = _backward(dy, zx, hs, h, ctx.plan, ctx.t, ctx.needs_input_grad[0])
         return dx, dh, None, None
+
+
+# Inside torch.func transforms (a stacked run's call from a per-run vmap rule, kernels.triton_utils.per_run) an
+# autograd.Function cannot run, so there the same launchers go through a custom op whose autograd is registered.
+# The op takes the offsets, not the plan (a custom op takes tensors and plain values): get_plan's cache finds it.
+@torch.library.custom_op("mixlab::rubiconv_triton", mutates_args=())
+def _rubiconv_op(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None,
+                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = _op_plan(x.shape, h.shape[1], cu_seqlens, block, x.device)
+    return _forward(x, h, plan, _tables(plan, precision))
+
+
+@torch.library.custom_op("mixlab::rubiconv_triton_bwd", mutates_args=())
+def _rubiconv_bwd_op(dy: torch.Tensor, zx: torch.Tensor, hs: torch.Tensor, h: torch.Tensor,
+                     cu_seqlens: torch.Tensor | None, block: int | None,
+                     precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = _op_plan(dy.shape, h.shape[1], cu_seqlens, block, dy.device)
+    return _backward(dy, zx, hs, h, plan, _tables(plan, precision), need_dx=True)
+
+
+def _op_plan(shape: torch.Size, L_F: int, cu_seqlens: torch.Tensor | None, block: int | None,
+             device: torch.device) -> RubiPlan:
+    return get_plan(cu_seqlens, shape[0], shape[1], L_F, block, device)
+
+
+def _op_setup(ctx, inputs: tuple, output: tuple) -> None:
+    x, h, cu_seqlens, block, precision = inputs
+    _, zx, hs = output
+    ctx.save_for_backward(zx, hs, h, cu_seqlens)
+    ctx.block, ctx.precision = block, precision
+
+
+def _op_backward(ctx, dy: torch.Tensor, _dzx: torch.Tensor, _dhs: torch.Tensor) -> tuple:
+    zx, hs, h, cu_seqlens = ctx.saved_tensors
+    dx, dh = _rubiconv_bwd_op(dy, zx, hs, h, cu_seqlens, ctx.block, ctx.precision)
+    return dx, dh, None, None, None
+
+
+_rubiconv_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 def rubiconv_triton(
@@ -507,3 +557,10 @@ def rubiconv_triton(
 ) -> torch.Tensor:
     """x: [B, T, D] float16/bfloat16/float32, h: [D, L_F] -> y: [B, T, D] in x's dtype (inputs checked)."""
     return RubiConvTriton.apply(x, h, plan, precision)
+
+
+def rubiconv_triton_in_transform(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None,
+                                 block: int | None, precision: str = "fp32") -> torch.Tensor:
+    """As ``rubiconv_triton`` with the plan of ``get_plan(cu_seqlens, B, T, L_F, block)``, for calls on plain
+    tensors inside torch.func transforms (``tu.in_transform``); x not itself batched."""
+    return _rubiconv_op(x, h, cu_seqlens, block, precision)[0]
