@@ -25,9 +25,10 @@ TASK = "packed/associative_retrieval"
 EDGES = (0, 4, 8, 16, 32, 64)
 
 
-def saved_run(preset: str, model: str, lr: float, seed: int, saved: Path) -> Path:
-    """The checkpoint of the preset's retrieval run of ``model`` at ``lr`` and ``seed``, trained if missing."""
-    runs = [r for r in load_spec(preset).plan().runs if r.meta["task"] == TASK and r.meta["model"] == model
+def saved_run(preset: str, model: str, lr: float, seed: int, saved: Path, device: str | None = None) -> Path:
+    """The checkpoint of the preset's retrieval run of ``model`` at ``lr`` and ``seed``, trained if missing;
+    ``device`` as the sweep's ``--device`` (part of the run's config, so of its name)."""
+    runs = [r for r in load_spec(preset).plan(device=device).runs if r.meta["task"] == TASK and r.meta["model"] == model
             and r.meta["seed"] == seed and r.config.train.lr == lr]
     if len(runs) != 1:
         raise SystemExit(f"{preset} has {len(runs)} {TASK} runs of model {model!r} at lr {lr} and seed {seed}")
@@ -45,10 +46,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--saved", type=Path, required=True, help="folder for the runs' records and checkpoints")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write")
+    parser.add_argument("--device", help="as the sweep's --device (default: the preset's)")
+    parser.add_argument("--edges", default=",".join(map(str, EDGES)),
+                        help="distance bin edges, comma-separated (full size: 0,4,8,16,32,64,128,256,512,1024)")
     args = parser.parse_args()
+    edges = tuple(int(e) for e in args.edges.split(","))
     rows, bins = [], []
     for model in args.models.split(","):
-        table = checkpoint_accuracy_by_distance(saved_run(args.preset, model, args.lr, args.seed, args.saved), EDGES)
+        saved = saved_run(args.preset, model, args.lr, args.seed, args.saved, args.device)
+        table = checkpoint_accuracy_by_distance(saved, edges, device=args.device or "cpu")
         bins = table["bins"]
         rows += [{"model": model, "lr": args.lr, "seed": args.seed, "kind": kind, "distance": label,
                   "accuracy": acc, "n": n}

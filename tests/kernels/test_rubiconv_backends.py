@@ -311,3 +311,28 @@ def test_bad_inputs_raise(kwargs, message):
 def test_triton_refuses_float64():
     with pytest.raises(ValueError, match="float64"):
         kernels.rubiconv(_X.double(), torch.ones(4, 3, device=DEVICE).double(), backend="triton")
+
+
+def test_triton_under_vmap_runs_once_per_run_bitwise(poisoned_outputs):
+    """Stacked runs with their own layouts (runners.engine): the per-run vmap rule calls the Triton path on plain
+    tensors while vmap is active, through its custom op, so outputs and gradients equal each run alone bitwise."""
+    gen = torch.Generator().manual_seed(9)
+    N, B, T, D, L_F = 2, 2, 24, 3, 30
+    cu = torch.stack([_cu([[5, 19], [10, 14]], T), _cu([[1, 0, 23], [24]], T)])  # [N, 5], an empty document
+    x, h = _randn(gen, N, B, T, D).float().requires_grad_(), _randn(gen, N, D, L_F).float().requires_grad_()
+    up = _randn(gen, N, B, T, D).float()
+    y = torch.func.vmap(lambda xs, hs, c: kernels.rubiconv(xs, hs, cu_seqlens=c, block=16, backend="triton"))(x, h, cu)
+    dx, dh = torch.autograd.grad(y, [x, h], up)
+    for n in range(N):
+        xn, hn = x[n].detach().requires_grad_(), h[n].detach().requires_grad_()
+        yn = kernels.rubiconv(xn, hn, cu_seqlens=cu[n], block=16, backend="triton")
+        assert torch.equal(y[n], yn)
+        for got, want in zip((dx[n], dh[n]), torch.autograd.grad(yn, [xn, hn], up[n])):
+            assert torch.equal(got, want)
+
+
+def test_triton_custom_op_schema_and_autograd(poisoned_outputs):
+    gen = torch.Generator().manual_seed(10)
+    x, h = _randn(gen, 2, 16, 3).float().requires_grad_(), _randn(gen, 3, 20).float().requires_grad_()
+    torch.library.opcheck(rubiconv_triton._rubiconv_op, (x, h, _cu([[4, 12], [16]], 16), 16, "fp32"),
+                          test_utils=("test_schema", "test_autograd_registration"))
