@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import signal
 import sys
 from importlib.metadata import version
 
@@ -204,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors and exit status 2 for bad input, 130 for Ctrl-C."""
     debug = os.environ.get("MIXLAB_DEBUG") == "1"
     args = sys.argv[1:] if argv is None else list(argv)
+    # SIGTERM (kill, timeout's default, batch schedulers) stops as Ctrl-C does: a stack writes its checkpoint, a
+    # sweep ends its workers, which write theirs, and says how to resume. A shell without job control starts
+    # background commands with SIGINT ignored, so there SIGTERM is the signal that can stop them cleanly.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         # Without standalone mode click returns (not raises) the status of typer.Exit and of Ctrl-C (130).
         code = app(args=args, prog_name="mixlab", standalone_mode=False)

@@ -37,8 +37,8 @@ CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
 GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
 RETRIES_HELP = "Ray: times a job whose worker died is run again."
 CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
-                         "evaluation; negative: none), also written on Ctrl-C or SIGINT (timeout -s INT): the same "
-                         "command run again goes on from them to the same records.")
+                         "evaluation; negative: none), also written on Ctrl-C, SIGINT or SIGTERM (timeout, kill): the "
+                         "same command run again goes on from them to the same records.")
 CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
                      "seeing only its own (at least one worker per device).")
 

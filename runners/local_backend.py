@@ -70,6 +70,8 @@ def _init_worker(threads: int, parent: int, device_ids: Sequence[str] | None = N
                  started: Synchronized | None = None) -> None:
     # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # started with the parent's stop signals blocked (_sigint_held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     # tqdm's default lock is a multiprocessing semaphore, registered with the resource tracker that the workers
     # share with the parent: a worker ended mid-run would leave it registered, and the tracker would warn of a
     # leaked semaphore when the sweep exits. A worker's bars are off; a thread lock is all it needs.
@@ -114,16 +116,22 @@ def run_in_worker(job: Job, runs_dir: str, engine: dict[str, Any]) -> int:
     raise JobOutOfMemory(message)
 
 
+# The signals that stop a sweep: Ctrl-C, and SIGTERM, which the CLI turns into the same KeyboardInterrupt
+# (runners.cli.main; kill, timeout and batch schedulers send it).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 @contextlib.contextmanager
 def _sigint_held() -> Iterator[None]:
-    """SIGINT held back (blocked) in this thread inside the block, delivered when it ends. A worker started
-    inside inherits the mask, so a Ctrl-C at the terminal cannot kill it with a traceback before its
-    initializer ignores SIGINT; and a second Ctrl-C cannot break off the pool's cleanup, leaving workers
-    running and a traceback from inside concurrent.futures."""
+    """SIGINT and SIGTERM held back (blocked) in this thread inside the block, delivered when it ends. A worker
+    started inside inherits the mask, so a Ctrl-C at the terminal cannot kill it with a traceback before its
+    initializer ignores SIGINT (and unblocks SIGTERM, by which the pool ends it); and a second stop signal
+    cannot break off the pool's cleanup, leaving workers running and a traceback from inside
+    concurrent.futures."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:

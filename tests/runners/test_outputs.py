@@ -144,7 +144,7 @@ def wait_until(condition, proc, what):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("whom", ["sweep-process", "process-group"])
+@pytest.mark.parametrize("whom", ["sweep-process", "process-group", "sigterm"])
 def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, whom):
     spec, out = tmp_path / "tiny.yaml", tmp_path / "out"
     spec.write_text(yaml.safe_dump(TINY_SWEEP))
@@ -156,6 +156,8 @@ def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, wh
         wait_until(lambda: finished_hashes(out), proc, "a record")
         if whom == "sweep-process":
             proc.send_signal(signal.SIGINT)
+        elif whom == "sigterm":  # kill, timeout's default, a batch scheduler: as Ctrl-C
+            proc.send_signal(signal.SIGTERM)
         else:  # what Ctrl-C in a terminal does: every process of the foreground group gets SIGINT
             os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate()  # a sweep that ignored Ctrl-C ends too, with status 0
