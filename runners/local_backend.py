@@ -70,7 +70,7 @@ def _init_worker(threads: int, parent: int, device_ids: Sequence[str] | None = N
                  started: Synchronized | None = None) -> None:
     # The parent handles Ctrl-C and ends the workers; a worker ended mid-run has not written its record.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):  # started with the parent's stop signals blocked (_sigint_held)
+    if hasattr(signal, "pthread_sigmask"):  # started with the parent's stop signals blocked (_stop_signals_held)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     # tqdm's default lock is a multiprocessing semaphore, registered with the resource tracker that the workers
     # share with the parent: a worker ended mid-run would leave it registered, and the tracker would warn of a
@@ -122,7 +122,7 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextlib.contextmanager
-def _sigint_held() -> Iterator[None]:
+def _stop_signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back (blocked) in this thread inside the block, delivered when it ends. A worker
     started inside inherits the mask, so a Ctrl-C at the terminal cannot kill it with a traceback before its
     initializer ignores SIGINT (and unblocks SIGTERM, by which the pool ends it); and a second stop signal
@@ -164,7 +164,7 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
     alone: set[concurrent.futures.Future] = set()
 
     def start(job: Job) -> concurrent.futures.Future:
-        with _sigint_held():  # the pool may start a worker here
+        with _stop_signals_held():  # the pool may start a worker here
             future = executor.submit(run, job, str(runs_dir), engine)
         in_flight[future] = job
         return future
@@ -199,7 +199,7 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
                 submit(1)
     except BaseException:
         # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
-        with _sigint_held():
+        with _stop_signals_held():
             executor.shutdown(wait=False, cancel_futures=True)
             children = set(multiprocessing.active_children()) - before
             for child in children:

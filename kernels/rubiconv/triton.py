@@ -519,7 +519,7 @@ class RubiConvTriton(torch.autograd.Function):
 @torch.library.custom_op("mixlab::rubiconv_triton", mutates_args=())
 def _rubiconv_op(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None,
                  precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan = _op_plan(x.shape, h.shape[1], cu_seqlens, block, x.device)
+    plan = get_plan(cu_seqlens, x.shape[0], x.shape[1], h.shape[1], block, x.device)
     return _forward(x, h, plan, _tables(plan, precision))
 
 
@@ -527,13 +527,8 @@ def _rubiconv_op(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | No
 def _rubiconv_bwd_op(dy: torch.Tensor, zx: torch.Tensor, hs: torch.Tensor, h: torch.Tensor,
                      cu_seqlens: torch.Tensor | None, block: int | None,
                      precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    plan = _op_plan(dy.shape, h.shape[1], cu_seqlens, block, dy.device)
+    plan = get_plan(cu_seqlens, dy.shape[0], dy.shape[1], h.shape[1], block, dy.device)
     return _backward(dy, zx, hs, h, plan, _tables(plan, precision), need_dx=True)
-
-
-def _op_plan(shape: torch.Size, L_F: int, cu_seqlens: torch.Tensor | None, block: int | None,
-             device: torch.device) -> RubiPlan:
-    return get_plan(cu_seqlens, shape[0], shape[1], L_F, block, device)
 
 
 def _op_setup(ctx, inputs: tuple, output: tuple) -> None:

@@ -31,10 +31,10 @@ def make_config(mixer: str, qkv_conv: str = "none") -> ModelConfig:
                        max_seq_len=16, qkv_conv=qkv_conv, conv_width=4, conv_rank=4, conv_head_size=4)
 
 
-def make_mixer(mixer: str, qkv_conv: str = "none") -> nn.Module:
+def make_mixer(mixer: str, qkv_conv: str = "none", backend: str | None = None) -> nn.Module:
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return MIXERS[mixer](make_config(mixer, qkv_conv), 0)
+        return MIXERS[mixer](dataclasses.replace(make_config(mixer, qkv_conv), kernel_backend=backend), 0)
 
 
 BLIND_CASES = [case for case in CASES if not MIXERS[case.values[0]].leaks_across_documents]
@@ -303,21 +303,19 @@ def test_empty_documents_change_no_output_or_gradient(name, qkv_conv):
             assert torch.equal(got, want)
 
 
-STACKED_DOC_CASES = [c for c in CASES if MIXERS[c.values[0]].stacks_with_documents] + [
+STACKED_DOC_CASES = [pytest.param(*c.values, None, id=c.id) for c in CASES
+                     if MIXERS[c.values[0]].stacks_with_documents] + [
     # the Triton kernels called from the per-run vmap rules, where vmap is still active (kernels.triton_utils)
     pytest.param(name, "none", "triton", id=f"{name}-triton") for name in ("attention", "rubiconv", "hyena")
 ]
 
 
-@pytest.mark.parametrize(("name", "qkv_conv", "backend"), [
-    c if len(c.values) == 3 else pytest.param(*c.values, None, id=c.id) for c in STACKED_DOC_CASES])
+@pytest.mark.parametrize(("name", "qkv_conv", "backend"), STACKED_DOC_CASES)
 def test_stacked_runs_with_their_own_layouts_match_each_run(name, qkv_conv, backend):
     """Under vmap each run's own cu_seqlens [N, n + 1] reaches the mixer batched (runners.engine): outputs and
     gradients per run as the run alone (per-run ops: document attention, RubiConv), up to the rounding of
     batched matmuls and FFTs (tests/runners/test_engine.py checks the records bitwise where they are)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        mixer = MIXERS[name](dataclasses.replace(make_config(name, qkv_conv), kernel_backend=backend), 0)
+    mixer = make_mixer(name, qkv_conv, backend)
     names = [n for n, _ in mixer.named_parameters()]
     params = {n: torch.stack([p.detach(), p.detach() * 0.5]).requires_grad_() for n, p in mixer.named_parameters()}
     x, up = randn(2, B, T, D).requires_grad_(), randn(2, B, T, D, seed=1)
