@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from mixlab import kernels
 from mixlab.models.config import ModelConfig
-from mixlab.models.layers import Block, RMSNorm, sincos_embedding
+from mixlab.models.layers import Block, Linear, RMSNorm, sincos_embedding
 from mixlab.models.mixers import layer_mixers, resolve_mixer
 from torch import nn
 
@@ -73,7 +73,7 @@ class LanguageModel(_BlockStack):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=config.proj_bias)
+        self.head = Linear(config.d_model, config.vocab_size, bias=config.proj_bias)
         init_weights(self, config)
 
     def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None,
@@ -97,9 +97,9 @@ class CompressionAutoencoder(_BlockStack):
         super().__init__(config)
         d, eps = config.d_model, config.norm_eps
         self.decoder = nn.Sequential(
-            RMSNorm(d, eps), nn.Linear(d, d), nn.GELU(),
-            RMSNorm(d, eps), nn.Linear(d, d), nn.GELU(),
-            RMSNorm(d, eps), nn.Linear(d, config.vocab_size),
+            RMSNorm(d, eps), Linear(d, d), nn.GELU(),
+            RMSNorm(d, eps), Linear(d, d), nn.GELU(),
+            RMSNorm(d, eps), Linear(d, config.vocab_size),
         )
         init_weights(self, config)
 

@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.attention.triton import MAX_HEAD_DIM
 from mixlab.kernels.triton_utils import TRITON_DTYPES, per_run
-from mixlab.models.layers import Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
+from mixlab.models.layers import Linear, Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
 from mixlab.models.mixers.short_conv import check_conv_unit, make_conv_unit
-from torch import nn
 
 # Runs stacked under ``torch.func.vmap`` (``models.layers.stacked_runs``) call ``causal_sdpa_stacked``, whose vmap
 # rule folds the run axis into the batch axis and calls the fused kernels on plain tensors, instead of the fused
@@ -122,11 +121,11 @@ class Attention(Mixer):
         self.head_dim = config.d_model // config.n_heads
         self.rope_base = config.rope_base
         self.backend = config.kernel_backend
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.proj_bias)
+        self.qkv = Linear(config.d_model, 3 * config.d_model, bias=config.proj_bias)
         self.qkv_conv = None
         if config.qkv_conv != "none":
             self.qkv_conv = make_conv_unit(config.qkv_conv, config, 3 * config.d_model)
-        self.out = nn.Linear(config.d_model, config.d_model, bias=config.proj_bias)
+        self.out = Linear(config.d_model, config.d_model, bias=config.proj_bias)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape

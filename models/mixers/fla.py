@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.utils import BACKENDS
-from mixlab.models.layers import Mixer, MixerConfig, RMSNorm, apply_rope, rope_cos_sin
+from mixlab.models.layers import Linear, Mixer, MixerConfig, RMSNorm, apply_rope, rope_cos_sin
 from mixlab.models.mixers.fla_ops import fla_available, kernel_op_name, linear_attention, load_fla, require_fla
 from torch import nn
 
@@ -135,7 +135,7 @@ class GatedLinearAttention(FlaMixer):
         d, dk = config.d_model, config.d_model // 2
         self.qkvg = nn.Linear(d, 2 * dk + 2 * d, bias=False)  # q, k, v, output gate
         self.split = (dk, dk, d, d)
-        self.forget = nn.Sequential(nn.Linear(d, GLA_GATE_RANK, bias=False), nn.Linear(GLA_GATE_RANK, dk))
+        self.forget = nn.Sequential(nn.Linear(d, GLA_GATE_RANK, bias=False), Linear(GLA_GATE_RANK, dk))
         self.out_norm = GatedHeadNorm(d // config.n_heads, config.norm_eps)
         self.out = nn.Linear(d, d, bias=False)
 

@@ -21,6 +21,13 @@ the recurrence for GLA, the chunked forms for simple_gla, retention and the gate
 form for Based. They take no ``cu_seqlens``: every document is copied into its own zero-padded row
 (``per_document``), so a document's outputs are exactly independent of the others.
 
+fla-core 0.6 refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`` with a per-token gate) on
+Hopper GPUs with Triton 3.4 to 3.7.0, which compute it wrongly there (fla's issue #640), unless tilelang is
+installed (``gated_backward_refused``). Two ops need that kernel: simple_gla then runs on fla's GLA kernel with
+its scalar gate broadcast over the key channels (the same recurrence, and GLA's kernels do not use the refused
+one), and the gated delta rule, which has no such twin, takes the torch path on CUDA under auto (an explicit
+"triton" says why it cannot). Retention's fixed decay is not a per-token gate and keeps its kernel.
+
 fla-core is optional (``pip install 'mixlab[baselines]'``); ``require_fla`` says so in one line.
 """
 
@@ -78,7 +85,8 @@ def _fla():
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
-    kernels.utils.TRITON_OPS.update(KERNEL_OPS)
+    kernels.utils.TRITON_OPS.update(op for op in KERNEL_OPS if op != kernel_op_name("gated_delta_rule")
+                                    or not gated_backward_refused())
     return {
         "kernels": {
             "gla": gla.chunk_gla,
@@ -94,6 +102,17 @@ def _fla():
             "based": naive_parallel_based,
         },
     }
+
+
+@functools.cache
+def gated_backward_refused() -> bool:
+    """Whether fla-core refuses its gated ``chunk_bwd_dqkwg`` here (module docstring): fla's own condition, read
+    from its flags (a Hopper GPU and Triton >= 3.4, < 3.7.1), with tilelang, its workaround, not installed."""
+    import fla.utils
+
+    flags = (getattr(fla.utils, name, False) for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0"))
+    return all(flags) and not getattr(fla.utils, "TRITON_ABOVE_3_7_1", True) \
+        and importlib.util.find_spec("tilelang") is None
 
 
 def load_fla() -> None:
@@ -166,6 +185,9 @@ def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         if cu_seqlens is not None:
             return per_document(lambda *t: fn(*t, scale=scale, use_norm=True), cu_seqlens, q, k, v)
         return fn(q, k, v, scale=scale, use_norm=True)
+    if op == "simple_gla" and gated_backward_refused():
+        op, fn = "gla", _fla()["kernels"]["gla"]
+        g = g[..., None].expand(*g.shape, q.shape[-1]).contiguous()  # [B, T, H] -> [B, T, H, K]
     B, T = q.shape[:2]
     extra = {}
     if cu_seqlens is not None:
@@ -221,6 +243,9 @@ def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     _fla()
     if kernels.resolve_backend(backend, q, kernel_op_name(op)) == "triton":
+        if op == "gated_delta_rule" and gated_backward_refused():
+            raise ValueError("fla-core refuses the gated delta rule's backward on this GPU (Hopper with Triton "
+                             "3.4-3.7.0, fla issue #640): install tilelang or Triton >= 3.7.1, or use backend 'torch'")
         if not q.is_cuda:
             raise ValueError(f"fla's Triton kernel of {op!r} needs a CUDA tensor, got device {q.device.type!r}")
         return fla_linear_attention(q, k, v, g, beta, cu_seqlens, op, scale)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from mixlab import kernels
-from mixlab.models.layers import Mixer, MixerConfig
+from mixlab.models.layers import Linear, Mixer, MixerConfig
 from torch import nn
 
 CONV_INIT_STD = 0.02
@@ -53,7 +53,7 @@ class LowRankDynamicConv(nn.Module):
                  backend: str | None = None) -> None:
         super().__init__()
         self.backend = backend
-        self.to_z = nn.Linear(source_dim, rank)  # z = x A + a
+        self.to_z = Linear(source_dim, rank)  # z = x A + a
         self.U = nn.Parameter(torch.empty(rank, width * channels))
         self.static_w = nn.Parameter(torch.empty(width, channels))
         nn.init.normal_(self.U, std=CONV_INIT_STD)

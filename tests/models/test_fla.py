@@ -189,3 +189,36 @@ def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap(
                                                                            K ** -0.5))(*runs)
     alone = [fla_ops.fla_linear_attention(a, b, c, None, None, None, "based", K ** -0.5) for a, b, c in zip(*runs)]
     assert torch.equal(batched, torch.stack(alone))
+
+
+@needs_fla
+def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_and_the_delta_rule_on_torch(
+        monkeypatch):
+    """fla-core 0.6 raises in the backward of simple_gla and the gated delta rule on Hopper GPUs with Triton
+    3.4-3.7.0. There simple_gla goes to GLA's kernel with its scalar gate broadcast over K (same recurrence:
+    the fake kernel below runs the explicit recurrence on what it is given, including the scale), and the delta
+    rule refuses "triton" in one line and leaves auto's kernel registry."""
+    fla_ops._fla()
+    called = []
+
+    def fake_gla(q, k, v, g, scale=None, cu_seqlens=None):
+        called.append(tuple(g.shape))
+        return recurrence("gla", q, k, v, g=g, scale=scale).to(q.dtype), None
+
+    monkeypatch.setattr(fla_ops, "gated_backward_refused", lambda: True)
+    monkeypatch.setitem(fla_ops._fla()["kernels"], "gla", fake_gla)
+    q, k, v, extra = op_inputs("simple_gla", seed=4)
+    got = fla_ops._padded_kernel("simple_gla", q, k, v, extra["g"], None, None, 0.7)
+    assert called == [(B, T, H, K)]
+    torch.testing.assert_close(got.double(), recurrence("simple_gla", q, k, v, g=extra["g"], scale=0.7))
+    q, k, v, extra = op_inputs("gated_delta_rule")
+    with pytest.raises(ValueError, match="tilelang"):
+        fla_ops.linear_attention("gated_delta_rule", q, k, v, backend="triton", **extra)
+    monkeypatch.setattr(fla_ops.kernels.utils, "TRITON_OPS", set())
+    fla_ops._fla.cache_clear()
+    try:
+        fla_ops.load_fla()
+        assert fla_ops.kernel_op_name("simple_gla") in fla_ops.kernels.utils.TRITON_OPS
+        assert fla_ops.kernel_op_name("gated_delta_rule") not in fla_ops.kernels.utils.TRITON_OPS
+    finally:
+        fla_ops._fla.cache_clear()

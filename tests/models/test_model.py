@@ -282,3 +282,27 @@ def test_proj_bias_on_attention_projections_and_head_only(proj_bias):
     logits = model(tokens())
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(("mixer", "qkv_conv", "objective"), MODEL_CASES + [
+    pytest.param(name, "none", "lm", id=name) for name in MIXERS if MIXERS[name].leaks_across_documents])
+def test_stacked_runs_keep_the_dtypes_of_a_run_alone_under_bf16_autocast(mixer, qkv_conv, objective):
+    """Every module's output dtype, two runs stacked under vmap (as runners.engine steps them) against one run
+    alone, bf16 autocast, biases on: a biased Linear under vmap once returned fp32 and every op after it ran in
+    fp32 (slow on a GPU, and the stacked run's numbers were no longer the run's own)."""
+    config = make_config(mixer, qkv_conv, objective=objective, init="torch_linear", proj_bias=True)
+    model = make_model(config)
+    seen: dict[str, list[torch.dtype]] = {"alone": [], "stacked": []}
+    mode = ["alone"]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen[mode[0]].append(out.dtype))
+             for m in model.modules() if m is not model]
+    params = dict(model.named_parameters())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens())
+        mode[0] = "stacked"
+        torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,)))(
+            {n: torch.stack([p, p]) for n, p in params.items()}, torch.stack([tokens(), tokens(1)]))
+    for hook in hooks:
+        hook.remove()
+    assert torch.bfloat16 in seen["alone"]
+    assert seen["stacked"] == seen["alone"]

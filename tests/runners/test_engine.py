@@ -82,6 +82,14 @@ def test_bf16_autocast_batches_bitwise_on_cpu():
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs))
 
 
+def test_bf16_autocast_with_biases_batches_bitwise_on_cpu():
+    # the MAD model's biased projections: under vmap a biased nn.Linear returned fp32 from bf16 inputs
+    model = {"init": "torch_linear", "proj_bias": True, "qkv_conv": "dynamic_lowrank"}
+    configs = [tiny(epochs=1, precision="bf16", model=model),
+               tiny(epochs=1, precision="bf16", init_seed=1, lr=1e-2, model=model)]
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs))
+
+
 def test_tasks_of_equal_shapes_stack_and_keep_their_own_data():
     configs = [tiny(task=("mad/noisy_recall", {"seq_len": 32, "frac_noise": p})) for p in (0.2, 0.6)]
     assert group_key(configs[0]) == group_key(configs[1])
