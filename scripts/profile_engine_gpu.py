@@ -1,15 +1,19 @@
 """Where a batched training step's GPU time goes: torch.profiler over the engine training a stack of runs.
 
     PYTHONPATH=. python scripts/profile_engine_gpu.py --n-runs 6 --steps 30 [--speed cuda-graph]
+    PYTHONPATH=. python scripts/profile_engine_gpu.py --n-runs 18 --speed compile \
+        --model-params '{"proj_bias": true, "init": "torch_linear"}'        # the MAD profile's model
 
-Trains ``n_runs`` runs of ``mixlab bench train``'s setting (MAD in-context recall, the 2-block attention model,
-bf16 autocast) once to warm up, then again under the profiler; prints the kernels by total GPU time and the
-step's wall time split into GPU busy time and the rest.
+Trains ``n_runs`` runs of ``mixlab bench train``'s setting (MAD in-context recall unless ``--task``, the 2-block
+attention model, bf16 autocast; ``--model-params`` / ``--task-params`` as bench train's) once to warm up, then
+again under the profiler; prints the kernels by total GPU time and the step's wall time split into GPU busy time
+and the rest. The one evaluation inside the profile (after the last step) is of ``--num-test`` rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -26,10 +30,15 @@ def main() -> None:
     parser.add_argument("--model", default="transformer")
     parser.add_argument("--speed", choices=SPEEDS, default="eager", help="how the stack steps (runners.speed)")
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
+    parser.add_argument("--task", default="mad/in_context_recall")
+    parser.add_argument("--model-params", type=json.loads, default={}, help="ModelConfig fields, JSON")
+    parser.add_argument("--task-params", type=json.loads, default={}, help="task parameters, JSON")
+    parser.add_argument("--num-test", type=int, default=128, help="rows of the evaluation inside the profile")
     args = parser.parse_args()
     # one epoch longer than the steps, so no evaluation but the final one falls inside the profile
-    configs = bench_configs("mad/in_context_recall", args.model, args.n_runs, args.steps, "cuda",
-                            num_train=128 * (args.steps + 1))
+    configs = bench_configs(args.task, args.model, args.n_runs, args.steps, "cuda",
+                            model_params=args.model_params, task_params=args.task_params,
+                            num_train=128 * (args.steps + 1), num_test=args.num_test)
     train_runs_batched(configs, progress=False, speed=args.speed)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
