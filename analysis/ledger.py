@@ -40,7 +40,7 @@ PAPERS = (
     Paper("Dynamic Short Convolutions Improve Transformers: Figure 2, variable-length-key MQAR",
           sweeps=("mqar_varlen_fig2", "mqar_varlen_fig2_lr1e-3", "mqar_varlen_small")),
     Paper("RubiConv: packed associative retrieval and packed noisy recall",
-          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k")),
+          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k", "packed_mq", "packed_mq_small")),
     Paper("Convolutions for Large Language Models: the post-QKV conv case study",
           sentences=("A short conv after the Q, K and V projections makes a token's hidden state carry the tokens "
                      "just before it (docs/representations.md).",)),
