@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -521,6 +522,25 @@ def test_smoke_preset_runs(tmp_path):
     assert {(r["model"], r["model_grid"]) for r in summary} == {
         (m, f"d_model={d}") for m in ("no_conv", "static_conv", "dynamic_conv") for d in (16, 32)}
     assert all(r["n"] == 1 and 0 <= r["median"] <= 1 for r in summary)
+
+
+def test_packed_mq_small_runs_short_and_scores_each_query_kind(tmp_path):
+    """The CPU-size packed preset cut to a few steps, as CI can afford it: every model (the two positive controls,
+    the leaky twins, the order-1 convs) trains on both packed tasks through the sweep, and each retrieval record
+    scores present-key and absent-key (NONE) queries apart."""
+    spec = load_spec("packed_mq_small")
+    short = dataclasses.replace(spec, train={**spec.train, "steps": 4, "num_train": 64, "num_test": 32,
+                                             "eval_every": 2, "warmup_steps": 1}, train_grid=({"lr": 3e-3},))
+    plan = short.plan(seeds=[0])
+    result = run_sweep(plan, tmp_path, SweepOptions(progress=False))
+    assert result.ran == len(plan.runs) == 10
+    records = list(records_by_hash(tmp_path).values())
+    assert {r["config"]["model"]["mixer"] for r in records} == set(spec.models)
+    retrieval = [r for r in records if r["config"]["task"] == "packed/associative_retrieval"]
+    assert len(retrieval) == 5
+    for record in retrieval:
+        assert all(0 <= record["final"][k] <= 1 for k in ("acc_present", "acc_absent")), record["name"]
+        assert [h["step"] for h in record["history"]] == [2, 4]
 
 
 def report_device(job, runs_dir, engine):
