@@ -96,9 +96,9 @@ def report(label: str, names: list[str], got: list[torch.Tensor], want: list[tor
 
 
 def refused(op: str) -> bool:
-    """The op's kernel cannot train here (``fla_ops.gated_backward_refused``): an explicit "triton" must say so
+    """The op's kernel cannot train here (``fla_ops.kernel_refused``): an explicit "triton" must say so
     in one line, and auto must run the torch path instead. Prints the outcome; True when refused."""
-    if op != "gated_delta_rule" or not fla_ops.gated_backward_refused():
+    if not fla_ops.kernel_refused(op):
         return False
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     inputs = op_inputs(op, OP_SHAPES[0], torch.float32, gen)
@@ -146,7 +146,7 @@ def check_ops() -> bool:
 def check_stack() -> bool:
     ok = True
     for op in fla_ops.OPS:
-        if op == "gated_delta_rule" and fla_ops.gated_backward_refused():
+        if fla_ops.kernel_refused(op):
             continue
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         runs = [op_inputs(op, OP_SHAPES[0], torch.float32, gen) for _ in range(3)]
@@ -197,7 +197,7 @@ def check_mixers() -> bool:
 def trainable_mixers() -> list[str]:
     """The fla mixers whose kernels can train here (gated_delta_net not where fla refuses its backward)."""
     return [name for name in FLA_MIXERS
-            if not (MIXERS[name].op == "gated_delta_rule" and fla_ops.gated_backward_refused())]
+            if not fla_ops.kernel_refused(MIXERS[name].op)]
 
 
 def check_leakage() -> bool:

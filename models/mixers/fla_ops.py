@@ -85,8 +85,7 @@ def _fla():
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
-    kernels.utils.TRITON_OPS.update(op for op in KERNEL_OPS if op != kernel_op_name("gated_delta_rule")
-                                    or not gated_backward_refused())
+    kernels.utils.TRITON_OPS.update(kernel_op_name(op) for op in OPS if not kernel_refused(op))
     return {
         "kernels": {
             "gla": gla.chunk_gla,
@@ -113,6 +112,11 @@ def gated_backward_refused() -> bool:
     flags = (getattr(fla.utils, name, False) for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0"))
     return all(flags) and not getattr(fla.utils, "TRITON_ABOVE_3_7_1", True) \
         and importlib.util.find_spec("tilelang") is None
+
+
+def kernel_refused(op: str) -> bool:
+    """Whether fla's kernel of ``op`` cannot train here: the gated delta rule where fla refuses its backward."""
+    return op == "gated_delta_rule" and gated_backward_refused()
 
 
 def load_fla() -> None:
@@ -243,7 +247,7 @@ def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     _fla()
     if kernels.resolve_backend(backend, q, kernel_op_name(op)) == "triton":
-        if op == "gated_delta_rule" and gated_backward_refused():
+        if kernel_refused(op):
             raise ValueError("fla-core refuses the gated delta rule's backward on this GPU (Hopper with Triton "
                              "3.4-3.7.0, fla issue #640): install tilelang or Triton >= 3.7.1, or use backend 'torch'")
         if not q.is_cuda:

@@ -292,17 +292,16 @@ def test_stacked_runs_keep_the_dtypes_of_a_run_alone_under_bf16_autocast(mixer, 
     fp32 (slow on a GPU, and the stacked run's numbers were no longer the run's own)."""
     config = make_config(mixer, qkv_conv, objective=objective, init="torch_linear", proj_bias=True)
     model = make_model(config)
-    seen: dict[str, list[torch.dtype]] = {"alone": [], "stacked": []}
-    mode = ["alone"]
-    hooks = [m.register_forward_hook(lambda _m, _i, out: seen[mode[0]].append(out.dtype))
+    seen: list[torch.dtype] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
              for m in model.modules() if m is not model]
     params = dict(model.named_parameters())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(tokens())
-        mode[0] = "stacked"
+        alone, seen[:] = seen[:], []
         torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,)))(
             {n: torch.stack([p, p]) for n, p in params.items()}, torch.stack([tokens(), tokens(1)]))
     for hook in hooks:
         hook.remove()
-    assert torch.bfloat16 in seen["alone"]
-    assert seen["stacked"] == seen["alone"]
+    assert torch.bfloat16 in alone
+    assert seen == alone
