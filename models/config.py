@@ -61,7 +61,8 @@ class ModelConfig:
         kernel_backend: `backend` passed to every kernels call: None (auto), "torch" or "triton".
         init: "normal" (every Linear and Embedding weight N(0, init_std)) or "torch_linear" (Linear weights keep
             PyTorch's default, uniform with std 1/sqrt(3 * fan_in); Embedding weights N(0, init_std)). Linear
-            biases start at zero and norm weights at one under both. mad-lab's language model is "torch_linear".
+            biases start at zero and norm weights at one under both. mad-lab's language model was "normal" when the MAD
+            paper's results were made and is "torch_linear" since its commit 756b19f (2024-12-05).
         proj_bias: biases on attention's QKV and output projections and on the LM's output layer (mad-lab's
             language model has them; its SwiGLU has none, as here).
         hyena_order: order N >= 2 of the Hyena operator (mixers hyena, hyena_leaky): N + 1 projected streams,

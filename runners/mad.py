@@ -2,7 +2,7 @@
 
 Every run: the model (a preset of ``models.PRESETS``, any ``models.MIXERS`` name or a hybrid pattern such as
 ``static_conv,attention``, ``models.layer_mixers``, on the MAD model: 2 blocks, width 128, SwiGLU 352,
-initialised and biased as mad-lab's models: ``mad_lab_model``), AdamW on every parameter, batch 128, cosine per
+initialised and biased as mad-lab's models: ``MAD_LAB_MODEL``), AdamW on every parameter, batch 128, cosine per
 epoch from lr to 1e-6, no warmup, bf16 autocast on a GPU, evaluation after every epoch on 1,280 test rows in
 batches of 128 (macro accuracy is averaged per batch, so the batch size moves it), early stop at macro accuracy
 strictly above 0.999. A record's ``final`` metrics come from the epoch with the lowest test perplexity (the mean
@@ -67,6 +67,12 @@ MAX_EPOCHS = 200
 MIN_LR = 1e-6
 EARLY_STOP_ACC = 0.999
 NUM_TEST = 1280
+# ModelConfig fields that make a model initialised and biased as mad-lab's models were when the MAD paper's
+# results were made (its commits of 2024-03): biases on attention's projections and the output layer, every Linear
+# weight N(0, 0.02) (init="normal", the default) in the language model and the compression autoencoder alike.
+# From its commit 756b19f (2024-12-05) on, mad-lab's language model keeps PyTorch's default Linear init instead
+# (init="torch_linear"); runners/presets/mad_init_ab.yaml compares the three.
+MAD_LAB_MODEL = {"proj_bias": True}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,13 +158,6 @@ PROFILES: dict[str, MadProfile] = {
 }
 
 
-def mad_lab_model(task: str) -> dict[str, Any]:
-    """ModelConfig fields that make a model initialised and biased as mad-lab's: biases on attention's
-    projections and the output layer; its language model keeps PyTorch's default Linear init, while its
-    compression autoencoder draws Linear weights N(0, 0.02) as ``init="normal"`` does."""
-    return {"proj_bias": True, "init": "normal" if task == "mad/compression" else "torch_linear"}
-
-
 def model_names() -> list[str]:
     """Models ``mad run`` accepts by name: every preset of models.PRESETS, then every mixer (built-in, then
     installed plugins); an import path ``package.module:Factory`` is accepted too."""
@@ -211,13 +210,13 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
                              "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,
                              "device": device, "eval_batch_size": BATCH_SIZE}
                     config = resolver.config(setting.task, setting.params,
-                                             {**mad_lab_model(setting.task), **fields}, train)
+                                             {**MAD_LAB_MODEL, **fields}, train)
                     meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
                             "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
                     runs.append(PlannedRun(config_hash(config), config, meta))
     # What mad-lab's code fixes beyond the model and profile: part of the sweep's identity, so a folder of runs
     # planned under other rules is refused rather than mixed with these (runners.manifest).
-    mad_lab = {"model": {s.task: mad_lab_model(s.task) for s in prof.settings()},
+    mad_lab = {"model": MAD_LAB_MODEL,
                "task_params": {cls.name: params for cls, params in MAD_LAB_PARAMS.items()},
                "eval_batch_size": BATCH_SIZE, "early_stop": "strictly above", "capped_runs": "prefix"}
     spec = {"protocol": "mad", "model": model, "model_fields": base, "mad_lab": mad_lab,

@@ -38,9 +38,9 @@ def test_paper_profile_is_the_protocol():
         assert (train.beta1, train.beta2, train.data_seed, train.init_seed) == (0.9, 0.999, 0, 0)
         assert (config.model["d_model"], config.model["n_layers"], config.model["n_heads"]) == (128, 2, 16)
         assert config.model["mlp_hidden"] == 352 and config.model["mixer"] == "attention"
-        # mad-lab's models: biased projections; its LM keeps torch's Linear init, its autoencoder draws N(0, 0.02)
+        # mad-lab's models as the MAD paper's results were made: biased projections, every Linear N(0, 0.02)
         assert config.model["proj_bias"] is True
-        assert config.model.get("init", "normal") == ("normal" if setting.task == "mad/compression" else "torch_linear")
+        assert config.model.get("init", "normal") == "normal"
         grids[(setting.task, setting.label)].add((train.lr, train.weight_decay))
     assert len(grids) == 66
     assert all(g == {(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)} for g in grids.values())

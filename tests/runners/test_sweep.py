@@ -211,21 +211,28 @@ def test_packaged_presets_load():
     assert {r.hash for r in third} == {r.hash for r in runs if r.config.train.lr == 1e-3}
 
 
-def test_mad_init_ab_preset_is_the_protocol_with_either_init():
-    """mad_init_ab: 3 settings x 2 inits x 6 grid points x 3 seeds; its mad-lab-init runs are the paper
-    profile's runs of those settings (same hashes, so records serve both), its mixlab-init runs the same but for
-    init and biases."""
+def test_mad_init_ab_preset_is_the_protocol_with_three_inits():
+    """mad_init_ab: 3 settings x 3 inits x 6 grid points x 3 seeds; its mad-lab-init runs are the paper
+    profile's runs of those settings (same hashes, so records serve both); the other two arms are the same runs
+    but for init and biases: mixlab's (N(0, 0.02), no biases), and PyTorch's default init with mad-lab's biases."""
     runs = load_spec("mad_init_ab").plan().runs
-    assert len(runs) == 3 * 2 * 6 * 3
+    assert len(runs) == 3 * 3 * 6 * 3
     paper = {r.hash: r for r in mad_plan("transformer", "paper", seeds=3).runs}
-    by_model = {label: [r for r in runs if r.meta["model"] == label] for label in ("mad_lab_init", "mixlab_init")}
+    labels = ("mad_lab_init", "mixlab_init", "torch_default_init")
+    by_model = {label: [r for r in runs if r.meta["model"] == label] for label in labels}
     settings = {(paper[r.hash].meta["task"], paper[r.hash].meta["setting"]) for r in by_model["mad_lab_init"]}
     assert settings == {("mad/in_context_recall", "vocab_size=64"), ("mad/in_context_recall", "num_train=800"),
                         ("mad/noisy_recall", "vocab_size=80")}
-    for mad_lab, mixlab in zip(*by_model.values(), strict=True):
-        assert mad_lab.hash in paper and mixlab.hash not in paper
-        assert mad_lab.config.train == mixlab.config.train and mad_lab.config.task_params == mixlab.config.task_params
-        assert {k: v for k, v in mad_lab.config.model.items() if k not in ("init", "proj_bias")} == mixlab.config.model
+    arms = {"mixlab_init": {}, "torch_default_init": {"init": "torch_linear", "proj_bias": True}}
+    for mad_lab, *others in zip(*by_model.values(), strict=True):
+        assert mad_lab.hash in paper and mad_lab.config.model["proj_bias"] is True
+        assert "init" not in mad_lab.config.model, "the default init, N(0, 0.02)"
+        for other, label in zip(others, labels[1:], strict=True):
+            assert other.hash not in paper
+            assert other.config.train == mad_lab.config.train
+            assert other.config.task_params == mad_lab.config.task_params
+            same = {k: v for k, v in mad_lab.config.model.items() if k != "proj_bias"}
+            assert other.config.model == {**same, **arms[label]}
 
 
 def test_yaml_file_and_unknown_preset(tmp_path):
