@@ -333,6 +333,7 @@ def test_adamw_update_matches_torch_adamw():
                   for p, lr, wd in zip(params, lrs, wds)]
     flat = torch.stack([torch.cat([p.flatten() for p in run]) for run in start])  # [N, P]
     exp_avg, exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
+    sizes = [math.prod(s) for s in shapes]
     for t in range(1, 5):
         grads = torch.randn(flat.shape, generator=gen)
         for n, (run, opt) in enumerate(zip(params, optimizers)):
@@ -341,8 +342,9 @@ def test_adamw_update_matches_torch_adamw():
             opt.step()
         decay = torch.tensor([1 - lr * wd for lr, wd in zip(lrs, wds)])
         step_size = torch.tensor([-(lr / (1 - 0.9**t)) for lr in lrs])
-        _adamw_update(flat, grads, exp_avg, exp_avg_sq, decay, step_size, torch.tensor((1 - 0.999**t) ** 0.5),
-                      0.9, 0.999)
+        per_param = [g.unflatten(1, shape) for g, shape in zip(grads.split(sizes, dim=1), shapes)]  # [N, *shape]
+        _adamw_update(flat, per_param, exp_avg, exp_avg_sq, decay, step_size,
+                      torch.tensor((1 - 0.999**t) ** 0.5), 0.9, 0.999)
         for n, run in enumerate(params):
             assert torch.equal(flat[n], torch.cat([p.detach().flatten() for p in run]))
 
