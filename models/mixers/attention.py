@@ -126,6 +126,18 @@ class Attention(Mixer):
         if config.qkv_conv != "none":
             self.qkv_conv = make_conv_unit(config.qkv_conv, config, 3 * config.d_model)
         self.out = Linear(config.d_model, config.d_model, bias=config.proj_bias)
+        # RoPE tables [max_seq_len, hd] (fp32), made once: made in the forward, compiled stacks computed cos and
+        # sin again for every element of q and k, at a few percent of the GPU's bandwidth (BENCHMARKS.md)
+        cos, sin = rope_cos_sin(config.max_seq_len, self.head_dim, config.rope_base, torch.device("cpu"))
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [length, hd] for positions 0..length-1: the module's rows, or made anew for a length past
+        max_seq_len (the mixer called on its own; a language model refuses such rows)."""
+        if length <= self.rope_cos.shape[0]:
+            return self.rope_cos[:length], self.rope_sin[:length]
+        return rope_cos_sin(length, self.head_dim, self.rope_base, self.rope_cos.device)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
@@ -134,16 +146,17 @@ class Attention(Mixer):
         if self.qkv_conv is not None:
             qkv = self.qkv_conv(qkv, x, cu_seqlens=cu_seqlens)
         if cu_seqlens is None:
-            out = causal_attention(qkv.view(B, T, 3, H, hd), self.rope_base, self.backend)  # [B, T, H, hd]
+            cos, sin = self.rope_tables(T)
+            out = causal_attention(qkv.view(B, T, 3, H, hd), cos, sin, self.backend)  # [B, T, H, hd]
             return self.out(out.reshape(B, T, D))
         return self.out(_document_attention_per_run(qkv, cu_seqlens, H, self.rope_base, self.backend))
 
 
-def causal_attention(qkv: torch.Tensor, rope_base: float, backend: str | None) -> torch.Tensor:
-    """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]: RoPE, then causal
-    attention by the Triton kernel (``_on_kernel``) or torch's fused SDPA."""
+def causal_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str | None) -> torch.Tensor:
+    """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]: RoPE by the tables
+    cos, sin [L, hd] (``rope_cos_sin``), then causal attention by the Triton kernel (``_on_kernel``) or torch's
+    fused SDPA."""
     q, k, v = qkv.unbind(2)  # [N, L, H, hd] each
-    cos, sin = rope_cos_sin(qkv.shape[1], qkv.shape[-1], rope_base, qkv.device)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
     if _on_kernel(q, backend):
@@ -171,7 +184,8 @@ def document_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, n_heads: int
     slot, n_docs, max_len = document_slots(cu_seqlens, B * T)
     flat = qkv.reshape(B * T, 3, n_heads, hd)
     padded = flat.new_zeros(n_docs * max_len, 3, n_heads, hd).index_copy(0, slot, flat)
-    out = causal_attention(padded.view(n_docs, max_len, 3, n_heads, hd), rope_base, backend)  # [n_docs, L_max, H, hd]
+    cos, sin = rope_cos_sin(max_len, hd, rope_base, qkv.device)
+    out = causal_attention(padded.view(n_docs, max_len, 3, n_heads, hd), cos, sin, backend)  # [n_docs, L_max, H, hd]
     return out.reshape(n_docs * max_len, n_heads * hd).index_select(0, slot).view(B, T, D3 // 3)
 
 
