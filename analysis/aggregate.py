@@ -57,6 +57,10 @@ MAD_TASK_NAMES = {
     "mad/selective_copy": "Selective Copy",
 }
 AVERAGE = "Average"
+# Selective copy as mad-lab generated it before its commit 35772e8 (2024-12-09): num_tokens_to_copy never reached
+# the generator, so the settings num_tokens_to_copy=32, 64 and 96 copied 16 tokens, the baseline's data byte for
+# byte (docs/mad.md). That variant's score needs no runs of its own: those settings take the baseline's score.
+COPY16 = "Selective Copy, 16 copied"
 # The task parameters a length figure puts on its x axis, in order of preference (plots.accuracy_vs_length).
 LENGTH_PARAMS = ("seq_len", "num_kv_pairs")
 # the labels of one cell of a grid sweep's summary: its best training point per seed, then over seeds
@@ -410,12 +414,15 @@ class MadScores:
     per_seed: {task name or "Average": {seed: score}}, complete (task, seed) pairs only (module docstring).
     summary: {task name or "Average": Stats over seeds}.
     coverage: {task name: (records, planned runs)} for each task some planned seed of which is incomplete.
+    copy16: {seed: score} of selective copy as mad-lab scored it before commit 35772e8 (``COPY16``), for the
+        seeds whose selective copy score is complete; not part of the Average.
     """
 
     per_setting: list[dict[str, Any]]
     per_seed: dict[str, dict[int, float]]
     summary: dict[str, Stats]
     coverage: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    copy16: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
@@ -446,7 +453,21 @@ def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
                          for s in seeds
                          if planned is None or all(s in per_seed.get(t, {}) for t in tasks)}
     summary = {name: Stats.of(scores.values()) for name, scores in per_seed.items()}
-    return MadScores(per_setting=best, per_seed=per_seed, summary=summary, coverage=coverage)
+    copy16 = copy16_scores(best, metric, per_seed.get(MAD_TASK_NAMES["mad/selective_copy"], {}))
+    return MadScores(per_setting=best, per_seed=per_seed, summary=summary, coverage=coverage, copy16=copy16)
+
+
+def copy16_scores(best: Sequence[Mapping[str, Any]], metric: str, seeds: Iterable[int]) -> dict[int, float]:
+    """Selective copy's score per seed (of ``seeds``) with its num_tokens_to_copy settings scored as the baseline
+    (``COPY16``): the mean over the same settings, in the same order, as the task score."""
+    out = {}
+    for seed in seeds:
+        rows = [r for r in best if r["task"] == "mad/selective_copy" and r["seed"] == seed]
+        base = [r[metric] for r in rows if r["setting"] == "baseline"]
+        if len(base) == 1:
+            out[seed] = float(np.mean([base[0] if r["setting"].startswith("num_tokens_to_copy=") else r[metric]
+                                       for r in rows]))
+    return out
 
 
 def _task_seed_order(item: tuple[tuple[str, int], Any]) -> tuple[int, str, int]:

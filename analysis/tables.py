@@ -16,6 +16,7 @@ from typing import Any
 from mixlab import models
 from mixlab.analysis.aggregate import (
     AVERAGE,
+    COPY16,
     GRID_CELL,
     MAD_TASK_NAMES,
     METRIC_KEYS,
@@ -36,6 +37,7 @@ REFERENCE: dict[str, dict[str, float]] = {
                          "Memorize": 0.795, "Noisy Recall": 1.000, "Selective Copy": 0.988, AVERAGE: 0.822},
 }
 MAD_ROWS = (*MAD_TASK_NAMES.values(), AVERAGE)
+SELECTIVE_COPY = MAD_TASK_NAMES["mad/selective_copy"]
 # The paper's claims about its MAD table beyond the values themselves (checked by analysis.claims, which adds
 # one claim per value of REFERENCE: the score within MAD_TOLERANCE of it; the tolerance is ours).
 MAD_TOLERANCE = 0.03
@@ -153,18 +155,23 @@ def mad_table(entries: Sequence[MadEntry]) -> Table:
         headers += [entry.label, "ref", "diff"]
     rows = []
     for task in MAD_ROWS:
-        row: list[Any] = [task]
-        for entry in entries:
-            stats = entry.scores.summary.get(task, Stats.of([]))
-            ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
-            cell = fmt_stats(stats)
-            if task in entry.scores.coverage:  # some seed not scored: say how far the task got
-                cell = partial_cell(cell, bool(stats.n), *entry.scores.coverage[task])
-            elif task == AVERAGE and entry.scores.coverage and not stats.n:
-                cell = "— (tasks partial)"
-            row += [cell, "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
-        rows.append(row)
+        rows.append([task, *(cell for entry in entries for cell in _mad_cells(entry, task))])
+        if task == SELECTIVE_COPY:  # beside it, the variant mad-lab generated before commit 35772e8
+            rows.append([COPY16, *(cell for entry in entries
+                                   for cell in _mad_cells(entry, task, Stats.of(entry.scores.copy16.values())))])
     return Table(headers, rows)
+
+
+def _mad_cells(entry: MadEntry, task: str, stats: Stats | None = None) -> list[str]:
+    """[median [IQR], ref, diff] of one task row and model; ``stats`` replace the task's own (a variant's)."""
+    stats = entry.scores.summary.get(task, Stats.of([])) if stats is None else stats
+    ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
+    cell = fmt_stats(stats)
+    if task in entry.scores.coverage:  # some seed not scored: say how far the task got
+        cell = partial_cell(cell, bool(stats.n), *entry.scores.coverage[task])
+    elif task == AVERAGE and entry.scores.coverage and not stats.n:
+        cell = "— (tasks partial)"
+    return [cell, "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
 
 
 def mad_text(entries: Sequence[MadEntry]) -> str:
@@ -189,10 +196,12 @@ def mad_task_rows(entries: Sequence[MadEntry]) -> list[dict[str, Any]]:
     rows = []
     for entry in entries:
         for task in MAD_ROWS:
-            stats = entry.scores.summary.get(task, Stats.of([]))
+            named = [(task, entry.scores.summary.get(task, Stats.of([])))]
+            if task == SELECTIVE_COPY:
+                named.append((COPY16, Stats.of(entry.scores.copy16.values())))
             ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
-            rows.append({"model": entry.label, "task": task, **stats.as_dict(), "reference": ref,
-                         "diff": stats.median - ref})
+            rows += [{"model": entry.label, "task": name, **stats.as_dict(), "reference": ref,
+                      "diff": stats.median - ref} for name, stats in named]
     return rows
 
 

@@ -10,6 +10,7 @@ import pytest
 from mixlab import models
 from mixlab.analysis.aggregate import (
     AVERAGE,
+    COPY16,
     best_of_grid,
     derived_meta,
     grid_summary,
@@ -188,6 +189,19 @@ def test_mad_scoring_by_hand():
     assert stats == pytest.approx((0.625, 0.5375, 0.7125, 2))
 
 
+def test_selective_copy_as_mad_lab_scored_it_before_the_copy_fix():
+    """The 16-copied variant: the num_tokens_to_copy settings take the baseline's score; other settings keep
+    theirs; a seed without the baseline gets no variant score."""
+    copy = "mad/selective_copy"
+    scores = {"baseline": 0.9, "vocab_size=32": 0.5, "num_tokens_to_copy=32": 0.1, "num_tokens_to_copy=96": 0.3}
+    records = [mad_record(copy, setting, [(1.0, acc)], lr=1e-3, seed=0) for setting, acc in scores.items()]
+    records.append(mad_record(copy, "vocab_size=32", [(1.0, 0.4)], lr=1e-3, seed=1))
+    result = mad_scores(run_rows(records))
+    assert result.per_seed["Selective Copy"] == pytest.approx({0: 0.45, 1: 0.4})
+    assert result.copy16 == pytest.approx({0: (0.9 + 0.5 + 0.9 + 0.9) / 4})
+    assert COPY16 not in result.per_seed and result.per_seed[AVERAGE] == pytest.approx({0: 0.45, 1: 0.4})
+
+
 AVERAGE_OF_SIX = """
 from mixlab.analysis.aggregate import mad_scores
 tasks = {tasks!r}
@@ -305,7 +319,8 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
     assert cells(report, "Memorize")[:3] == ["Memorize", "0.410 [0.010]", "0.791"]  # task 3: 0.4 + seed 1
     with (out / "mad_tasks.csv").open() as f:
         tasks_csv = list(csv.DictReader(f))
-    assert len(tasks_csv) == 7 and float(tasks_csv[0]["reference"]) == 0.375
+    assert len(tasks_csv) == 8 and float(tasks_csv[0]["reference"]) == 0.375
+    assert [r["task"] for r in tasks_csv[5:]] == ["Selective Copy", COPY16, "Average"]
     with (out / "widths_summary.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
     # the same records give the same files, figures included (no jitter from a global RNG)
