@@ -41,14 +41,13 @@ from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
 
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning). BT: query and key rows of a tile (16 to
-# FWD_BT / BWD_BT, clamped to T). A program walks about PAIR_ROWS query rows: PAIR_ROWS / T pairs when a
-# pair's rows fit one tile, so short rows do not get one tiny program per pair. Chosen on an H200 (bf16,
-# H=16, hd=8, T=128 and 1024) from BT in {32, 64, 128} x warps {2, 4, 8} x stages {1, 2, 3}: 64/4/2
-# forward and 64/4/1 backward were best or within 2% of it at both lengths; PAIR_ROWS from 64 to 1024
-# changed little.
-FWD_BT, FWD_WARPS, FWD_STAGES = 64, 4, 2
-BWD_BT, BWD_WARPS, BWD_STAGES = 64, 4, 1
-PAIR_ROWS = 128
+# FWD_BT / BWD_BT, clamped to T). A program takes one row tile of *_PAIR_ROWS / (tiles x BT) consecutive pairs
+# (at least one), so short rows do not get one tiny program per pair. Chosen on an H200 (bf16, H=16, hd=8,
+# T=128 and 1024) from BT in {32, 64, 128} x warps {2, 4, 8} x stages {1, 2, 3}: 64/4/2 forward and 64/4/1
+# backward were best or within 2% of it at both lengths; *_PAIR_ROWS from 64 to 1024 changed little there.
+# ``scripts/tune_attention_gpu.py`` tunes them again at a stack of MAD runs' shape (36,864 pairs).
+FWD_BT, FWD_WARPS, FWD_STAGES, FWD_PAIR_ROWS = 64, 4, 2, 128
+BWD_BT, BWD_WARPS, BWD_STAGES, BWD_PAIR_ROWS = 64, 4, 1, 128
 # The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
 MAX_HEAD_DIM = 128
 LOG2E = math.log2(math.e)
@@ -278,12 +277,13 @@ def _as_layout(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return t if t.stride() == ref.stride() else _empty_as(ref, t.dtype).copy_(t)
 
 
-def _plan(q: torch.Tensor, bt_max: int) -> tuple[tuple[int, ...], dict]:
-    """(grid, the launch arguments every kernel shares after its pointers) for q: [B, H, T, hd]."""
+def _plan(q: torch.Tensor, bt_max: int, pair_rows: int) -> tuple[tuple[int, ...], dict]:
+    """(grid, the launch arguments every kernel shares after its pointers) for q: [B, H, T, hd], tiles of at
+    most bt_max rows, about pair_rows rows of pairs a program."""
     B, H, T, hd = q.shape
     BT, HDP = tu.tiles(T, hd, bt_max, MAX_HEAD_DIM)
     n_tb = triton.cdiv(T, BT)
-    pairs = max(1, PAIR_ROWS // (n_tb * BT))
+    pairs = max(1, pair_rows // (n_tb * BT))
     # a _dense q's strides, written out: every one a multiple of hd (_rows relies on it), whatever the strides
     # torch keeps for axes of size 1 (whose only index is 0)
     s_b, s_h, s_t = (H * T * hd, T * hd, hd) if q.is_contiguous() else (T * H * hd, hd, H * hd)
@@ -303,7 +303,7 @@ def _attention_fwd(
     B, H, T, _ = q.shape
     o = _empty_as(q, q.dtype)
     lse = tu.empty((B, H, T), torch.float32, q.device)
-    grid, args = _plan(q, FWD_BT)
+    grid, args = _plan(q, FWD_BT, FWD_PAIR_ROWS)
     _attn_fwd_kernel[grid](q, k, v, o, lse, **args, qk_scale=scale * LOG2E, num_warps=FWD_WARPS,
                            num_stages=FWD_STAGES)
     return o, lse
@@ -324,7 +324,7 @@ def _attention_bwd(
     B, H, T, _ = q.shape
     delta = tu.empty((B, H, T), torch.float32, q.device)
     dq, dk, dv = (_empty_as(q, q.dtype) for _ in range(3))
-    grid, args = _plan(q, BWD_BT)
+    grid, args = _plan(q, BWD_BT, BWD_PAIR_ROWS)
     scales = {"scale": scale, "qk_scale": scale * LOG2E}
     launch = {"num_warps": BWD_WARPS, "num_stages": BWD_STAGES}
     # the dq mode stores delta, which the dk/dv mode (next on the stream) reads

@@ -87,7 +87,8 @@ def small_tiles(monkeypatch):
     """16-row tiles (T=65: five tiles, the last of one row) and programs of 4 pairs (B*H=5: a ragged tail)."""
     monkeypatch.setattr(attn_triton, "FWD_BT", 16)
     monkeypatch.setattr(attn_triton, "BWD_BT", 16)
-    monkeypatch.setattr(attn_triton, "PAIR_ROWS", 4 * 16)
+    monkeypatch.setattr(attn_triton, "FWD_PAIR_ROWS", 4 * 16)
+    monkeypatch.setattr(attn_triton, "BWD_PAIR_ROWS", 4 * 16)
 
 
 @pytest.mark.parametrize("T", [pytest.param(65, id="T65-five-tiles"), pytest.param(9, id="T9-four-pairs")])
@@ -96,13 +97,23 @@ def test_small_tiles_and_pair_groups(small_tiles, T, assert_rel_rms):
     _check_against_reference(_qkv(gen, 1, 5, T, 8, FP32), gen, assert_rel_rms)
 
 
+def test_programs_of_several_pairs_of_several_tiles(small_tiles, monkeypatch, assert_rel_rms):
+    """T=65 in five 16-row tiles, two pairs a program (160 rows), B*H=5: the last program has one pair."""
+    monkeypatch.setattr(attn_triton, "FWD_PAIR_ROWS", 2 * 5 * 16)
+    monkeypatch.setattr(attn_triton, "BWD_PAIR_ROWS", 2 * 5 * 16)
+    gen = torch.Generator().manual_seed(34)
+    q, k, v = _qkv(gen, 1, 5, 65, 8, FP32)
+    assert attn_triton._plan(q, attn_triton.FWD_BT, attn_triton.FWD_PAIR_ROWS)[1]["PAIRS"] == 2
+    _check_against_reference((q, k, v), gen, assert_rel_rms)
+
+
 def test_poisoned_buffer_shows_an_unwritten_tile():
     """Negative control: a forward grid that misses the first row tile leaves NaN that the checks see."""
     gen = torch.Generator().manual_seed(33)
     q, k, v = _qkv(gen, 1, 1, 130, 8, FP32)
     o, lse = tu.empty(q.shape, FP32, DEVICE), tu.empty(q.shape[:3], FP32, DEVICE)
     assert torch.isnan(o).all()
-    _, args = attn_triton._plan(q, attn_triton.FWD_BT)
+    _, args = attn_triton._plan(q, attn_triton.FWD_BT, attn_triton.FWD_PAIR_ROWS)
     assert args["N_TB"] == 3 and args["PAIRS"] == 1
     # one program: the longest-last order gives it the last tile
     attn_triton._attn_fwd_kernel[(1,)](q, k, v, o, lse, **args, qk_scale=1.0)

@@ -1,0 +1,135 @@
+"""Time candidate tile/warp/stage/pair constants of the tiny-head attention kernels on a GPU (issue #22).
+
+Usage, on the GPU box from the checkout: ``PYTHONPATH=. python scripts/tune_attention_gpu.py`` (about 3 minutes
+on an H200). The shapes are a stack of MAD runs as the engine folds it: 18 runs x 128 rows = 2,304 sequences,
+16 heads of 8 dims (36,864 pairs), bf16, at T=127 and T=1023, q, k, v in the mixers' [B, T, H, hd] layout.
+
+The candidates are groups of module-level constants of ``kernels.attention.triton`` (``GROUPS``), tuned one
+after the other (forward, then backward), each candidate timed by calling the launcher directly (no autograd,
+no custom op) with ``triton.testing.do_bench`` (median), and checked against the fp32 torch reference on the
+first 8 sequences (relative RMS of o, or of dq, dk, dv). The score is the time per token summed over the two
+lengths. One line per candidate with its achieved bandwidth over the bytes the launcher must move, the best
+marked ``*``; then the constants to set.
+"""
+
+import argparse
+import math
+
+import torch
+import triton
+from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.attention import triton as attn
+from mixlab.kernels.attention.naive import causal_attention_ref
+
+B, H, HD, LENGTHS = 18 * 128, 16, 8, (127, 1023)
+DTYPE = torch.bfloat16
+CHECKED = 8  # sequences checked against the reference (its [T, T] scores would not fit for all of them)
+RMS_BOUND = 2e-2  # the bf16 bound of the kernel tests
+
+# (group, constant names, candidates); the first candidate of each group is what the repository ships.
+GROUPS = [
+    ("fwd", ("FWD_BT", "FWD_WARPS", "FWD_STAGES", "FWD_PAIR_ROWS"),
+     [(64, 4, 2, 128), (64, 4, 2, 512), (64, 4, 2, 1024), (128, 4, 2, 128), (128, 4, 2, 512), (128, 8, 2, 512),
+      (128, 4, 2, 1024), (32, 2, 2, 256), (32, 4, 2, 512), (64, 2, 2, 512)]),
+    ("bwd", ("BWD_BT", "BWD_WARPS", "BWD_STAGES", "BWD_PAIR_ROWS"),
+     [(64, 4, 1, 128), (64, 4, 1, 512), (64, 4, 1, 1024), (128, 4, 1, 128), (128, 4, 1, 512), (128, 8, 1, 512),
+      (32, 2, 1, 256), (32, 4, 1, 512), (64, 2, 1, 512)]),
+]
+
+
+class _Case:
+    """One length: inputs in the mixers' layout, upstream gradient, the fp32 reference on CHECKED sequences."""
+
+    def __init__(self, T: int, device: torch.device) -> None:
+        gen = torch.Generator(device=device).manual_seed(T)
+        self.T = T
+        self.q, self.k, self.v, self.do = (
+            torch.randn(B, T, H, HD, generator=gen, device=device).to(DTYPE).transpose(1, 2) for _ in range(4))
+        self.scale = HD**-0.5
+        self.o, self.lse = attn._attention_fwd(self.q, self.k, self.v, self.scale)
+        leaves = [t[:CHECKED].float().requires_grad_() for t in (self.q, self.k, self.v)]
+        o = causal_attention_ref(*leaves, self.scale)
+        self.want_fwd = o.detach()
+        self.want_bwd = torch.autograd.grad(o, leaves, self.do[:CHECKED].float())
+
+    def run(self, backward: bool):
+        if backward:
+            return lambda: attn._attention_bwd(self.do, self.q, self.k, self.v, self.o, self.lse, self.scale)
+        return lambda: attn._attention_fwd(self.q, self.k, self.v, self.scale)
+
+    def error(self, backward: bool) -> float:
+        if backward:
+            o, lse = attn._attention_fwd(self.q, self.k, self.v, self.scale)
+            got = attn._attention_bwd(self.do, self.q, self.k, self.v, o, lse, self.scale)
+            return max(_rel_rms(g[:CHECKED], w) for g, w in zip(got, self.want_bwd, strict=True))
+        return _rel_rms(attn._attention_fwd(self.q, self.k, self.v, self.scale)[0][:CHECKED], self.want_fwd)
+
+    def bytes_moved(self, backward: bool) -> int:
+        """The launcher's floor: bf16 [B, H, T, hd] tensors read and written once, fp32 [B, H, T] rows."""
+        tensor, rows = B * H * self.T * HD * 2, B * H * self.T * 4
+        return 8 * tensor + 2 * rows if backward else 4 * tensor + rows  # bwd: q k v o do in, dq dk dv out
+
+
+def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
+
+
+def _us(fn, rep: int) -> float:
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def _tune(cases: list[_Case], rep: int) -> list[str]:
+    settings = []
+    for group, consts, candidates in GROUPS:
+        backward = group == "bwd"
+        print(f"\n## {group}: {', '.join(consts)}  (raw launcher, µs; GB/s over the bytes it must move)")
+        results = []
+        for values in candidates:
+            for name, value in zip(consts, values, strict=True):
+                setattr(attn, name, value)
+            cells, score, worst = [], 0.0, 0.0
+            for case in cases:
+                try:
+                    us = _us(case.run(backward), rep)
+                    err = case.error(backward)
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
+                    print(f"  {values}: T={case.T} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                    us = err = math.inf
+                gbs = case.bytes_moved(backward) / (us * 1e-6) / 1e9
+                cells.append(f"T={case.T} {us:8.1f} us {gbs:6.0f} GB/s (err {err:.1e})")
+                score += us / (B * case.T)
+                worst = max(worst, err)
+            ok = worst <= RMS_BOUND
+            results.append((score if ok else math.inf, values, "; ".join(cells) + ("" if ok else "  WRONG")))
+        best = min(results, key=lambda r: r[0])
+        for _score, values, line in results:
+            print(f"{'*' if values == best[1] else ' '} {values}: {line}")
+        for name, value in zip(consts, best[1], strict=True):
+            setattr(attn, name, value)
+        settings.append(", ".join(f"{n} = {v}" for n, v in zip(consts, best[1], strict=True)))
+    return settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rep", type=int, default=100, help="do_bench's rep, ms of timed runs per measurement")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    if tu.POISON_OUTPUTS:
+        raise SystemExit("kernels.triton_utils.POISON_OUTPUTS must be False when timing")
+    device = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(device)}; torch {torch.__version__}, Triton {triton.__version__}")
+    print(f"shape B={B}, H={H}, hd={HD}, T in {LENGTHS}, bf16, [B, T, H, hd] layout")
+    cases = [_Case(T, device) for T in LENGTHS]
+    settings = _tune(cases, args.rep)
+    print("\n## set in kernels/attention/triton.py")
+    for line in settings:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
