@@ -126,8 +126,8 @@ class Attention(Mixer):
         if config.qkv_conv != "none":
             self.qkv_conv = make_conv_unit(config.qkv_conv, config, 3 * config.d_model)
         self.out = Linear(config.d_model, config.d_model, bias=config.proj_bias)
-        # RoPE tables [max_seq_len, hd] (fp32), made once: made in the forward, compiled stacks computed cos and
-        # sin again for every element of q and k, at a few percent of the GPU's bandwidth (BENCHMARKS.md)
+        # RoPE tables [max_seq_len, hd] (fp32), made once: made in the forward, they were fused into compiled
+        # stacks' RoPE kernels, which then computed cos and sin for every element of q and k (BENCHMARKS.md)
         cos, sin = rope_cos_sin(config.max_seq_len, self.head_dim, config.rope_base, torch.device("cpu"))
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
