@@ -16,10 +16,10 @@ import argparse
 import math
 
 import torch
-import triton
-from mixlab.kernels import triton_utils as tu
 from mixlab.kernels.attention import triton as attn
 from mixlab.kernels.attention.naive import causal_attention_ref
+from mixlab.runners.bench_utils import rel_rms
+from tuning import gpu, settle, us, use
 
 B, H, HD, LENGTHS = 18 * 128, 16, 8, (127, 1023)
 DTYPE = torch.bfloat16
@@ -61,8 +61,8 @@ class _Case:
         if backward:
             o, lse = attn._attention_fwd(self.q, self.k, self.v, self.scale)
             got = attn._attention_bwd(self.do, self.q, self.k, self.v, o, lse, self.scale)
-            return max(_rel_rms(g[:CHECKED], w) for g, w in zip(got, self.want_bwd, strict=True))
-        return _rel_rms(attn._attention_fwd(self.q, self.k, self.v, self.scale)[0][:CHECKED], self.want_fwd)
+            return max(rel_rms(g[:CHECKED], w) for g, w in zip(got, self.want_bwd, strict=True))
+        return rel_rms(attn._attention_fwd(self.q, self.k, self.v, self.scale)[0][:CHECKED], self.want_fwd)
 
     def bytes_moved(self, backward: bool) -> int:
         """The launcher's floor: bf16 [B, H, T, hd] tensors read and written once, fp32 [B, H, T] rows."""
@@ -70,46 +70,36 @@ class _Case:
         return 8 * tensor + 2 * rows if backward else 4 * tensor + rows  # bwd: q k v o do in, dq dk dv out
 
 
-def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
 
 
-def _us(fn, rep: int) -> float:
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+def _candidate(cases: list[_Case], backward: bool, rep: int) -> tuple[float, float, str]:
+    """(time per token summed over the lengths, worst error, line) of the constants set now."""
+    cells, score, worst = [], 0.0, 0.0
+    for case in cases:
+        try:
+            took = us(case.run(backward), rep)
+            err = case.error(backward)
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
+            print(f"  T={case.T} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            took = err = math.inf
+        gbs = case.bytes_moved(backward) / (took * 1e-6) / 1e9
+        cells.append(f"T={case.T} {took:8.1f} us {gbs:6.0f} GB/s (err {err:.1e})")
+        score += took / (B * case.T)
+        worst = max(worst, err)
+    return score, worst, "; ".join(cells)
 
 
 def _tune(cases: list[_Case], rep: int) -> list[str]:
+    """Each group in turn: every candidate timed and checked, the best kept (``tuning.settle``)."""
     settings = []
     for group, consts, candidates in GROUPS:
-        backward = group == "bwd"
         print(f"\n## {group}: {', '.join(consts)}  (raw launcher, µs; GB/s over the bytes it must move)")
         results = []
         for values in candidates:
-            for name, value in zip(consts, values, strict=True):
-                setattr(attn, name, value)
-            cells, score, worst = [], 0.0, 0.0
-            for case in cases:
-                try:
-                    us = _us(case.run(backward), rep)
-                    err = case.error(backward)
-                except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
-                    print(f"  {values}: T={case.T} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
-                    us = err = math.inf
-                gbs = case.bytes_moved(backward) / (us * 1e-6) / 1e9
-                cells.append(f"T={case.T} {us:8.1f} us {gbs:6.0f} GB/s (err {err:.1e})")
-                score += us / (B * case.T)
-                worst = max(worst, err)
-            ok = worst <= RMS_BOUND
-            results.append((score if ok else math.inf, values, "; ".join(cells) + ("" if ok else "  WRONG")))
-        best = min(results, key=lambda r: r[0])
-        for _score, values, line in results:
-            print(f"{'*' if values == best[1] else ' '} {values}: {line}")
-        for name, value in zip(consts, best[1], strict=True):
-            setattr(attn, name, value)
-        settings.append(", ".join(f"{n} = {v}" for n, v in zip(consts, best[1], strict=True)))
+            use(attn, consts, values)
+            score, worst, line = _candidate(cases, group == "bwd", rep)
+            results.append((score, worst, values, line))
+        settings.append(settle(results, RMS_BOUND, attn, consts))
     return settings
 
 
@@ -117,12 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rep", type=int, default=100, help="do_bench's rep, ms of timed runs per measurement")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device")
-    if tu.POISON_OUTPUTS:
-        raise SystemExit("kernels.triton_utils.POISON_OUTPUTS must be False when timing")
-    device = torch.device("cuda")
-    print(f"# {torch.cuda.get_device_name(device)}; torch {torch.__version__}, Triton {triton.__version__}")
+    device = gpu()
     print(f"shape B={B}, H={H}, hd={HD}, T in {LENGTHS}, bf16, [B, T, H, hd] layout")
     cases = [_Case(T, device) for T in LENGTHS]
     settings = _tune(cases, args.rep)

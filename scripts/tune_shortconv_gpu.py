@@ -18,14 +18,14 @@ import math
 
 import numpy as np
 import torch
-import triton
 from mixlab import kernels
-from mixlab.kernels import triton_utils as tu
 from mixlab.kernels.dynamic_conv import triton_headwise as headwise
 from mixlab.kernels.dynamic_conv import triton_lowrank as lowrank
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv import triton as short
 from mixlab.kernels.short_conv.naive import short_conv_ref
+from mixlab.runners.bench_utils import rel_rms
+from tuning import gpu, settle, us, use
 
 B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64
 DTYPE = torch.bfloat16
@@ -104,7 +104,7 @@ class _Case:
 
     def error(self) -> float:
         got = [self.fwd(*self.args, self.cu, True), *self.bwd(self.dy, *self.args, self.cu, True)]
-        return max(_rel_rms(a, b) for a, b in zip(got, self.want, strict=True))
+        return max(rel_rms(a, b) for a, b in zip(got, self.want, strict=True))
 
     def public(self, cu, backward: bool, custom: bool = False):
         fn = self.custom if custom else self.op
@@ -123,15 +123,6 @@ class _Case:
         return lambda: torch.autograd.grad(call(), leaves, self.dy)
 
 
-def _rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    if not torch.isfinite(actual).all():
-        return math.inf
-    return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
-
-
-def _us(fn, rep: int) -> float:
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
 def _tune(cases: dict[str, _Case], rep: int) -> list[str]:
@@ -141,14 +132,13 @@ def _tune(cases: dict[str, _Case], rep: int) -> list[str]:
         print(f"\n## {group}: {', '.join(consts)}  (raw {'backward' if backward else 'forward'} launcher, µs)")
         results = []
         for values in candidates:
-            for name, value in zip(consts, values, strict=True):
-                setattr(module, name, value)
+            use(module, consts, values)
             cells, score, worst = [], 0.0, 0.0
             for case_name in names:
                 case = cases[case_name]
                 make = case.raw_bwd if backward else case.raw_fwd
                 try:
-                    plain, docs = _us(make(None), rep), _us(make(case.cu), rep)
+                    plain, docs = us(make(None), rep), us(make(case.cu), rep)
                     err = case.error()
                 except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
                     print(f"  {values}: {case_name} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
@@ -156,14 +146,8 @@ def _tune(cases: dict[str, _Case], rep: int) -> list[str]:
                 cells.append(f"{case_name} {plain:7.1f} / {docs:7.1f} docs (err {err:.1e})")
                 score += (plain + docs) / 2
                 worst = max(worst, err)
-            ok = worst <= RMS_BOUND
-            results.append((score if ok else math.inf, values, "; ".join(cells) + ("" if ok else "  WRONG")))
-        best = min(results, key=lambda r: r[0])
-        for _score, values, line in results:
-            print(f"{'*' if values == best[1] else ' '} {values}: {line}")
-        for name, value in zip(consts, best[1], strict=True):
-            setattr(module, name, value)
-        settings.append(f"{module.__name__}: " + ", ".join(f"{n} = {v}" for n, v in zip(consts, best[1], strict=True)))
+            results.append((score, worst, values, "; ".join(cells)))
+        settings.append(f"{module.__name__}: {settle(results, RMS_BOUND, module, consts)}")
     return settings
 
 
@@ -174,11 +158,11 @@ def _table(cases: dict[str, _Case], rep: int) -> None:
     print("|---|" + "---|" * 10)
     for name, case in cases.items():
         cells = [
-            _us(case.raw_fwd(None), rep), _us(case.raw_fwd(case.cu), rep),
-            _us(case.raw_bwd(None), rep), _us(case.raw_bwd(case.cu), rep),
-            _us(case.public(None, False), rep), _us(case.public(case.cu, False), rep),
-            _us(case.public(None, True), rep), _us(case.public(case.cu, True), rep),
-            _us(case.public(None, False, custom=True), rep), _us(case.public(None, True, custom=True), rep),
+            us(case.raw_fwd(None), rep), us(case.raw_fwd(case.cu), rep),
+            us(case.raw_bwd(None), rep), us(case.raw_bwd(case.cu), rep),
+            us(case.public(None, False), rep), us(case.public(case.cu, False), rep),
+            us(case.public(None, True), rep), us(case.public(case.cu, True), rep),
+            us(case.public(None, False, custom=True), rep), us(case.public(None, True, custom=True), rep),
         ]
         print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
 
@@ -188,12 +172,7 @@ def main() -> None:
     parser.add_argument("--rep", type=int, default=100, help="do_bench's rep, ms of timed runs per measurement")
     parser.add_argument("--only", default="", help="comma-separated group names to tune (default: all)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device")
-    if tu.POISON_OUTPUTS:
-        raise SystemExit("kernels.triton_utils.POISON_OUTPUTS must be False when timing")
-    device = torch.device("cuda")
-    print(f"# {torch.cuda.get_device_name(device)}; torch {torch.__version__}, Triton {triton.__version__}")
+    device = gpu()
     print(f"shape B={B}, T={T}, D={D}, W={W}, R={R}, bf16, residual, static_w; docs: {N_DOCS} documents")
     if args.only:
         wanted = set(args.only.split(","))
