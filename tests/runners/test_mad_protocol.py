@@ -160,7 +160,7 @@ def test_smoke_profile_end_to_end(tmp_path):
     table = invoke("mad", "table", str(out), "--md", str(tmp_path / "t.md"), "--csv", str(tmp_path / "t.csv"))
     assert table.exit_code == 0 and "In-Context Recall" in table.output
     assert (tmp_path / "t.md").read_text().strip() in table.output
-    assert len((tmp_path / "t.csv").read_text().splitlines()) == 1 + 7
+    assert len((tmp_path / "t.csv").read_text().splitlines()) == 1 + 8  # six tasks, selective copy's variant, average
 
     report = invoke("report", str(out))
     assert report.exit_code == 0, report.output
