@@ -59,7 +59,9 @@ Speed options (``speed``, ``runners.speed``: eager by default; ``auto`` picks pe
 ``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
 fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
 sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
-unreported, until at most half of it still trains, so a stack of N compiles for at most log2(N) sizes.
+unreported, until at most half of it still trains, so a stack of N compiles for at most log2(N) sizes. On
+CUDA the evaluation is captured as a CUDA graph, as under ``cuda_graph`` (with it eager, compiled stacks whose
+epochs are a few steps trained for only about half their wall time; docs/engine.md).
 ``cuda_graph``: capture the whole step (gather, forward, backward, AdamW) in a CUDA graph per batch shape
 and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
 state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
@@ -334,6 +336,8 @@ class _Stack:
                  cuda_graph: bool) -> None:
         tc = runs[0].config.train
         self.device, self.autocast, self.cuda_graph = device, autocast, cuda_graph
+        # the evaluation as a CUDA graph: with the step's graphs, and in compiled stacks (evaluate)
+        self.graph_eval = cuda_graph or (compile and device.type == "cuda")
         self.beta1, self.beta2 = tc.beta1, tc.beta2
         self.template = _template(runs[0].model_config, device)
         self.names = [name for name, _ in self.template.named_parameters()]
@@ -472,10 +476,10 @@ class _Stack:
     def evaluate(self, run_tasks: list[tasks.Task], rows: list[int],
                  batch_size: int) -> list[dict[str, float]]:
         """Test metrics of the runs in these rows (of these tasks), as ``runners.evaluation.evaluate`` computes
-        them; one forward serves the whole stack. With cuda_graph the whole evaluation (every test batch and
+        them; one forward serves the whole stack. With graph_eval the whole evaluation (every test batch and
         every run's sums) is captured once per set of rows and replayed: eager, its few thousand small
         launches cost more than the training steps between two evaluations (MAD evaluates every epoch)."""
-        if not self.cuda_graph:
+        if not self.graph_eval:
             return [acc.metrics() for acc in self._eval_sums(run_tasks, rows, batch_size)]
         key = (tuple(rows), batch_size)
         if self.eval_graph is None or self.eval_graph[0] != key:  # the live rows only shrink: no older set returns
@@ -493,7 +497,7 @@ class _Stack:
             targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
             positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
             cu_seqlens = self.layout(self.test_starts, batch)
-            with bf16_autocast(self.device, self.autocast, not self.cuda_graph), _vmap_attention(self.device):
+            with bf16_autocast(self.device, self.autocast, not self.graph_eval), _vmap_attention(self.device):
                 logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
