@@ -43,6 +43,7 @@ from mixlab.analysis.aggregate import (
 from mixlab.analysis.claims import grid_verdicts, mad_verdicts, sweep_claims, verdict_lines
 from mixlab.analysis.tables import (
     REFERENCE,
+    SOLVED_AT,
     grid_table,
     mad_budget_table,
     mad_entry,
@@ -50,6 +51,7 @@ from mixlab.analysis.tables import (
     mad_seed_rows,
     mad_setting_rows,
     mad_setting_table,
+    mad_solved_table,
     mad_task_rows,
     mad_text,
     reference_name,
@@ -133,6 +135,12 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
                      "perplexity evaluation was their last and that did not stop early: their test perplexity was "
                      "still falling when training ended, so these are the runs a longer budget could change.", "",
                      mad_budget_table(entries).markdown(), ""]
+        solved = mad_solved_table(entries)
+        if solved is not None:
+            sections += [f"### Settings that split between seeds (solved: best grid point >= {SOLVED_AT})", "",
+                         "Seeds whose best grid point solves the setting, of the seeds scored, where some model "
+                         "solves it on some seeds and not on others: a median hides that share.", "",
+                         solved.markdown(), ""]
         for profile, verdicts in mad_verdicts(mads).items():
             sections += [f"### The paper's claims, {profile} profile", "", *verdict_lines(verdicts)]
 

@@ -38,6 +38,8 @@ REFERENCE: dict[str, dict[str, float]] = {
 }
 MAD_ROWS = (*MAD_TASK_NAMES.values(), AVERAGE)
 SELECTIVE_COPY = MAD_TASK_NAMES["mad/selective_copy"]
+# A seed solves a MAD setting when its best grid point reaches this macro accuracy (the claims' solved_at).
+SOLVED_AT = 0.99
 # The paper's claims about its MAD table beyond the values themselves (checked by analysis.claims, which adds
 # one claim per value of REFERENCE: the score within MAD_TOLERANCE of it; the tolerance is ours).
 MAD_TOLERANCE = 0.03
@@ -255,6 +257,23 @@ def mad_budget_table(entries: Sequence[MadEntry]) -> Table:
         cells = [counts.get((task, e.label)) for e in entries]
         rows.append([task, *("—" if not c else f"{sum(c)}/{len(c)}" for c in cells)])
     return Table(["Task", *(e.label for e in entries)], rows)
+
+
+def mad_solved_table(entries: Sequence[MadEntry], level: float = SOLVED_AT) -> Table | None:
+    """The settings some model solves on some seeds but not on others (best grid point >= ``level``): per model
+    the seeds that solve it, k/n ("—" without scored seeds). None when no setting splits so: where a setting is
+    bimodal (a run forms the circuit or stays at a plateau), the median hides the share that solves it."""
+    seeds: dict[tuple[str, str], dict[str, list[bool]]] = {}
+    for row in mad_setting_rows(entries):
+        seeds.setdefault((row["task"], row["setting"]), {}).setdefault(row["model"], []).append(row["score"] >= level)
+    order = {name: i for i, name in enumerate(MAD_ROWS)}
+    split = sorted((key for key, by_model in seeds.items() if any(0 < sum(v) < len(v) for v in by_model.values())),
+                   key=lambda k: order.get(k[0], len(order)))
+    if not split:
+        return None
+    rows = [[task, setting, *("—" if not (v := seeds[(task, setting)].get(e.label)) else f"{sum(v)}/{len(v)}"
+                              for e in entries)] for task, setting in split]
+    return Table(["Task", "Setting", *(e.label for e in entries)], rows)
 
 
 def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:

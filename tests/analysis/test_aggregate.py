@@ -23,7 +23,16 @@ from mixlab.analysis.aggregate import (
 )
 from mixlab.analysis.plots import length_frame
 from mixlab.analysis.report import write_report
-from mixlab.analysis.tables import REFERENCE, grid_table, mad_budget_table, mad_entry, mad_table, mad_text
+from mixlab.analysis.tables import (
+    REFERENCE,
+    MadEntry,
+    grid_table,
+    mad_budget_table,
+    mad_entry,
+    mad_solved_table,
+    mad_table,
+    mad_text,
+)
 from mixlab.tasks.mad import mad_sweep_settings
 
 SETTINGS = {(s.task, s.label): s for s in mad_sweep_settings()}
@@ -200,6 +209,19 @@ def test_selective_copy_as_mad_lab_scored_it_before_the_copy_fix():
     assert result.per_seed["Selective Copy"] == pytest.approx({0: 0.45, 1: 0.4})
     assert result.copy16 == pytest.approx({0: (0.9 + 0.5 + 0.9 + 0.9) / 4})
     assert COPY16 not in result.per_seed and result.per_seed[AVERAGE] == pytest.approx({0: 0.45, 1: 0.4})
+
+
+def test_solved_table_lists_the_settings_that_split_between_seeds():
+    icr, mem = "mad/in_context_recall", "mad/memorization"
+    accs = {(icr, "baseline"): [0.995, 0.3, 0.991], (icr, "vocab_size=32"): [1.0, 1.0, 1.0],
+            (mem, "baseline"): [0.5] * 3}
+    records = [mad_record(task, setting, [(1.0, acc)], lr=1e-3, seed=seed)
+               for (task, setting), values in accs.items() for seed, acc in enumerate(values)]
+    entry = MadEntry(label="m", scores=mad_scores(run_rows(records)), reference=None, profile="p", profile_text="",
+                     missing=0)
+    table = mad_solved_table([entry])
+    assert table is not None and table.rows == [["In-Context Recall", "baseline", "2/3"]]
+    assert mad_solved_table([entry], level=0.2) is None  # every seed of every setting solves at 0.2
 
 
 AVERAGE_OF_SIX = """
