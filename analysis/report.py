@@ -23,7 +23,9 @@ A file where a record should be that cannot be read is named, with the reason, a
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from mixlab.analysis.claims import grid_verdicts, mad_verdicts, sweep_claims, ve
 from mixlab.analysis.tables import (
     REFERENCE,
     SOLVED_AT,
+    MadEntry,
     grid_table,
     mad_budget_table,
     mad_entry,
@@ -101,6 +104,14 @@ def report_folder(folders: Sequence[str | Path], out: str | Path | None) -> Path
     return Path(folders[0])
 
 
+def _distinct_labels(entries: list[MadEntry], datas: list[SweepData]) -> list[MadEntry]:
+    """Entries whose column labels collide (two folders of one model and profile, e.g. runs trained under
+    earlier rules kept beside new ones) are named by their folders instead of their models."""
+    counts = Counter((data.label, entry.profile) for entry, data in zip(entries, datas, strict=True))
+    return [dataclasses.replace(entry, label=entry.label.replace(data.label, data.path.name, 1))
+            if counts[data.label, entry.profile] > 1 else entry for entry, data in zip(entries, datas, strict=True)]
+
+
 def write_report(folders: Sequence[str | Path], out: str | Path | None = None) -> list[Path]:
     """Write report.md, CSVs and PNGs for ``folders`` into ``out`` (default: the one folder given). A folder
     that holds sweep folders or single runs stands for all of them (``find_folders``). Nothing is written, no
@@ -122,7 +133,7 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     mads = sorted((d for d in datas if d.kind == "mad"),
                   key=lambda d: order.index(reference_name(d)) if reference_name(d) in order else len(order))
     if mads:
-        entries = [mad_entry(d) for d in mads]
+        entries = _distinct_labels([mad_entry(d) for d in mads], mads)
         written.append(write_csv(out / "mad_tasks.csv", mad_task_rows(entries)))
         written.append(write_csv(out / "mad_settings.csv", mad_setting_rows(entries)))
         written.append(plots.mad_task_bars(mad_seed_rows(entries), out / "mad_tasks.png",

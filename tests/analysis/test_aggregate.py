@@ -370,6 +370,18 @@ def test_report_of_a_collection_folder_covers_its_sweeps_in_reference_order(mad_
     assert header[1].startswith("transformer") and header[4].startswith("static_conv_qkv")
 
 
+def test_two_folders_of_one_model_and_profile_get_their_folders_as_column_labels(mad_dir, tmp_path):
+    collection = tmp_path / "collection"
+    shutil.copytree(mad_dir, collection / "transformer-paper")
+    v2 = shutil.copytree(mad_dir, collection / "transformer-paper-v2")
+    manifest = json.loads((v2 / "sweep.json").read_text())
+    manifest["spec"]["seeds"] = [0]  # the columns' seed counts differ: the model names alone would not tell them
+    (v2 / "sweep.json").write_text(json.dumps(manifest))
+    write_report([collection])
+    header = cells((collection / "report.md").read_text(), "Task")
+    assert sorted(header[1::3]) == ["transformer-paper (paper, n=3)", "transformer-paper-v2 (paper, n=1)"]
+
+
 def test_grid_table_shows_score_groups_and_the_papers_values(grid_dir):
     for path in (grid_dir / "runs").glob("*.json"):
         rec = json.loads(path.read_text())
