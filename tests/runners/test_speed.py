@@ -1,5 +1,5 @@
-"""Speed modes (``runners.speed``): auto picks per stack by device and row length, the command-line flags map
-onto the modes, and the engine runs each stack in the mode picked for it."""
+"""Speed modes (``runners.speed``): auto picks per stack by device, the command-line flags map onto the modes,
+and the engine runs each stack in the mode picked for it."""
 
 import pytest
 import torch
@@ -9,27 +9,22 @@ from mixlab.runners import engine
 from mixlab.runners.bench_train import bench_train
 from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.speed import COMPILE_MAX_ROW, from_flags, stack_modes
+from mixlab.runners.speed import from_flags, stack_modes
 from mixlab.runners.sweep_jobs import run_job
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
 
-@pytest.mark.parametrize(("speed", "device", "row", "modes"), [
-    ("auto", CUDA, COMPILE_MAX_ROW, (True, False)),
-    ("auto", CUDA, 32, (True, False)),
-    ("auto", CUDA, COMPILE_MAX_ROW + 1, (False, True)),
-    ("auto", CUDA, 1024, (False, True)),
-    ("auto", CPU, 32, (False, False)),
-    ("auto", CPU, 1024, (False, False)),
-    ("eager", CUDA, 32, (False, False)),
-    ("compile", CUDA, 1024, (True, False)),
-    ("cuda-graph", CUDA, 32, (False, True)),
-    ("compile+graph", CPU, 32, (True, True)),
-], ids=["auto-cuda-at-threshold", "auto-cuda-short", "auto-cuda-past-threshold", "auto-cuda-long", "auto-cpu-short",
-        "auto-cpu-long", "eager", "compile-long-rows", "graph-short-rows", "compile+graph-as-asked"])
-def test_stack_modes(speed, device, row, modes):
-    assert stack_modes(speed, device, row) == modes
+@pytest.mark.parametrize(("speed", "device", "modes"), [
+    ("auto", CUDA, (True, False)),
+    ("auto", CPU, (False, False)),
+    ("eager", CUDA, (False, False)),
+    ("compile", CUDA, (True, False)),
+    ("cuda-graph", CUDA, (False, True)),
+    ("compile+graph", CPU, (True, True)),
+], ids=["auto-cuda", "auto-cpu", "eager", "compile", "graph", "compile+graph-as-asked"])
+def test_stack_modes(speed, device, modes):
+    assert stack_modes(speed, device) == modes
 
 
 @pytest.mark.parametrize(("speed", "compile", "cuda_graph", "want"), [
@@ -47,29 +42,35 @@ def test_flags_map_onto_modes(speed, compile, cuda_graph, want):
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: from_flags("auto", True, False), "--speed auto contradicts --compile/--cuda-graph"),
     (lambda: from_flags("fast"), "unknown speed 'fast'"),
-    (lambda: stack_modes("fast", CPU, 8), "unknown speed 'fast'"),
+    (lambda: stack_modes("fast", CPU), "unknown speed 'fast'"),
 ], ids=["speed-against-flag", "unknown-speed", "unknown-speed-in-engine"])
 def test_bad_speed_names_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
 
-def test_engine_picks_each_stacks_mode_by_its_row_length(monkeypatch):
-    """Two groups of different row lengths under auto, the device taken as CUDA: the short rows' stack is
-    compiled, the long rows' graphed (``_train_stack`` spied: nothing trains)."""
+def test_auto_compiles_every_row_length_on_cuda_and_leaves_packed_stacks_eager(monkeypatch):
+    """Groups of two row lengths and a packed task under auto, the device taken as CUDA: both unpacked stacks
+    compile, the packed one runs eager (``_train_stack`` spied: nothing trains)."""
     picked = {}
 
     def spy(configs, names, **kwargs):
-        picked[engine.row_tokens(configs[0])] = (kwargs["compile"], kwargs["cuda_graph"], kwargs["compact_at"])
+        picked[configs[0].task, engine.row_tokens(configs[0])] = (kwargs["compile"], kwargs["cuda_graph"],
+                                                                  kwargs["compact_at"])
         return [{} for _ in configs]
 
     monkeypatch.setattr(engine, "_train_stack", spy)
     monkeypatch.setattr(engine, "pick_device", lambda _: CUDA)
-    monkeypatch.setattr(engine, "group_key", lambda c: c.task_params["seq_len"])
-    configs = [RunConfig(task="mad/in_context_recall", task_params={"seq_len": t}, model={"d_model": 16, "n_heads": 2},
-                         train=TrainConfig(epochs=1, init_seed=seed)) for t in (64, 256) for seed in (0, 1)]
+    monkeypatch.setattr(engine, "group_key", lambda c: (c.task, engine.row_tokens(c)))
+    small = {"d_model": 16, "n_heads": 2}
+    configs = [RunConfig(task="mad/in_context_recall", task_params={"seq_len": t}, model=small,
+                         train=TrainConfig(epochs=1, init_seed=seed)) for t in (64, 1024) for seed in (0, 1)]
+    configs.append(RunConfig(task="packed/noisy_recall", model=small, train=TrainConfig(epochs=1)))
     engine.train_runs_batched(configs, progress=False, speed="auto")
-    assert picked == {63: (True, False, engine.COMPILED_COMPACTION), 255: (False, True, 1.0)}
+    compiled = (True, False, engine.COMPILED_COMPACTION)
+    packed_len = engine.row_tokens(configs[-1])
+    assert picked == {("mad/in_context_recall", 63): compiled, ("mad/in_context_recall", 1023): compiled,
+                      ("packed/noisy_recall", packed_len): (False, False, 1.0)}
 
 
 @pytest.mark.usefixtures("one_torch_thread")
