@@ -19,6 +19,13 @@ launched in two modes:
     dv = p^T @ do                launched second, it reads the delta of the first
 Each gradient element is summed by one program in a fixed order: no atomics, results are bitwise repeatable.
 
+Or (``BWD_PASSES = 1``) one pass, a program per pair walking its key tiles, and for each the query tiles from the
+diagonal to T: p and ds are computed once per pair of tiles (one exponential a score, against two for the two
+passes, whose exponentials bound them at long rows), dk and dv are summed in registers as in the dk/dv mode,
+and dq's partial sums wait in an fp32 scratch [B * H, T, hd] until the query tile's diagonal, the last key tile
+it meets, completes them. delta is recomputed per pair of tiles from o and do. Key tiles are walked in order,
+so dq's sums run in the two-pass order too.
+
 Head sizes below 16: ``tl.dot`` needs an inner dimension of at least 16, so the head dim is padded to
 HDP = max(16, next power of two) with masked loads (zeros add nothing to q . k, and the padded columns of
 o, dq, dk, dv are never stored). One code path for every head size, and the products stay on the tensor
@@ -49,6 +56,9 @@ from mixlab.kernels._triton import tl, triton
 # equal at T=1023 (BENCHMARKS.md).
 FWD_BT, FWD_WARPS, FWD_STAGES, FWD_PAIR_ROWS = 64, 4, 2, 128
 BWD_BT, BWD_WARPS, BWD_STAGES, BWD_PAIR_ROWS = 64, 4, 1, 512
+# The backward in two passes (dq; dk and dv) or in one (module docstring). Two until the one pass has been timed
+# on a GPU against it (``scripts/tune_attention_gpu.py``).
+BWD_PASSES = 2
 # The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
 MAX_HEAD_DIM = 128
 LOG2E = math.log2(math.e)
@@ -257,6 +267,80 @@ def _attn_bwd_kernel(
 # fmt: on
 
 
+# fmt: off
+@triton.jit
+def _one_pass_tile(
+    b_dk, b_dv, b_k, b_v, q_ptr, o_ptr, do_ptr, lse_ptr, dqa_ptr, dq_ptr,  # key tile state, pointers
+    base, row0, o_n, i_n, i_m, n_t, s_t, o_d, scale, qk_scale,  # where
+    HD: tl.constexpr, BT: tl.constexpr, DIAGONAL: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Query tile i_m against key tile i_n (rows o_n): ds once, into the key tile's (unscaled) dk and dv and the
+    query tile's dq; dq's partial sum over key tiles before i_n comes from the scratch dqa and goes back to it,
+    or, on the diagonal (the last key tile the query tile meets), out to dq, scaled."""
+    o_m = i_m + tl.arange(0, BT)  # [BT] query rows
+    m_m = o_m < n_t
+    b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, s_t, HD)  # [BT, HDP]
+    b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, s_t, HD)
+    b_o = _load_rows(o_ptr, base, o_m, m_m, o_d, s_t, HD)
+    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
+    # queries past the pair's end get p = exp2(s - inf) = 0
+    b_lse = tl.load(lse_ptr + row0 + o_m, mask=m_m, other=float("inf"))
+    b_st = _dot(b_k, tl.trans(b_q), NATIVE_DOT, PRECISION)  # [BT keys, BT queries]
+    b_pt = tl.exp2(b_st * qk_scale - b_lse[None, :])
+    if DIAGONAL:
+        b_pt = tl.where(o_m[None, :] >= o_n[:, None], b_pt, 0.0)
+    b_dv += _dot(b_pt.to(b_do.dtype), b_do, NATIVE_DOT, PRECISION)
+    b_dpt = _dot(b_v, tl.trans(b_do), NATIVE_DOT, PRECISION)  # [BT, BT]
+    b_dst = (b_pt * (b_dpt - b_delta[None, :])).to(b_q.dtype)
+    b_dk += _dot(b_dst, b_q, NATIVE_DOT, PRECISION)
+    b_dq = _dot(tl.trans(b_dst), b_k, NATIVE_DOT, PRECISION)  # [BT queries, HDP]
+    # the scratch rows [BT, HD] of the query tile; nothing to read before the first key tile
+    p_a = dqa_ptr + (row0 + o_m)[:, None] * HD + o_d[None, :]
+    m_a = m_m[:, None] & (o_d < HD)[None, :]
+    b_dq += tl.load(p_a, mask=m_a & (i_n > 0), other=0.0)
+    if DIAGONAL:
+        _store_rows(dq_ptr, b_dq * scale, base, o_m, m_m, o_d, s_t, HD)
+    else:
+        tl.store(p_a, b_dq, mask=m_a)
+    return b_dk, b_dv
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _attn_bwd_one_pass_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqa_ptr, dq_ptr, dk_ptr, dv_ptr,  # pointers
+    T, H, BH, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scales
+    HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+):
+    o_d = tl.arange(0, HDP)
+    for j in range(PAIRS):
+        i_bh = tl.program_id(0) * PAIRS + j
+        base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
+        row0 = i_bh.to(tl.int64) * T  # the pair's first row of lse and of the scratch
+        for i_n in range(0, n_t, BT):
+            o_n = i_n + tl.arange(0, BT)  # [BT] key rows
+            m_n = o_n < n_t
+            b_k = _load_rows(k_ptr, base, o_n, m_n, o_d, s_t, HD)  # [BT, HDP]
+            b_v = _load_rows(v_ptr, base, o_n, m_n, o_d, s_t, HD)
+            b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
+            b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
+            # the scratch the previous key tile stored is read below, maybe by other threads of the program
+            tl.debug_barrier()
+            b_dk, b_dv = _one_pass_tile(b_dk, b_dv, b_k, b_v, q_ptr, o_ptr, do_ptr, lse_ptr, dqa_ptr, dq_ptr, base,
+                                        row0, o_n, i_n, i_n, n_t, s_t, o_d, scale, qk_scale, HD, BT, True,
+                                        NATIVE_DOT, PRECISION)
+            # query tiles right of the diagonal: every query follows every key of the tile
+            for i_m in range(i_n + BT, n_t, BT):
+                b_dk, b_dv = _one_pass_tile(b_dk, b_dv, b_k, b_v, q_ptr, o_ptr, do_ptr, lse_ptr, dqa_ptr, dq_ptr,
+                                            base, row0, o_n, i_n, i_m, n_t, s_t, o_d, scale, qk_scale, HD, BT,
+                                            False, NATIVE_DOT, PRECISION)
+            _store_rows(dk_ptr, b_dk * scale, base, o_n, m_n, o_d, s_t, HD)
+            _store_rows(dv_ptr, b_dv, base, o_n, m_n, o_d, s_t, HD)
+# fmt: on
+
+
 # ---- host side: layouts, launchers, autograd ----
 
 
@@ -322,12 +406,18 @@ def _attention_bwd(
     """do and the forward's q, k, v, o, lse -> (dq, dk, dv) [B, H, T, hd] in q's dtype and layout."""
     q = _dense(q)
     k, v, o, do = (_as_layout(t, q) for t in (k, v, o, do))
-    B, H, T, _ = q.shape
-    delta = tu.empty((B, H, T), torch.float32, q.device)
+    B, H, T, hd = q.shape
     dq, dk, dv = (_empty_as(q, q.dtype) for _ in range(3))
     grid, args = _plan(q, BWD_BT, BWD_PAIR_ROWS)
     scales = {"scale": scale, "qk_scale": scale * LOG2E}
     launch = {"num_warps": BWD_WARPS, "num_stages": BWD_STAGES}
+    if BWD_PASSES == 1:
+        dq_partial = tu.empty((B * H, T, hd), torch.float32, q.device)
+        whole_pairs = {name: value for name, value in args.items() if name != "N_TB"}  # a program per pair group
+        _attn_bwd_one_pass_kernel[(triton.cdiv(B * H, args["PAIRS"]),)](
+            q, k, v, o, do, lse, dq_partial, dq, dk, dv, **whole_pairs, **scales, **launch)
+        return dq, dk, dv
+    delta = tu.empty((B, H, T), torch.float32, q.device)
     # the dq mode stores delta, which the dk/dv mode (next on the stream) reads
     for dkdv in (False, True):
         _attn_bwd_kernel[grid](q, k, v, o, do, lse, delta, dq, dk, dv, **args, **scales, DKDV=dkdv, **launch)

@@ -28,6 +28,12 @@ def _qkv(gen: torch.Generator, B: int, H: int, T: int, hd: int, dtype: torch.dty
     return [torch.randn(B, H, T, hd, generator=gen, dtype=torch.float64).to(DEVICE, dtype) for _ in range(3)]
 
 
+@pytest.fixture(params=[2, 1], ids=["two-pass", "one-pass"])
+def bwd_passes(request, monkeypatch):
+    """The backward in its two passes (dq; dk and dv) and in one (dq's partial sums in a scratch)."""
+    monkeypatch.setattr(attn_triton, "BWD_PASSES", request.param)
+
+
 def _fwd_bwd(qkv: list[torch.Tensor], upstream: torch.Tensor, backend: str, **kwargs) -> list[torch.Tensor]:
     """[o, dq, dk, dv] of causal_attention on fresh leaves."""
     leaves = [t.detach().clone().requires_grad_() for t in qkv]
@@ -72,11 +78,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("B, H, T, hd, dtype", CASES)
+@pytest.mark.usefixtures("bwd_passes")
 def test_causal_attention(B, H, T, hd, dtype, assert_rel_rms):
     gen = torch.Generator().manual_seed(30)
     _check_against_reference(_qkv(gen, B, H, T, hd, dtype), gen, assert_rel_rms)
 
 
+@pytest.mark.usefixtures("bwd_passes")
 def test_custom_scale(assert_rel_rms):
     gen = torch.Generator().manual_seed(31)
     _check_against_reference(_qkv(gen, 1, 2, 40, 8, FP32), gen, assert_rel_rms, scale=1.7)
@@ -92,11 +100,13 @@ def small_tiles(monkeypatch):
 
 
 @pytest.mark.parametrize("T", [pytest.param(65, id="T65-five-tiles"), pytest.param(9, id="T9-four-pairs")])
+@pytest.mark.usefixtures("bwd_passes")
 def test_small_tiles_and_pair_groups(small_tiles, T, assert_rel_rms):
     gen = torch.Generator().manual_seed(32)
     _check_against_reference(_qkv(gen, 1, 5, T, 8, FP32), gen, assert_rel_rms)
 
 
+@pytest.mark.usefixtures("bwd_passes")
 def test_programs_of_several_pairs_of_several_tiles(small_tiles, monkeypatch, assert_rel_rms):
     """T=65 in five 16-row tiles, two pairs a program (160 rows), B*H=5: the last program has one pair."""
     monkeypatch.setattr(attn_triton, "FWD_PAIR_ROWS", 2 * 5 * 16)
@@ -125,6 +135,7 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
 # ---- repeatability, causality, layouts ----
 
 
+@pytest.mark.usefixtures("bwd_passes")
 def test_two_calls_are_bitwise_equal():
     gen = torch.Generator().manual_seed(34)
     qkv = _qkv(gen, 2, 2, 127, 8, BF16)
@@ -161,6 +172,7 @@ def test_leaky_control_is_caught():
     assert not _prefix_is_blind_to_the_future(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), 1)
 
 
+@pytest.mark.usefixtures("bwd_passes")
 def test_gradients_of_the_prefix_stop_at_its_end():
     """An upstream gradient on rows before t only: dq, dk, dv are exactly zero from t on."""
     gen = torch.Generator().manual_seed(36)
