@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import lzma
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from mixlab import tasks
+from mixlab.runners.manifest import ARCHIVE, archived_records
 from mixlab.tasks.mad import mad_sweep_settings
 
 MANIFEST = "sweep.json"
@@ -184,7 +186,14 @@ def load_sweep(path: str | Path) -> SweepData:
             manifest = json.loads((folder / MANIFEST).read_text())
         except ValueError as exc:
             raise ValueError(f"{str(folder / MANIFEST)!r} is not a readable manifest ({exc})") from None
-    return _load(folder, sorted((folder / RUNS).glob("*.json")), manifest, f"expected {RUNS}/<hash>.json")
+    paths = sorted((folder / RUNS).glob("*.json"))
+    try:
+        archived = archived_records(folder / RUNS)
+    except (OSError, ValueError, lzma.LZMAError) as exc:
+        raise ValueError(f"{str(folder / RUNS / ARCHIVE)!r} cannot be read ({exc})") from None
+    # a record both archived and as a file (trained again after the archive was made) is read from the file
+    packed = [text for name, text in sorted(archived.items()) if name not in {p.stem for p in paths}]
+    return _load(folder, paths, manifest, f"expected {RUNS}/<hash>.json", archived=packed)
 
 
 def load_runs(path: str | Path) -> SweepData:
@@ -198,8 +207,13 @@ def load_runs(path: str | Path) -> SweepData:
 
 
 def _load(folder: Path, paths: Iterable[Path], manifest: dict[str, Any] | None, expected: str, *,
-          single: bool = False) -> SweepData:
+          single: bool = False, archived: Sequence[str] = ()) -> SweepData:
     records, rows, unreadable = read_runs(paths, manifest)
+    metas = _manifest_metas(manifest)
+    for text in archived:  # checked when they were archived (runners.manifest.archive_records)
+        record = json.loads(text)
+        records.append(record)
+        rows.append(run_row(record, metas.get(record["name"])))
     if not records:
         found = (f"; none of its {len(unreadable)} .json files could be read, the first "
                  f"{str(unreadable[0].path)!r}: {unreadable[0].reason}" if unreadable else "")

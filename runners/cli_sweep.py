@@ -198,6 +198,26 @@ def report(
         typer.echo(line)
 
 
+def archive(
+    folders: list[str] = typer.Argument(..., help="Sweep output folders, or folders holding them (e.g. "
+                                        "reproductions/mad)."),
+) -> None:
+    """Pack each sweep's finished records (runs/<hash>.json) into runs/records.jsonl.xz, which every command reads
+    as it reads the files: committed reproductions stay small. A sweep goes on over an archived folder."""
+    from mixlab.runners.manifest import RUNS, archive_records
+
+    for folder in folders:
+        root = Path(folder)
+        if not root.is_dir():
+            raise ValueError(f"no folder {folder!r}")
+        sweeps = [root] if (root / RUNS).is_dir() else sorted(p.parent for p in root.rglob(RUNS) if p.is_dir())
+        if not sweeps:
+            raise ValueError(f"{folder!r} holds no sweep folder (none with a {RUNS}/ folder)")
+        for sweep_dir in sweeps:
+            moved, total = archive_records(sweep_dir)
+            typer.echo(f"{sweep_dir}: {moved} records archived, {total} in {RUNS}/records.jsonl.xz")
+
+
 def claims_command(
     folders: list[str] = typer.Argument(..., help="Folders of run records, or folders holding them (e.g. "
                                         "reproductions/)."),
@@ -230,7 +250,7 @@ def _echo_result(result: SweepResult) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``sweep``, ``sweeps``, ``mad run|table|profiles``, ``report`` and ``claims`` to ``app``."""
+    """Add ``sweep``, ``sweeps``, ``mad run|table|profiles``, ``report``, ``claims`` and ``archive`` to ``app``."""
     app.command("sweep")(sweep)
     app.command("sweeps")(sweep_presets)
     mad_app = typer.Typer(help="The MAD benchmark (docs/mad.md): run the protocol, print the table.",
@@ -241,3 +261,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(mad_app, name="mad")
     app.command("report")(report)
     app.command("claims")(claims_command)
+    app.command("archive")(archive)

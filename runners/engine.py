@@ -92,6 +92,7 @@ from mixlab.models.layers import stacked_runs
 from mixlab.runners import resume
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import eval_batches
+from mixlab.runners.manifest import read_record
 from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.record import RunLog, TrainClock, write_record
@@ -581,12 +582,9 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
                 saver.remove()
     finally:
         bar.close()
-    return [loop.records[id(run)] if id(run) in loop.records else _read_record(out_dir, run) for run in runs]
-
-
-def _read_record(out_dir: str | Path, run: _Run) -> dict[str, Any]:
-    """The record of a run that finished before its stack was resumed."""
-    return json.loads((Path(out_dir) / f"{run.default_name()}.json").read_text())
+    # a run that finished before its stack was resumed has its record in out_dir (or its archive) already
+    return [loop.records[id(run)] if id(run) in loop.records else read_record(out_dir, run.default_name())
+            for run in runs]
 
 
 @dataclasses.dataclass(eq=False)

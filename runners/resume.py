@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from mixlab.runners.atomic import atomic_file, write_json_atomic
 from mixlab.runners.config import config_hash
-from mixlab.runners.manifest import is_record
+from mixlab.runners.manifest import has_record
 from mixlab.runners.record import RunLog
 
 PARTIAL = "partial"
@@ -202,10 +202,10 @@ def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], whe
             return f"run {name!r} is not one of its runs"
         if members[name] != hashed:
             return f"run {name!r} has another config there (hash {members[name]}, now {hashed})"
-        if name not in live and not is_record(out_dir / f"{name}.json"):
+        if name not in live and not has_record(out_dir, name):
             return f"run {name!r} finished there but has no record"
     for name in sorted(live - asked.keys()):
-        if not is_record(out_dir / f"{name}.json"):
+        if not has_record(out_dir, name):
             return f"its run {name!r} is still training there but is not asked for now"
     return None
 

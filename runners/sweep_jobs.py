@@ -15,7 +15,7 @@ from typing import Any
 
 from mixlab.runners.config import RunConfig
 from mixlab.runners.engine import chunks, group_key, train_runs_batched, unbatchable_reason
-from mixlab.runners.manifest import is_record
+from mixlab.runners.manifest import has_record
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.train import train_run
 from mixlab.tasks.fields import PositiveInt, check
@@ -94,7 +94,7 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, speed:
     if not batch and speed != "eager":
         raise ValueError(f"speed={speed!r} is an option of the batched engine; it needs batch=True")
     todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
-            if runs_dir is None or not is_record(Path(runs_dir) / f"{name}.json")]
+            if runs_dir is None or not has_record(runs_dir, name)]
     if not todo:
         return []
     names, configs = [name for name, _ in todo], [config for _, config in todo]

@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -193,3 +194,15 @@ def test_bench_train_shows_progress_on_stderr(capsys, monkeypatch):
     monkeypatch.setattr(bench_train, "bench_train", lambda **kwargs: asked.update(kwargs) or "")
     run(capsys, "bench", "train", "--device", "cpu")
     assert asked["progress"] is True, "the command shows progress unless --no-progress"
+
+
+def test_archive_packs_each_sweep_below_a_folder_and_names_a_bad_one(capsys, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / "sweeps" / name / "runs").mkdir(parents=True)
+        record = {"name": f"{name}0", "config": {}, "final": {"acc_macro": 1.0}}
+        (tmp_path / "sweeps" / name / "runs" / f"{name}0.json").write_text(json.dumps(record))
+    code, out, _ = run(capsys, "archive", str(tmp_path / "sweeps"))
+    assert code == 0 and out.count("1 records archived, 1 in runs/records.jsonl.xz") == 2
+    assert not list((tmp_path / "sweeps").rglob("*.json"))
+    code, _, err = run(capsys, "archive", str(tmp_path / "sweeps" / "a" / "runs"))
+    assert code == 2 and err.strip().endswith("holds no sweep folder (none with a runs/ folder)")

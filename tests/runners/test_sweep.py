@@ -3,6 +3,7 @@ import json
 import multiprocessing
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from mixlab.runners import local_backend
 from mixlab.runners.config import config_hash
 from mixlab.runners.local_backend import JobOutOfMemory
 from mixlab.runners.mad import mad_plan
-from mixlab.runners.manifest import finished_hashes, write_manifest
+from mixlab.runners.manifest import ARCHIVE, archive_records, finished_hashes, read_record, write_manifest
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import plan_jobs
 from mixlab.runners.sweep_plan import resolved_config
@@ -266,6 +267,33 @@ def test_resume_skips_finished_runs(tmp_path):
     assert set(after) == {r.hash for r in plan.runs}
     assert all(after[h] == before[h] for h in before), "finished records are not rerun"
     assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 0
+
+
+def test_an_archived_sweep_reads_as_before_and_goes_on_over_its_archive(tmp_path):
+    """mixlab archive packs the records into runs/records.jsonl.xz: the report's data, the finished runs and each
+    record read as from the files; a sweep run again trains only the missing runs and writes them beside the
+    archive; archiving again merges them; the same records give the same bytes."""
+    plan = tiny(seeds=1).plan()
+    folder = tmp_path / "sweep"
+    run_sweep(plan, folder, SweepOptions(limit=3, progress=False))
+    (folder / "runs" / "notes.json").write_text(json.dumps({"note": "not a record"}))
+    twin = shutil.copytree(folder, tmp_path / "twin")
+    before, data = records_by_hash(folder), load_sweep(folder)
+    del before["notes"]
+    assert archive_records(folder) == (3, 3)
+    assert sorted(p.name for p in (folder / "runs").iterdir()) == sorted(["notes.json", ARCHIVE])
+    assert finished_hashes(folder) == set(before)
+    assert all(read_record(folder / "runs", h) == before[h] for h in before)
+    archived = load_sweep(folder)
+    assert archived.records == data.records and archived.rows == data.rows
+    archive_records(twin)
+    assert (twin / "runs" / ARCHIVE).read_bytes() == (folder / "runs" / ARCHIVE).read_bytes()
+    assert run_sweep(plan, folder, SweepOptions(progress=False)).ran == 5
+    assert set(records_by_hash(folder)) == {r.hash for r in plan.runs} - set(before) | {"notes"}
+    assert archive_records(folder) == (5, 8)
+    assert finished_hashes(folder) == {r.hash for r in plan.runs}
+    assert len(load_sweep(folder).records) == 8
+    assert run_sweep(plan, folder, SweepOptions(progress=False)).ran == 0
 
 
 def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
