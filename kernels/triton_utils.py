@@ -18,7 +18,8 @@ need not wait for the document search, and a NaN in another document still never
 search is unrolled (``N_SEARCH`` is a compile-time constant rounded up to a multiple of 4, so a few values
 cover every layout); and the eager path of each op calls its launchers from a ``torch.autograd.Function``,
 the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`` (stacked runs,
-``runners.engine``), where its rule (``per_run_vmap``) launches the op once per run.
+``runners.engine``), where the short convs' rules fold the runs into one launch (each row with its run's
+weights) and other ops' rule (``per_run_vmap``) launches the op once per run.
 """
 
 from functools import partial
@@ -125,17 +126,18 @@ class TritonOp:
 
     Calling the TritonOp runs the op on checked inputs: eager calls through a ``torch.autograd.Function`` straight
     to the launchers (no custom-op dispatch on the host), torch.compile graphs and ``torch.func.vmap`` through
-    the custom op (``per_run_vmap`` its vmap rule), whose backward calls the backward custom op.
+    the custom op, whose backward calls the backward custom op. Its vmap rule is ``vmap`` (``torch.library``'s
+    signature) where the op can fold stacked runs into one launch, else ``per_run_vmap``.
     """
 
-    def __init__(self, name: str, fwd, bwd) -> None:
+    def __init__(self, name: str, fwd, bwd, vmap=None) -> None:
         self.fwd, self.bwd = fwd, bwd
         self.op = torch.library.custom_op(f"mixlab::{name}", fwd, mutates_args=())
         self.bwd_op = torch.library.custom_op(f"mixlab::{name}_bwd", bwd, mutates_args=())
         self.op.register_fake(_fake_output)
         self.bwd_op.register_fake(_fake_grads)
         self.op.register_autograd(partial(_backward, self.bwd_op), setup_context=_setup_context)
-        self.op.register_vmap(per_run_vmap(self.op))
+        self.op.register_vmap(vmap or per_run_vmap(self.op))
         body = {
             "forward": staticmethod(fwd),
             "setup_context": staticmethod(_setup_context),
@@ -205,12 +207,14 @@ def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:
     return per_chunk, triton.cdiv(n_tiles, per_chunk)
 
 
-def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 partial [P, *shape] -> [*shape] in ``dtype``: rows added in order 0..P-1, one launch."""
-    P = partial.shape[0]
+def sum_partials(partial: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> torch.Tensor:
+    """fp32 partial [P, *shape] -> [*shape] in ``dtype``: rows added in order 0..P-1, one launch. With
+    ``groups`` G > 1: partial [G * P, *shape] -> [G, *shape], each group's P rows added so (stacked runs'
+    weight gradients, each run's as it would be alone)."""
+    P = partial.shape[0] // groups
     M = partial[0].numel()
-    out = empty(tuple(partial.shape[1:]), dtype, partial.device)
-    _sum_partials_kernel[(triton.cdiv(M, SUM_BLOCK_M),)](
+    out = empty((groups, *partial.shape[1:]) if groups > 1 else tuple(partial.shape[1:]), dtype, partial.device)
+    _sum_partials_kernel[(triton.cdiv(M, SUM_BLOCK_M), groups)](
         partial, out, P, M, BM=SUM_BLOCK_M, BP=min(SUM_BLOCK_P, triton.next_power_of_2(P)), num_warps=4
     )
     return out
@@ -224,9 +228,11 @@ def dot_precision(x: torch.Tensor) -> str:
 
 @triton.jit
 def _sum_partials_kernel(p_ptr, out_ptr, P, M, BM: tl.constexpr, BP: tl.constexpr):
-    i_m = tl.program_id(0)
+    i_m, i_g = tl.program_id(0), tl.program_id(1)
     o_m = i_m * BM + tl.arange(0, BM)  # [BM]
     m_m = o_m < M
+    p_ptr += i_g.to(tl.int64) * P * M  # the group's rows
+    out_ptr += i_g.to(tl.int64) * M
     b_acc = tl.zeros([BM], dtype=tl.float32)
     # whole blocks of BP rows, each summed by a fixed tree, then added in row order: a fixed order overall
     for i_p in range(0, P, BP):

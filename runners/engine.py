@@ -40,9 +40,10 @@ are trained one at a time by ``train_run``, in the same call:
 - packed tasks with an fla-core baseline (``stacks_with_documents``): its document path reads the layout on
   the host with no per-run rule;
 - ``kernel_backend="triton"`` with RubiConv (``rubiconv``, ``fft_conv_leaky``, ``hyena``, ``hyena_leaky``): its
-  Triton path has no vmap rule. The short convs' custom ops have one (``kernels.triton_utils.per_run_vmap``:
-  the kernels once per run), so under auto (``kernel_backend=None``) a stack runs the same kernels as a run
-  alone: Triton on CUDA, the plain-torch references on the CPU; RubiConv under vmap runs its reference;
+  Triton path has no vmap rule. The short convs' custom ops have one (the runs folded into one launch, each row
+  with its run's weights; one launch per run with documents), so under auto (``kernel_backend=None``) a stack
+  runs the same kernels as a run alone: Triton on CUDA, the plain-torch references on the CPU; RubiConv under
+  vmap runs its reference;
 - mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap;
   a hybrid stack (per-layer pattern) stacks only when every mixer of it does.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,

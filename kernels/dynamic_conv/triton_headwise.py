@@ -10,6 +10,10 @@ channels (padded to the power of two HSP), so a head's channels are one axis of 
 is a sum along that axis. Backward programs own (a head block, a chunk of token tiles):
     dx[t] = sum_k (weight[t + k, h, k] + static_w[k]) * dy[t + k]     for t + k in t's document
 and dstatic_w[k] = sum_t dy[t] * x[t - k] goes through fp32 partials per chunk (``kernels.triton_utils``).
+
+Stacked runs fold into one launch as in ``kernels.short_conv.triton``: x and weight [R * B, ...] with static_w
+[R, W, D], row b using run b // B's (``RPW``), dstatic_w summed over each run's chunks as a run alone sums them
+(``_fold_runs``).
 """
 
 import torch
@@ -27,12 +31,14 @@ HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS = 1024, 4, 1, 4096
 @triton.jit
 def _dynamic_conv_headwise_fwd_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, H, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, H, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     m_t = o_t < T
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
@@ -72,12 +78,15 @@ def _dynamic_conv_headwise_fwd_kernel(
 @triton.jit
 def _dynamic_conv_headwise_bwd_kernel(
     x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
-    T, D, H, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, H, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_h, i_c = tl.program_id(0), tl.program_id(1)
+    i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
+    if HAS_STATIC:
+        s_ptr += i_r.to(tl.int64) * W * D
     o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
     o_c = tl.arange(0, HSP)  # [HSP] channels within a head
     m_h = o_h < H
@@ -86,7 +95,10 @@ def _dynamic_conv_headwise_bwd_kernel(
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
-        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
+        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
+        i_b += i_r * RPW
+        o_g += i_r * RPW * T
         o_t = o_g - i_b * T  # [BT] positions in the row
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_tc = m_t[:, None, None] & m_hc[None, :, :]
@@ -150,9 +162,11 @@ def _headwise_fwd(
     cu_seqlens: torch.Tensor | None,
     residual: bool,
 ) -> torch.Tensor:
-    """x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    """x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> y: [B, T, D] in x's dtype. Stacked runs:
+    static_w [runs, W, D], each run B / runs rows."""
     B, T, D = x.shape
     H, W = weight.shape[2], weight.shape[3]
+    runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, NH, HSP = _head_tiles(T, H, D // H)
@@ -160,7 +174,7 @@ def _headwise_fwd(
     grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
     # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](
-        x, weight, static_w, y, cu_seqlens, T, D, H, n_cu, n_search, W=W, WP=triton.next_power_of_2(W),
+        x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=triton.next_power_of_2(W),
         HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
         RESIDUAL=residual, num_warps=HW_FWD_WARPS,
     )
@@ -177,29 +191,48 @@ def _headwise_bwd(
     residual: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, x: [B, T, D], weight: [B, T, H, W], static_w: [W, D] or None -> (dx [B, T, D], dweight
-    [B, T, H, W], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
+    [B, T, H, W], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input. Stacked runs:
+    static_w and its gradient [runs, W, D], as ``_headwise_fwd``."""
     B, T, D = x.shape
     H, W = weight.shape[2], weight.shape[3]
+    runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
+    rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
     n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_hb, HW_BWD_PROGRAMS)
+    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_hb, HW_BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
-    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
-    _dynamic_conv_headwise_bwd_kernel[(n_hb, n_chunks)](
-        x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, n_tb, B * T, per_chunk, n_cu,
-        n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
+    _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](
+        x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
+        n_cu, n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
         HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
         num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
     )
     # fmt: on
     if static_w is None:
         return dx, dweight, x.new_empty(0)
-    return dx, dweight, tu.sum_partials(ds_partial, static_w.dtype)
+    return dx, dweight, tu.sum_partials(ds_partial, static_w.dtype, groups=runs).view(static_w.shape)
+
+
+def _fold_runs(info, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, static_w: torch.Tensor | None,
+               cu_seqlens: torch.Tensor | None, residual: bool):
+    """vmap rule: the runs' rows fold into the batch and their static_w into [R, W, D], one launch for all
+    (stacked runs: x [R, B, T, D]); with documents (offsets into one run's B*T tokens), or a static_w shared by
+    the runs, one launch per run."""
+    x_dim, w_dim, s_dim = in_dims[:3]
+    if cu_seqlens is not None or (static_w is not None and s_dim is None):
+        return tu.per_run_vmap(headwise_triton.op)(info, in_dims, x, weight, static_w, cu_seqlens, residual)
+    n = info.batch_size
+    x, weight = (t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in ((x, x_dim), (weight, w_dim)))
+    static_w = None if static_w is None else static_w.movedim(s_dim, 0)
+    y = headwise_triton.op(x.reshape(-1, *x.shape[2:]), weight.reshape(-1, *weight.shape[2:]), static_w, None,
+                           residual)
+    return y.unflatten(0, (n, -1)), 0
 
 
 # headwise_triton(x, weight, static_w, cu_seqlens, residual) -> y, inputs as ``_headwise_fwd`` takes them
-headwise_triton = tu.TritonOp("dynamic_conv_headwise", _headwise_fwd, _headwise_bwd)
+headwise_triton = tu.TritonOp("dynamic_conv_headwise", _headwise_fwd, _headwise_bwd, vmap=_fold_runs)

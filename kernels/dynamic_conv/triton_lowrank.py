@@ -14,6 +14,10 @@ g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
 and, one program per channel block (all taps) and chunk of token tiles,
     dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
 so the [B, T, W, D] weights and their gradient never reach device memory either.
+
+Stacked runs fold into one launch as in ``kernels.short_conv.triton``: x, z [R * B, ...] with U [R, rank, W * D]
+and static_w [R, W, D], row b using run b // B's (``RPW``), dU and dstatic_w summed over each run's chunks as a
+run alone sums them (``_fold_runs``).
 """
 
 import torch
@@ -54,12 +58,16 @@ def _lowrank_taps(z_ptr, u_ptr, o_zt, m_zt, o_r, m_r, k, o_d, m_d, R, D, W: tl.c
 @triton.jit
 def _dynamic_conv_lowrank_fwd_kernel(
     x_ptr, z_ptr, u_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, R, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, R, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
+    u_ptr += i_r * R * W * D
+    if HAS_STATIC:
+        s_ptr += i_r * W * D
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
@@ -91,12 +99,16 @@ def _dynamic_conv_lowrank_fwd_kernel(
 @triton.jit
 def _dynamic_conv_lowrank_bwd_dx_kernel(
     x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, cu_ptr,  # pointers
-    T, D, R, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, R, RPW, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
     i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
+    u_ptr += i_r * R * W * D
+    if HAS_STATIC:
+        s_ptr += i_r * W * D
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
     m_t, m_r = o_t < T, o_r < R
@@ -142,7 +154,7 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
 @triton.jit
 def _dynamic_conv_lowrank_bwd_du_kernel(
     x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
-    T, D, R, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
@@ -156,8 +168,12 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     m_j = (k_j < W) & (d_j < D)
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
+    i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
     for j in range(TPC):
-        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
+        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
+        i_b += i_r * RPW
+        o_g += i_r * RPW * T
         o_t = o_g - i_b * T  # [BT] positions in the row
         start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
@@ -201,9 +217,10 @@ def _lowrank_fwd(
     cu_seqlens: torch.Tensor | None,
     residual: bool,
 ) -> torch.Tensor:
-    """x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> y: [B, T, D] in x's dtype."""
+    """x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> y: [B, T, D] in x's dtype. Stacked
+    runs: U [runs, R, W * D] and static_w [runs, W, D], each run B / runs rows."""
     B, T, D = x.shape
-    R, W = z.shape[2], U.shape[1] // D
+    R, W, runs = z.shape[2], U.shape[-1] // D, (U.shape[0] if U.dim() == 3 else 1)
     x, z, U, static_w = tu.contiguous(x, z, U, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, LR_FWD_BT, LR_FWD_BD)
@@ -211,9 +228,10 @@ def _lowrank_fwd(
     grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
     # fmt: off
     _dynamic_conv_lowrank_fwd_kernel[grid](
-        x, z, U, static_w, y, cu_seqlens, T, D, R, n_cu, n_search, W=W, RP=max(16, triton.next_power_of_2(R)),
-        BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-        NATIVE_DOT=_native_dot(z, U), PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
+        x, z, U, static_w, y, cu_seqlens, T, D, R, B // runs, n_cu, n_search, W=W,
+        RP=max(16, triton.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
+        HAS_STATIC=static_w is not None, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U),
+        PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
     )
     # fmt: on
     return y
@@ -229,9 +247,11 @@ def _lowrank_bwd(
     residual: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy, x: [B, T, D], z: [B, T, R], U: [R, W * D], static_w: [W, D] or None -> (dx [B, T, D], dz [B, T, R],
-    dU [R, W * D], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input."""
+    dU [R, W * D], dstatic_w [W, D], or [0] without static_w), each in the dtype of its input. Stacked runs: U and
+    static_w (and their gradients) with a leading run axis, as ``_lowrank_fwd``."""
     B, T, D = x.shape
-    R, W = z.shape[2], U.shape[1] // D
+    R, W, runs = z.shape[2], U.shape[-1] // D, (U.shape[0] if U.dim() == 3 else 1)
+    rows = B // runs  # of each run
     dy, x, z, U, static_w = tu.contiguous(dy, x, z, U, static_w)
     WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -245,7 +265,7 @@ def _lowrank_bwd(
     dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
     # fmt: off
     _dynamic_conv_lowrank_bwd_dx_kernel[(triton.cdiv(T, BT), n_split, B)](
-        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, B * T, triton.cdiv(n_db, n_split), n_cu,
+        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, triton.cdiv(n_db, n_split), n_cu,
         n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
         num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES,
     )
@@ -255,20 +275,36 @@ def _lowrank_bwd(
     # dU and dstatic_w: fp32 partials per chunk of token tiles
     BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
     n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, LOWRANK_BWD_PROGRAMS)
-    du_partial = tu.empty((n_chunks, R, W * D), torch.float32, x.device)
-    ds_partial = None if static_w is None else tu.empty((n_chunks, W, D), torch.float32, x.device)
+    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
+    du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
+    ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     # fmt: off
-    _dynamic_conv_lowrank_bwd_du_kernel[(n_db, n_chunks)](
-        x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
-        WP=WP, RP=RP, BT=BT, BD=BD, **flags, num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+    _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
+        x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu, n_search,
+        W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
     )
     # fmt: on
-    dU = tu.sum_partials(du_partial, U.dtype)
+    dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)
     if static_w is None:
         return dx, dz, dU, x.new_empty(0)
-    return dx, dz, dU, tu.sum_partials(ds_partial, static_w.dtype)
+    return dx, dz, dU, tu.sum_partials(ds_partial, static_w.dtype, groups=runs).view(static_w.shape)
+
+
+def _fold_runs(info, in_dims: tuple, x: torch.Tensor, z: torch.Tensor, U: torch.Tensor,
+               static_w: torch.Tensor | None, cu_seqlens: torch.Tensor | None, residual: bool):
+    """vmap rule: the runs' rows fold into the batch and their U and static_w into a leading run axis, one
+    launch for all (stacked runs: x [R, B, T, D]); with documents (offsets into one run's B*T tokens), or with
+    U or static_w shared by the runs, one launch per run."""
+    x_dim, z_dim, u_dim, s_dim = in_dims[:4]
+    if cu_seqlens is not None or u_dim is None or (static_w is not None and s_dim is None):
+        return tu.per_run_vmap(lowrank_triton.op)(info, in_dims, x, z, U, static_w, cu_seqlens, residual)
+    n = info.batch_size
+    x, z = (t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in ((x, x_dim), (z, z_dim)))
+    U = U.movedim(u_dim, 0)
+    static_w = None if static_w is None else static_w.movedim(s_dim, 0)
+    y = lowrank_triton.op(x.reshape(-1, *x.shape[2:]), z.reshape(-1, *z.shape[2:]), U, static_w, None, residual)
+    return y.unflatten(0, (n, -1)), 0
 
 
 # lowrank_triton(x, z, U, static_w, cu_seqlens, residual) -> y, inputs as ``_lowrank_fwd`` takes them
-lowrank_triton = tu.TritonOp("dynamic_conv_lowrank", _lowrank_fwd, _lowrank_bwd)
+lowrank_triton = tu.TritonOp("dynamic_conv_lowrank", _lowrank_fwd, _lowrank_bwd, vmap=_fold_runs)

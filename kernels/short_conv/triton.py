@@ -8,6 +8,11 @@ block, chunk of token tiles):
     dw[k] = sum_t dy[t] * x[t - k]            summed over the chunk into an fp32 partial [chunks, W, D]
 and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
 avoid waiting for the document search).
+
+Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
+[R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and the backward walks each run's
+token tiles in the chunks a run alone gets, so every run's output and gradients are its own bit for bit
+(``_fold_runs``). Runs with their own document layouts go one launch per run.
 """
 
 import torch
@@ -25,7 +30,7 @@ BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 @triton.jit
 def _short_conv_fwd_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
@@ -34,6 +39,7 @@ def _short_conv_fwd_kernel(
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     m_t, m_d = o_t < T, o_d < D
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(W):
@@ -56,17 +62,22 @@ def _short_conv_fwd_kernel(
 @triton.jit
 def _short_conv_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
-    T, D, N_TB, N_TOK, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    T, D, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
+    i_r = i_c // N_CH  # the run (weight set) whose N_CH chunks this is one of
+    w_ptr += i_r.to(tl.int64) * W * D
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     m_d = o_d < D
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
-        i_b, o_g, m_t = tu.chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT)
+        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
+        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
+        i_b += i_r * RPW
+        o_g += i_r * RPW * T
         o_t = o_g - i_b * T  # [BT] positions in the row
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_td = m_t[:, None] & m_d[None, :]
@@ -99,9 +110,9 @@ def _short_conv_bwd_kernel(
 def _short_conv_fwd(
     x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
 ) -> torch.Tensor:
-    """x: [B, T, D], weight: [W, D] -> y: [B, T, D] in x's dtype."""
+    """x: [B, T, D], weight: [W, D] (or [R, W, D]: R runs of B / R rows each) -> y: [B, T, D] in x's dtype."""
     B, T, D = x.shape
-    W = weight.shape[0]
+    W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
@@ -109,8 +120,8 @@ def _short_conv_fwd(
     grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
     # fmt: off
     _short_conv_fwd_kernel[grid](
-        x, weight, y, cu_seqlens, T, D, n_cu, n_search, W=W, BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
-        RESIDUAL=residual, num_warps=FWD_WARPS,
+        x, weight, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, BT=BT, BD=BD,
+        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=FWD_WARPS,
     )
     # fmt: on
     return y
@@ -119,25 +130,41 @@ def _short_conv_fwd(
 def _short_conv_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy, x: [B, T, D], weight: [W, D] -> (dx [B, T, D] in x's dtype, dw [W, D] in weight's dtype)."""
+    """dy, x: [B, T, D], weight: [W, D] (or [R, W, D]) -> (dx [B, T, D] in x's dtype, dw shaped as weight in
+    its dtype)."""
     B, T, D = x.shape
-    W = weight.shape[0]
+    W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
+    rows = B // runs  # of each run
     dy, x, weight = tu.contiguous(dy, x, weight)
     BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
     n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(B * n_tb, n_db, BWD_PROGRAMS)
+    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
-    dw_partial = tu.empty((n_chunks, W, D), torch.float32, x.device)
+    dw_partial = tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
-    _short_conv_bwd_kernel[(n_db, n_chunks)](
-        x, weight, dy, dx, dw_partial, cu_seqlens, T, D, n_tb, B * T, per_chunk, n_cu, n_search, W=W,
+    _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
+        x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
         num_warps=BWD_WARPS, num_stages=BWD_STAGES,
     )
     # fmt: on
-    return dx, tu.sum_partials(dw_partial, weight.dtype)
+    return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
+
+
+def _fold_runs(info, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None,
+               residual: bool):
+    """vmap rule: the runs' rows fold into the batch and their weights into [R, W, D], one launch for all
+    (stacked runs: x [R, B, T, D]); with documents (offsets into one run's B*T tokens) one launch per run."""
+    x_dim, w_dim = in_dims[:2]
+    if cu_seqlens is not None:
+        return tu.per_run_vmap(short_conv_triton.op)(info, in_dims, x, weight, cu_seqlens, residual)
+    n = info.batch_size
+    x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(n, *x.shape)
+    weight = weight.movedim(w_dim, 0) if w_dim is not None else weight  # [R, W, D], or one [W, D] for all
+    y = short_conv_triton.op(x.reshape(-1, *x.shape[2:]), weight, cu_seqlens, residual)  # [R * B, T, D]
+    return y.unflatten(0, (n, -1)), 0
 
 
 # short_conv_triton(x, weight, cu_seqlens, residual) -> y, inputs as ``_short_conv_fwd`` takes them
-short_conv_triton = tu.TritonOp("short_conv", _short_conv_fwd, _short_conv_bwd)
+short_conv_triton = tu.TritonOp("short_conv", _short_conv_fwd, _short_conv_bwd, vmap=_fold_runs)

@@ -192,7 +192,7 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     y = tu.empty((1, T, D), x.dtype, x.device)
     assert torch.isnan(y).all()
     short_triton._short_conv_fwd_kernel[(1, 1, 1)](
-        x, weight, y, None, T, D, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
+        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
     )
     assert torch.isfinite(y[:, :BT]).all()
     assert torch.isnan(y[:, BT:]).all()
@@ -440,8 +440,9 @@ def _three_convs(weight, static_w, U, x, head_weight, z, cu_seqlens):
 
 @pytest.mark.parametrize("rows", [pytest.param(None, id="rows"), pytest.param([[5, 12], [17]], id="docs")])
 def test_vmap_over_stacked_runs_matches_each_run_alone(rows):
-    # runs.engine stacks runs with torch.func.vmap: each op's vmap rule launches it once per run, so outputs
-    # and the gradients of every run's own weights and inputs are bitwise those of the run alone
+    # runs.engine stacks runs with torch.func.vmap: each op's vmap rule folds the runs into one launch (with
+    # documents, one launch per run), so outputs and the gradients of every run's own weights and inputs are
+    # bitwise those of the run alone
     gen = torch.Generator().manual_seed(22)
     N, B, T, D, W, H, R = 3, 2, 17, 8, 3, 4, 5
     stacked = [_randn(gen, N, W, D).float(), _randn(gen, N, W, D).float(), _randn(gen, N, R, W * D).float(),
@@ -562,3 +563,74 @@ def test_models_on_the_triton_backend_match_the_reference(fields, assert_rel_rms
     names = ["logits"] + [f"d{name}" for name, _ in built["torch"].named_parameters()]
     for name, got, ref in zip(names, results["triton"], results["torch"], strict=True):
         assert_rel_rms(got, ref, FP32, name)
+
+
+class _LaunchSpy:
+    """Stands in for a Triton kernel: records each launch's grid, then launches the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def _static(gen, N, B, T, D, W):
+    """(per-run weights, per-token inputs, one run's conv) of the static short conv."""
+    return [_randn(gen, N, W, D).float()], [], lambda w, x: kernels.short_conv(x, w, residual=True,
+                                                                               backend="triton")
+
+
+def _lowrank(gen, N, B, T, D, W, R=5):
+    def conv(U, static_w, x, z):
+        return kernels.dynamic_conv_lowrank(x, z, U, static_w, residual=True, backend="triton")
+
+    return [_randn(gen, N, R, W * D).float(), _randn(gen, N, W, D).float()], [_randn(gen, N, B, T, R).float()], conv
+
+
+def _headwise(gen, N, B, T, D, W, H=2):
+    def conv(static_w, x, weight):
+        return kernels.dynamic_conv_headwise(x, weight, static_w, backend="triton")
+
+    return [_randn(gen, N, W, D).float()], [_randn(gen, N, B, T, H, W).float()], conv
+
+
+# op, its kernels (forward, the backward whose grid's second axis walks chunks of token tiles), constants that
+# cut a run's token tiles (5 rows of 37 tokens) into 4 chunks, the last one partial
+FOLDED = [
+    pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
+                 {"BWD_BT": 16, "BWD_PROGRAMS": 4}, id="static"),
+    pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
+                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
+    pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
+                 {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, id="headwise"),
+]
+
+
+@pytest.mark.parametrize(("make", "module", "kernel_names", "constants"), FOLDED)
+def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module, kernel_names, constants,
+                                                                     monkeypatch):
+    """Stacked runs without documents: one forward and one backward launch for all runs, each row with its run's
+    weights, and each run's output and gradients equal to the run alone's bit for bit, also where a run's token
+    tiles end in a partial chunk."""
+    for name, value in constants.items():
+        monkeypatch.setattr(module, name, value)
+    gen = torch.Generator().manual_seed(23)
+    N, B, T, D, W = 3, 5, 37, 8, 4
+    weights, per_token, conv = make(gen, N, B, T, D, W)
+    x, upstream = _randn(gen, N, B, T, D).float(), _randn(gen, N, B, T, D).float()
+    spies = [_LaunchSpy(getattr(module, name)) for name in kernel_names]
+    for name, spy in zip(kernel_names, spies, strict=True):
+        monkeypatch.setattr(module, name, spy)
+    stacked = [*weights, x, *per_token]
+    leaves = [t.clone().requires_grad_() for t in stacked]
+    y = torch.func.vmap(conv)(*leaves)
+    grads = torch.autograd.grad(y, leaves, upstream)
+    assert [g[2] for g in spies[0].grids] == [N * B] and [g[1] for g in spies[1].grids] == [N * 4]
+    for n in range(N):
+        alone = [t[n].clone().requires_grad_() for t in stacked]
+        y_n = conv(*alone)
+        assert torch.equal(y[n], y_n)
+        for stacked_grad, grad in zip(grads, torch.autograd.grad(y_n, alone, upstream[n]), strict=True):
+            assert torch.equal(stacked_grad[n], grad)

@@ -172,7 +172,7 @@ def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
 def test_cuda_graph_step_and_evaluation_match_eager(compact_at, model):
     # run 1 stops at step 2: the live rows change, so the evaluation graph is captured again (after a
     # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s).
-    # dynamic_qkv: the conv's Triton kernels, once per run (their vmap rule), inside the captured graphs
+    # dynamic_qkv: the conv's Triton kernels, the runs folded into one launch (their vmap rule), inside the graphs
     configs = [tiny(model=model, lr=1e-2, eval_every=2, device="cuda"),
                tiny(model=model, init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
                tiny(model=model, init_seed=2, eval_every=2, device="cuda")]
@@ -218,8 +218,8 @@ TRITON_CASES = [("static", {"qkv_conv": "static"}), ("dynamic_lowrank", {"qkv_co
                     "CUDA; on a GPU test_cuda_graph_step_and_evaluation_match_eager[dynamic_qkv] stacks the kernels")
 @pytest.mark.parametrize(("label", "model"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
 def test_short_convs_stack_on_their_triton_kernels(label, model):
-    # the ops' vmap rules launch the kernels once per run (on the CPU in the Triton interpreter), so a stack
-    # runs what a run alone runs; rubiconv's Triton path has no rule and trains alone
+    # the ops' vmap rules fold the runs into one launch of the kernels (on the CPU in the Triton interpreter),
+    # each run's rows as a run alone computes them; rubiconv's Triton path has no rule and trains alone
     configs = [tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16),
                tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16, init_seed=1)]
     assert unbatchable_reason(configs[0]) is None
