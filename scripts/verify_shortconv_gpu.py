@@ -2,14 +2,14 @@
 
     python scripts/verify_shortconv_gpu.py            # every check, a few minutes on an H200
     python scripts/verify_shortconv_gpu.py --quick    # the B=4, T=4096, D=2048 cases only
-    python scripts/verify_shortconv_gpu.py --only checks  # determinism, blindness, torch.compile only
+    python scripts/verify_shortconv_gpu.py --only checks  # determinism, blindness, stacking, torch.compile only
 
 Each case runs the Triton op forward and backward with a random upstream gradient, and the reference in
 float64 on the same (rounded) inputs; it prints the relative RMS error of the output and of every input
 gradient with PASS/FAIL against 1e-5 (fp32), 1e-2 (bf16), 2e-3 (fp16). Every buffer the launchers allocate
 starts full of NaN, so an element a kernel never writes fails. Then: bitwise determinism of two runs,
-document blindness (NaN in one document, the others bitwise equal), and torch.compile(fullgraph=True) with
-inductor against eager.
+document blindness (NaN in one document, the others bitwise equal), stacked runs under vmap (folded into one
+launch) bitwise each run alone, and torch.compile(fullgraph=True) with inductor against eager.
 Exit status 1 on any failure, 2 without CUDA.
 """
 
@@ -204,6 +204,36 @@ def check_blindness() -> bool:
     return ok
 
 
+def check_stacked() -> bool:
+    """Stacked runs under torch.func.vmap (the engine's stacks, no documents): one folded launch, each run's
+    output and gradients bitwise those of the run alone, bf16 activations, fp32 weights."""
+    ok = True
+    N, B, T, D, W = 6, 8, 512, 384, 4
+    for op, size in (("static", 0), ("headwise", 8), ("lowrank", 16)):
+        gen = torch.Generator(device=DEVICE).manual_seed(8)
+        runs = [make_inputs(op, B, T, D, W, size, True, torch.bfloat16, torch.float32, gen) for _ in range(N)]
+        names = list(runs[0])
+        stacked = {k: torch.stack([r[k] for r in runs]) for k in names}
+        upstream = torch.randn(N, B, T, D, generator=gen, device=DEVICE).to(torch.bfloat16)
+
+        def conv(*tensors, fn=OPS[op][0], names=tuple(names)):
+            return fn(**dict(zip(names, tensors, strict=True)), residual=True, backend="triton")
+
+        leaves = [stacked[k].clone().requires_grad_() for k in names]
+        y = torch.func.vmap(conv)(*leaves)
+        grads = torch.autograd.grad(y, leaves, upstream)
+        same = True
+        for n in range(N):
+            alone = [runs[n][k].clone().requires_grad_() for k in names]
+            y_n = conv(*alone)
+            same &= torch.equal(y[n], y_n)
+            same &= all(torch.equal(g[n], a) for g, a in zip(grads, torch.autograd.grad(y_n, alone, upstream[n]),
+                                                            strict=True))
+        print(f"{'PASS' if same else 'FAIL'}  stacked {op}: {N} runs in one launch, each bitwise the run alone")
+        ok &= same
+    return ok
+
+
 def check_compile() -> bool:
     gen = torch.Generator(device=DEVICE).manual_seed(7)
     B, T, D, W, R = 2, LARGE[1] // 4, LARGE[2] // 4, 4, 16
@@ -247,7 +277,7 @@ def main() -> int:
     cases = large_cases() if args.quick else large_cases() + odd_cases() + mixed_cases()
     results = [] if args.only == "checks" else [check_case(*case, seed=i) for i, case in enumerate(cases)]
     if not args.quick and args.only != "cases":
-        results += [check_determinism(), check_blindness(), check_compile()]
+        results += [check_determinism(), check_blindness(), check_stacked(), check_compile()]
     failed = results.count(False)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
