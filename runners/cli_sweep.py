@@ -23,6 +23,8 @@ WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU t
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
 TASKS_HELP = "Comma-separated tasks: train only their missing runs now (the others stay missing)."
 MODELS_HELP = "Comma-separated model names of the spec: train only their missing runs now."
+SETTINGS_HELP = ("Comma-separated settings (the report's labels, e.g. baseline,seq_len=512): train only their "
+                 "missing runs now.")
 STOP_AFTER_HELP = ("Seconds after which no new job starts; jobs in flight finish (fit a hard time limit: the limit "
                    "minus the longest job).")
 MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
@@ -50,6 +52,7 @@ SWEEP_OPTIONS = (
     ("limit", int, None, LIMIT_HELP),
     ("tasks", str, None, TASKS_HELP),
     ("models", str, None, MODELS_HELP),
+    ("settings", str, None, SETTINGS_HELP),
     ("stop_after", float, None, STOP_AFTER_HELP),
     ("progress", bool, True, "Show progress bars."),
     ("max_stack", int, DEFAULT_MAX_STACK, MAX_STACK_HELP),
@@ -88,12 +91,13 @@ def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., 
     return decorate
 
 
-def _sweep_options(*, tasks: str | None, models: str | None = None, cuda_devices: str | None, address: str | None,
-                   cpus_per_job: int, gpus_per_job: float, max_retries: int, speed: str | None, compile: bool,
-                   cuda_graph: bool, **fields: object) -> SweepOptions:
+def _sweep_options(*, tasks: str | None, models: str | None = None, settings: str | None = None,
+                   cuda_devices: str | None, address: str | None, cpus_per_job: int, gpus_per_job: float,
+                   max_retries: int, speed: str | None, compile: bool, cuda_graph: bool,
+                   **fields: object) -> SweepOptions:
     """SweepOptions from the values of SWEEP_OPTIONS: comma-separated lists split, Ray's options gathered, the
     speed flags folded into one mode (``runners.speed.from_flags``)."""
-    return SweepOptions(**fields, tasks=comma_names(tasks), models=comma_names(models),
+    return SweepOptions(**fields, tasks=comma_names(tasks), models=comma_names(models), settings=comma_names(settings),
                         cuda_devices=_indices(cuda_devices),
                         ray=_ray_options(fields["backend"], address, cpus_per_job, gpus_per_job, max_retries),
                         speed=from_flags(speed, compile, cuda_graph))

@@ -40,6 +40,8 @@ class SweepOptions:
     tasks: train only the missing runs of these tasks now (e.g. to finish some tasks for every model first);
         the manifest still holds the whole plan, so reports count the other runs as missing.
     models: likewise for these models (the spec's model names), e.g. to split one grid over two GPUs.
+    settings: likewise for these settings (the manifest's setting labels, e.g. ``baseline``, ``seq_len=512``),
+        e.g. to train the short rows of a MAD protocol in calls too short for its longest jobs.
     stop_after: seconds after which no new job starts; jobs in flight finish and the sweep returns (local
         backend). Under a hard time limit (a 10-minute GPU call), set it to the limit minus the longest job, so a
         kill at the limit does not throw away jobs that were nearly done.
@@ -62,6 +64,7 @@ class SweepOptions:
     limit: NonNegativeInt | None = None
     tasks: tuple[str, ...] | None = None
     models: tuple[str, ...] | None = None
+    settings: tuple[str, ...] | None = None
     stop_after: NonNegativeFloat | None = None
     progress: bool = True
     batch: bool = True
@@ -133,7 +136,7 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     device_ids = None if options.cuda_devices is None else local_backend.visible_device_ids(options.cuda_devices)
     if options.backend == "ray":
         ray_backend.import_ray()
-    for label, chosen in (("task", options.tasks), ("model", options.models)):
+    for label, chosen in (("task", options.tasks), ("model", options.models), ("setting", options.settings)):
         planned = list(dict.fromkeys(r.meta[label] for r in plan.runs))
         unknown = [v for v in chosen or () if v not in planned]
         if unknown:
@@ -143,7 +146,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
     done = finished_hashes(out)
     skipped = sum(r.hash in done for r in plan.runs)
     chosen = [r for r in plan.runs if (not options.tasks or r.meta["task"] in options.tasks)
-              and (not options.models or r.meta["model"] in options.models)]
+              and (not options.models or r.meta["model"] in options.models)
+              and (not options.settings or r.meta["setting"] in options.settings)]
     todo = [r.hash for r in chosen if r.hash not in done][: options.limit]
     # the finished runs shape the jobs too: a stack stopped part-way is formed again and finds its checkpoint
     jobs = plan_jobs(chosen, options.max_stack if options.batch else 1, todo=set(todo))

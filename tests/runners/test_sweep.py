@@ -348,6 +348,17 @@ def test_models_option_trains_only_those_models(tmp_path):
     assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 4
 
 
+def test_settings_option_trains_only_those_settings(tmp_path):
+    task = {"task": "mqar", "params": {"vocab_size": 32, "num_kv_pairs": 2}, "grid": {"seq_len": [16, 24]}}
+    plan = tiny(seeds=1, tasks=[task]).plan()
+    with pytest.raises(ValueError, match="setting 'seq_len=99' is not in this sweep; its settings: seq_len=16, "
+                                         "seq_len=24"):
+        run_sweep(plan, tmp_path, SweepOptions(settings=["seq_len=99"], progress=False))
+    assert run_sweep(plan, tmp_path, SweepOptions(settings=["seq_len=24"], progress=False)).ran == 8
+    assert {r["config"]["task_params"]["seq_len"] for r in records_by_hash(tmp_path).values()} == {24}
+    assert run_sweep(plan, tmp_path, SweepOptions(progress=False)).ran == 8
+
+
 def out_of_memory_once(job, runs_dir, engine):
     """A worker whose target job (named in <out>/oom-target) runs out of memory on its first try, or on every
     try when <out>/oom-always exists."""
