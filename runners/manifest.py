@@ -59,10 +59,9 @@ def read_record(runs_dir: str | Path, name: str) -> dict[str, Any]:
 def archived_records(runs_dir: str | Path) -> dict[str, str]:
     """The records in ``<runs_dir>/records.jsonl.xz`` as {name: JSON text}; {} without an archive."""
     path = Path(runs_dir) / ARCHIVE
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
+    if not path.is_file():  # also when runs_dir is no folder: the caller says what is wrong with it
         return {}
+    stat = path.stat()
     return _read_archive(path, stat.st_mtime_ns, stat.st_size)
 
 
