@@ -258,6 +258,8 @@ class BenchMadOptions:
     alone: also time one run of each shape in the plain loop, with the correctness gate.
     stop_after: seconds after which no shape starts timing (the one in flight finishes); the shapes not timed
         are named and left out of the totals, so a call fits a time limit. None: time every shape.
+    heaviest_first: time the shapes in the order of their protocol tokens, most first, so a call cut short by
+        stop_after covers most of the protocol (the table keeps its order).
     sweep_epochs, workers: then a real sweep of the timed shapes' runs cut to that many epochs, ``workers`` jobs
         at a time, against the benchmark's prediction (None: no sweep).
     progress: a bar over the shapes, and each row on stderr as soon as it is timed.
@@ -273,6 +275,7 @@ class BenchMadOptions:
     speed: Literal[SPEEDS] = "eager"
     alone: bool = True
     stop_after: NonNegativeFloat | None = None
+    heaviest_first: bool = False
     sweep_epochs: PositiveInt | None = None
     workers: PositiveInt = 1
     progress: bool = True
@@ -316,7 +319,8 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     dev = pick_device(options.device)
     peak = matmul_tflops(dev)
     start = time.monotonic()
-    for shape in (bar := tqdm(shapes, desc=f"bench mad {model}", unit="shape", disable=not options.progress)):
+    order = sorted(shapes, key=lambda s: -s.tokens) if options.heaviest_first else shapes
+    for shape in (bar := tqdm(order, desc=f"bench mad {model}", unit="shape", disable=not options.progress)):
         if options.stop_after is not None and time.monotonic() - start >= options.stop_after:
             shape.skipped = True
             continue

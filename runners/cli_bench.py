@@ -123,6 +123,8 @@ def bench_mad_cmd(
     alone: bool = typer.Option(True, "--alone/--no-alone", help="Also time one run at a time in the plain loop."),
     stop_after: float = typer.Option(None, help="Seconds after which no step shape starts timing; the totals name "
                                      "the shapes not timed and leave them out (fit a time limit)."),
+    heaviest_first: bool = typer.Option(False, "--heaviest-first", help="Time the shapes with the most protocol "
+                                        "tokens first (with --stop-after: cover most of the protocol)."),
     sweep_epochs: int = typer.Option(0, help="Then run a real sweep of the same runs cut to this many epochs and "
                                               "compare its tokens/s with the benchmark's (0: skip)."),
     workers: int = typer.Option(1, help="Jobs at a time in that sweep (as mad run --workers)."),
@@ -135,6 +137,7 @@ def bench_mad_cmd(
     options = BenchMadOptions(device=device, seeds=seeds, steps=steps, warmup_steps=warmup_steps,
                               tasks=comma_names(tasks), settings=comma_names(settings), max_stack=max_stack,
                               speed=from_flags(speed, compile, cuda_graph), alone=alone, stop_after=stop_after,
+                              heaviest_first=heaviest_first,
                               sweep_epochs=sweep_epochs or None, workers=workers)
     typer.echo(bench_mad(model, profile, options))
 

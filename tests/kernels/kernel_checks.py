@@ -46,3 +46,19 @@ def cu_from_rows(rows: list[list[int]] | None, T: int, device: torch.device | st
         for length in row:
             offsets.append(offsets[-1] + length)
     return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def assert_stacked_runs_equal_alone(fn, stacked: list[torch.Tensor], upstream: torch.Tensor, *shared) -> None:
+    """``fn`` under ``torch.func.vmap`` over inputs stacked on a leading run axis (``shared`` arguments the same
+    for every run), as the engine stacks runs: each run's output, and the gradients of its inputs under the random
+    ``upstream`` [N, ...], equal ``fn`` on that run alone, bit for bit."""
+    leaves = [t.clone().requires_grad_() for t in stacked]
+    y = torch.func.vmap(fn, in_dims=(0,) * len(stacked) + (None,) * len(shared))(*leaves, *shared)
+    grads = torch.autograd.grad(y, leaves, upstream)
+    for n in range(upstream.shape[0]):
+        alone = [t[n].clone().requires_grad_() for t in stacked]
+        y_n = fn(*alone, *shared)
+        assert torch.equal(y[n], y_n), f"run {n}: the output differs from the run alone"
+        for i, (stacked_grad, grad) in enumerate(zip(grads, torch.autograd.grad(y_n, alone, upstream[n]),
+                                                     strict=True)):
+            assert torch.equal(stacked_grad[n], grad), f"run {n}: the gradient of input {i} differs"

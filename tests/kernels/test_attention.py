@@ -8,6 +8,7 @@ random upstream gradient, and every buffer the launchers allocate starts full of
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_checks import assert_stacked_runs_equal_alone
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels import utils as kutils
@@ -246,15 +247,7 @@ def test_vmap_over_stacked_runs_matches_each_run_alone():
     N, B, H, T, hd = 3, 2, 2, 19, 8
     stacked = [torch.randn(N, B, H, T, hd, generator=gen).to(DEVICE) for _ in range(3)]
     upstream = torch.randn(N, B, H, T, hd, generator=gen).to(DEVICE)
-    leaves = [t.clone().requires_grad_() for t in stacked]
-    o = torch.func.vmap(_attention_block)(*leaves)
-    grads = torch.autograd.grad(o, leaves, upstream)
-    for n in range(N):
-        alone = [t[n].clone().requires_grad_() for t in stacked]
-        o_n = _attention_block(*alone)
-        assert torch.equal(o[n], o_n)
-        for stacked_grad, grad in zip(grads, torch.autograd.grad(o_n, alone, upstream[n]), strict=True):
-            assert torch.equal(stacked_grad[n], grad)
+    assert_stacked_runs_equal_alone(_attention_block, stacked, upstream)
 
 
 # ---- reference, input checks, backend choice ----

@@ -8,7 +8,7 @@ input, driven by a random upstream gradient, and every buffer the launchers allo
 import pytest
 import torch
 import triton
-from kernel_checks import cu_from_rows
+from kernel_checks import assert_stacked_runs_equal_alone, cu_from_rows
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels import utils as kutils
@@ -448,15 +448,7 @@ def test_vmap_over_stacked_runs_matches_each_run_alone(rows):
     stacked = [_randn(gen, N, W, D).float(), _randn(gen, N, W, D).float(), _randn(gen, N, R, W * D).float(),
                _randn(gen, N, B, T, D).float(), _randn(gen, N, B, T, H, W).float(), _randn(gen, N, B, T, R).float()]
     cu, upstream = _cu(rows, T), _randn(gen, N, B, T, D).float()
-    leaves = [t.clone().requires_grad_() for t in stacked]
-    y = torch.func.vmap(_three_convs, in_dims=(0, 0, 0, 0, 0, 0, None))(*leaves, cu)  # [N, B, T, D]
-    grads = torch.autograd.grad(y, leaves, upstream)
-    for n in range(N):
-        alone = [t[n].clone().requires_grad_() for t in stacked]
-        y_n = _three_convs(*alone, cu)
-        assert torch.equal(y[n], y_n)
-        for stacked_grad, grad in zip(grads, torch.autograd.grad(y_n, alone, upstream[n]), strict=True):
-            assert torch.equal(stacked_grad[n], grad)
+    assert_stacked_runs_equal_alone(_three_convs, stacked, upstream, cu)
 
 
 def _opcheck_cases():
@@ -623,14 +615,7 @@ def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module
     spies = [_LaunchSpy(getattr(module, name)) for name in kernel_names]
     for name, spy in zip(kernel_names, spies, strict=True):
         monkeypatch.setattr(module, name, spy)
-    stacked = [*weights, x, *per_token]
-    leaves = [t.clone().requires_grad_() for t in stacked]
-    y = torch.func.vmap(conv)(*leaves)
-    grads = torch.autograd.grad(y, leaves, upstream)
-    assert [g[2] for g in spies[0].grids] == [N * B] and [g[1] for g in spies[1].grids] == [N * 4]
-    for n in range(N):
-        alone = [t[n].clone().requires_grad_() for t in stacked]
-        y_n = conv(*alone)
-        assert torch.equal(y[n], y_n)
-        for stacked_grad, grad in zip(grads, torch.autograd.grad(y_n, alone, upstream[n]), strict=True):
-            assert torch.equal(stacked_grad[n], grad)
+    assert_stacked_runs_equal_alone(conv, [*weights, x, *per_token], upstream)
+    # the stack's launches first, then one per run alone
+    assert [g[2] for g in spies[0].grids] == [N * B] + [B] * N
+    assert [g[1] for g in spies[1].grids] == [N * 4] + [4] * N

@@ -166,3 +166,21 @@ def test_stop_after_names_the_shapes_not_timed(monkeypatch):
     assert "Totals over the 1 of 2 step shapes timed (1 seed(s), " in text
     assert f"token-weighted mean {rate} tokens/s" in text
     assert "Estimated device-minutes per seed before early stops, over the 1 of 2 step shapes timed" in text
+
+
+def test_heaviest_first_times_the_shapes_with_the_most_tokens_first(monkeypatch):
+    """--heaviest-first orders the timing by protocol tokens, most first; the table keeps the task order."""
+    timed = []
+
+    def fake(shape, steps, speed, alone, warmup_steps):
+        timed.append(shape.tokens)
+        shape.speed, shape.stacked = "eager", 1e6
+
+    monkeypatch.setattr(bench_mad_module, "_measure", fake)
+    options = dict(device="cpu", steps=1, alone=False, progress=False)
+    in_order = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(**options)))
+    plain = list(timed)
+    timed.clear()
+    heaviest = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(heaviest_first=True, **options)))
+    assert timed == sorted(plain, reverse=True) and timed != plain
+    assert list(heaviest) == list(in_order)
