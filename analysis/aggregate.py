@@ -192,7 +192,8 @@ def load_sweep(path: str | Path) -> SweepData:
     except (OSError, ValueError, lzma.LZMAError) as exc:
         raise ValueError(f"{str(folder / RUNS / ARCHIVE)!r} cannot be read ({exc})") from None
     # a record both archived and as a file (trained again after the archive was made) is read from the file
-    packed = [text for name, text in sorted(archived.items()) if name not in {p.stem for p in paths}]
+    files = {p.stem for p in paths}
+    packed = [text for name, text in sorted(archived.items()) if name not in files]
     return _load(folder, paths, manifest, f"expected {RUNS}/<hash>.json", archived=packed)
 
 

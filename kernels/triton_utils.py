@@ -75,6 +75,13 @@ def per_run_vmap(op):
     return rule
 
 
+def run_rows(t: torch.Tensor, dim: int | None, runs: int) -> torch.Tensor:
+    """A per-token input of stacked runs, [runs, B, ...] at ``dim`` (None: one tensor shared by every run), as
+    one batch [runs * B, ...] in run order: what the short convs' folding vmap rules launch on."""
+    t = t.movedim(dim, 0) if dim is not None else t.expand(runs, *t.shape)
+    return t.reshape(-1, *t.shape[2:])
+
+
 def per_run(name: str, fn, fake=None):
     """``fn`` (tensors and plain arguments in, one tensor out, type-hinted for a custom-op schema) made callable
     inside ``torch.func.vmap`` although its body is not vmappable (it reads offsets on the host, or its shapes

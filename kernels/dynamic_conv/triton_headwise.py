@@ -227,10 +227,8 @@ def _fold_runs(info, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, stat
     if cu_seqlens is not None or (static_w is not None and s_dim is None):
         return tu.per_run_vmap(headwise_triton.op)(info, in_dims, x, weight, static_w, cu_seqlens, residual)
     n = info.batch_size
-    x, weight = (t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in ((x, x_dim), (weight, w_dim)))
     static_w = None if static_w is None else static_w.movedim(s_dim, 0)
-    y = headwise_triton.op(x.reshape(-1, *x.shape[2:]), weight.reshape(-1, *weight.shape[2:]), static_w, None,
-                           residual)
+    y = headwise_triton.op(tu.run_rows(x, x_dim, n), tu.run_rows(weight, w_dim, n), static_w, None, residual)
     return y.unflatten(0, (n, -1)), 0
 
 

@@ -299,10 +299,9 @@ def _fold_runs(info, in_dims: tuple, x: torch.Tensor, z: torch.Tensor, U: torch.
     if cu_seqlens is not None or u_dim is None or (static_w is not None and s_dim is None):
         return tu.per_run_vmap(lowrank_triton.op)(info, in_dims, x, z, U, static_w, cu_seqlens, residual)
     n = info.batch_size
-    x, z = (t.movedim(d, 0) if d is not None else t.expand(n, *t.shape) for t, d in ((x, x_dim), (z, z_dim)))
-    U = U.movedim(u_dim, 0)
     static_w = None if static_w is None else static_w.movedim(s_dim, 0)
-    y = lowrank_triton.op(x.reshape(-1, *x.shape[2:]), z.reshape(-1, *z.shape[2:]), U, static_w, None, residual)
+    y = lowrank_triton.op(tu.run_rows(x, x_dim, n), tu.run_rows(z, z_dim, n), U.movedim(u_dim, 0), static_w, None,
+                          residual)
     return y.unflatten(0, (n, -1)), 0
 
 

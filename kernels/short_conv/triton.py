@@ -160,9 +160,8 @@ def _fold_runs(info, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, cu_s
     if cu_seqlens is not None:
         return tu.per_run_vmap(short_conv_triton.op)(info, in_dims, x, weight, cu_seqlens, residual)
     n = info.batch_size
-    x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(n, *x.shape)
     weight = weight.movedim(w_dim, 0) if w_dim is not None else weight  # [R, W, D], or one [W, D] for all
-    y = short_conv_triton.op(x.reshape(-1, *x.shape[2:]), weight, cu_seqlens, residual)  # [R * B, T, D]
+    y = short_conv_triton.op(tu.run_rows(x, x_dim, n), weight, cu_seqlens, residual)  # [R * B, T, D]
     return y.unflatten(0, (n, -1)), 0
 
 
