@@ -148,7 +148,7 @@ def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps
     warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, warmup_steps)))
             for c in configs]
     device = pick_device(configs[0].train.device)
-    compile, cuda_graph = stack_modes(speed, device)
+    compile, cuda_graph = stack_modes(speed, device, shape.seq_len)
     shape.speed = mode_name(compile, cuda_graph)
     train_runs_batched(warm, progress=False, speed=shape.speed)
     stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, speed=shape.speed))

@@ -56,7 +56,7 @@ trained in it, so ``train_time_s`` is a run's share, the stack's total is the su
 ``steps_per_s`` is a run's effective rate. Evaluation time is left out, as in train_run. ``wall_time_s``
 runs from the start of the stack's training loop to the run's record, so runs of one stack overlap.
 
-Speed options (``speed``, ``runners.speed``: eager by default; ``auto`` compiles on CUDA):
+Speed options (``speed``, ``runners.speed``: eager by default; ``auto`` compiles on CUDA, short rows graphed too):
 ``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
 fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
 sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
@@ -138,7 +138,7 @@ def is_packed(config: RunConfig) -> bool:
 
 
 def row_tokens(config: RunConfig) -> int:
-    """Tokens in one input row of the run's task."""
+    """Tokens in one input row of the run's task (what ``auto`` speed reads)."""
     task, _ = resolve(config)
     return task.generate(1, seed=0).inputs.shape[-1]
 
@@ -203,7 +203,8 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
         packed = is_packed(configs[members[0]])
         # auto leaves packed stacks eager: their layouts are read on the host every step, which neither a compiled
         # graph nor a captured one can do
-        compile, cuda_graph = (False, False) if packed and speed == "auto" else stack_modes(speed, device)
+        compile, cuda_graph = ((False, False) if packed and speed == "auto"
+                               else stack_modes(speed, device, row_tokens(configs[members[0]])))
         if packed and (compile or cuda_graph):
             raise ValueError(f"speed={speed!r} cannot serve runs of a packed task: each step's document layout is "
                              "read on the host")

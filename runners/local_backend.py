@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 # Seconds a stopped sweep waits for its workers to checkpoint their stacks (they finish the step in flight
 # first) before it kills them.
 STOP_GRACE_S = 60.0
+# How often (s) the pool's wait for a finished job looks for a stop request (_wait_first).
+WAIT_POLL_S = 0.2
 
 
 def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, Any], job_done: Callable[[Job, int], None],
@@ -138,6 +140,41 @@ def _stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[threading.Event]:
+    """Inside the block a stop signal whose handler raises KeyboardInterrupt (Ctrl-C's, and SIGTERM's under
+    ``runners.cli.main``) sets the event it yields instead, and ``_wait_first`` raises between two waits. Raised
+    by the handler, a signal lands wherever the main thread is: a second one inside
+    ``concurrent.futures.wait``'s re-taking of its condition's lock (``timeout -s INT`` signals the command and
+    then its process group, so it sends two) left that lock released twice on an H200 run, and the sweep ended
+    in ``RuntimeError: release unlocked lock`` instead of its one-line message."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set in the main thread
+        yield requested
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is signal.default_int_handler:
+            signal.signal(sig, lambda *_: requested.set())
+    try:
+        yield requested
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait_first(futures: Iterable[concurrent.futures.Future],
+                stop: threading.Event) -> set[concurrent.futures.Future]:
+    """The futures of ``futures`` that are done, waiting until one is; KeyboardInterrupt once ``stop`` is set."""
+    while True:
+        finished, _ = concurrent.futures.wait(futures, timeout=WAIT_POLL_S,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+        if stop.is_set():
+            raise KeyboardInterrupt
+        if finished:
+            return finished
+
+
 def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str, Any],
              job_done: Callable[[Job, int], None], may_start: Callable[[], bool],
              run: Callable[[Job, str, dict[str, Any]], int] = run_in_worker,
@@ -180,35 +217,35 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
                 return
             start(job)
 
-    try:
-        submit(workers)
-        while in_flight:
-            finished, _ = concurrent.futures.wait(in_flight, return_when="FIRST_COMPLETED")
-            for future in finished:
-                job = in_flight.pop(future)
-                try:
-                    trained = future.result()
-                except JobOutOfMemory as exc:
-                    if future in alone:
-                        raise
-                    deferred.append(job)
-                    tqdm.write(f"out of memory beside other jobs ({exc}); the job of {len(job)} runs runs again "
-                               "alone after the others")
-                else:
-                    job_done(job, trained)
-                submit(1)
-    except BaseException:
-        # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
-        with _stop_signals_held():
-            executor.shutdown(wait=False, cancel_futures=True)
-            children = set(multiprocessing.active_children()) - before
-            for child in children:
-                child.terminate()
-            deadline = time.monotonic() + STOP_GRACE_S
-            for child in children:  # each writes its stack's checkpoint, then exits
-                child.join(max(0.0, deadline - time.monotonic()))
-                if child.is_alive():
-                    child.kill()
-            executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
-        raise
+    with _stop_requests() as stop:
+        try:
+            submit(workers)
+            while in_flight:
+                for future in _wait_first(in_flight, stop):
+                    job = in_flight.pop(future)
+                    try:
+                        trained = future.result()
+                    except JobOutOfMemory as exc:
+                        if future in alone:
+                            raise
+                        deferred.append(job)
+                        tqdm.write(f"out of memory beside other jobs ({exc}); the job of {len(job)} runs runs again "
+                                   "alone after the others")
+                    else:
+                        job_done(job, trained)
+                    submit(1)
+        except BaseException:
+            # Ctrl-C or a failed run: end the other workers now instead of waiting for their runs.
+            with _stop_signals_held():
+                executor.shutdown(wait=False, cancel_futures=True)
+                children = set(multiprocessing.active_children()) - before
+                for child in children:
+                    child.terminate()
+                deadline = time.monotonic() + STOP_GRACE_S
+                for child in children:  # each writes its stack's checkpoint, then exits
+                    child.join(max(0.0, deadline - time.monotonic()))
+                    if child.is_alive():
+                        child.kill()
+                executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
+            raise
     executor.shutdown(wait=True)

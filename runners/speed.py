@@ -1,9 +1,9 @@
 """How a stack of the batched engine runs its steps: eager, compiled, as CUDA graphs, or picked per stack.
 
 A speed mode changes no result beyond rounding (docs/engine.md "Speed options"). ``auto`` picks for each stack
-from its device: eager on the CPU, ``torch.compile`` on CUDA (for MAD stacks on an H200 it was the fastest mode at
-every row length measured, 32 to 1024 tokens). The command-line flags ``--compile`` and ``--cuda-graph`` name the
-same modes (``from_flags``).
+from its device and row length: eager on the CPU; on CUDA ``torch.compile``, with the compiled step also captured
+as a CUDA graph for rows of at most ``GRAPH_MAX_ROW`` tokens, whose steps are too short to hide their launches.
+The command-line flags ``--compile`` and ``--cuda-graph`` name the same modes (``from_flags``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,19 @@ from __future__ import annotations
 import torch
 
 SPEEDS = ("eager", "compile", "cuda-graph", "compile+graph", "auto")
+# Longest row (tokens) whose stacks ``auto`` compiles and captures on CUDA; longer rows are compiled only. From an
+# H200 (2026-12-02, BENCHMARKS.md), 18 stacked MAD runs, train tokens/s compiled against compiled + CUDA graph:
+# transformer compression T=32 9.5M against 16.1M; in-context recall T=127 transformer 28.4M against 25.6M,
+# static_conv_qkv 24.0M against 21.9M, dynamic_conv_qkv 18.6M against 16.9M. 64-token rows were not measured.
+GRAPH_MAX_ROW = 32
 # (compile, cuda_graph) of every mode but auto.
 _MODES = {"eager": (False, False), "compile": (True, False), "cuda-graph": (False, True),
           "compile+graph": (True, True)}
 # How tables name the modes.
 LABELS = {"eager": "eager", "compile": "compiled", "cuda-graph": "CUDA graph", "compile+graph": "compiled + CUDA graph",
           "auto": "auto"}
-SPEED_HELP = (f"How stacks run: {', '.join(SPEEDS)} (auto: compile on CUDA, eager on the CPU). Default: eager, or as "
+SPEED_HELP = (f"How stacks run: {', '.join(SPEEDS)} (auto: on CUDA compile, and capture rows of at most "
+              f"{GRAPH_MAX_ROW} tokens as CUDA graphs too; eager on the CPU). Default: eager, or as "
               "--compile/--cuda-graph.")
 
 
@@ -39,11 +45,13 @@ def from_flags(speed: str | None, compile: bool = False, cuda_graph: bool = Fals
     return check_speed(speed)
 
 
-def stack_modes(speed: str, device: torch.device) -> tuple[bool, bool]:
-    """(compile, cuda_graph) of a stack on ``device``."""
+def stack_modes(speed: str, device: torch.device, row_tokens: int) -> tuple[bool, bool]:
+    """(compile, cuda_graph) of a stack on ``device`` whose rows hold ``row_tokens`` tokens."""
     if check_speed(speed) != "auto":
         return _MODES[speed]
-    return _MODES["compile" if device.type == "cuda" else "eager"]
+    if device.type != "cuda":
+        return _MODES["eager"]
+    return _MODES["compile+graph" if row_tokens <= GRAPH_MAX_ROW else "compile"]
 
 
 def mode_name(compile: bool, cuda_graph: bool) -> str:

@@ -52,13 +52,13 @@ from mixlab.kernels._triton import tl, triton
 # (at least one), so short rows do not get one tiny program per pair. Chosen on an H200 (bf16, H=16, hd=8,
 # T=128 and 1024) from BT in {32, 64, 128} x warps {2, 4, 8} x stages {1, 2, 3}: 64/4/2 forward and 64/4/1
 # backward were best or within 2% of it at both lengths. ``scripts/tune_attention_gpu.py`` at a stack of MAD
-# runs' shape (36,864 pairs, 2026-12-02) kept those and moved BWD_PAIR_ROWS to 512: 857 against 948 us at T=127,
-# equal at T=1023 (BENCHMARKS.md).
+# runs' shape (36,864 pairs, 2026-12-02) kept those; the one-pass backward with 128-row pairs was the fastest
+# backward there: 675 against 856 us (the best two-pass setting) at T=127, 23.9 against 25.0 ms at T=1023
+# (BENCHMARKS.md).
 FWD_BT, FWD_WARPS, FWD_STAGES, FWD_PAIR_ROWS = 64, 4, 2, 128
-BWD_BT, BWD_WARPS, BWD_STAGES, BWD_PAIR_ROWS = 64, 4, 1, 512
-# The backward in two passes (dq; dk and dv) or in one (module docstring). Two until the one pass has been timed
-# on a GPU against it (``scripts/tune_attention_gpu.py``).
-BWD_PASSES = 2
+BWD_BT, BWD_WARPS, BWD_STAGES, BWD_PAIR_ROWS = 64, 4, 1, 128
+# The backward in two passes (dq; dk and dv) or in one (module docstring).
+BWD_PASSES = 1
 # The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
 MAX_HEAD_DIM = 128
 LOG2E = math.log2(math.e)

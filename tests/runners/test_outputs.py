@@ -2,6 +2,7 @@
 as one line naming the file, files as readable as the umask allows, and Ctrl-C on a sweep as one line that
 counts its records and gives the command that resumes it."""
 
+import concurrent.futures
 import errno
 import os
 import re
@@ -144,7 +145,7 @@ def wait_until(condition, proc, what):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("whom", ["sweep-process", "process-group", "sigterm"])
+@pytest.mark.parametrize("whom", ["sweep-process", "process-group", "sigterm", "timeout"])
 def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, whom):
     spec, out = tmp_path / "tiny.yaml", tmp_path / "out"
     spec.write_text(yaml.safe_dump(TINY_SWEEP))
@@ -158,6 +159,9 @@ def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, wh
             proc.send_signal(signal.SIGINT)
         elif whom == "sigterm":  # kill, timeout's default, a batch scheduler: as Ctrl-C
             proc.send_signal(signal.SIGTERM)
+        elif whom == "timeout":  # `timeout -s INT`: the signal to the command, then to its whole group at once
+            proc.send_signal(signal.SIGINT)
+            os.killpg(proc.pid, signal.SIGINT)
         else:  # what Ctrl-C in a terminal does: every process of the foreground group gets SIGINT
             os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate()  # a sweep that ignored Ctrl-C ends too, with status 0
@@ -169,3 +173,21 @@ def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, wh
         f"mixlab: interrupted: {done} of 24 runs have records, {24 - done} remain; resume with: mixlab "
         + " ".join(args)]
     assert 1 <= done < 24
+
+
+def test_stop_signals_during_a_pool_wait_raise_once_between_waits():
+    # `timeout -s INT` signals the command and then its group: two SIGINTs at once must end the wait with one
+    # KeyboardInterrupt raised by the pool, not inside concurrent.futures' locks
+    never = concurrent.futures.Future()
+    before = {sig: signal.getsignal(sig) for sig in local_backend.STOP_SIGNALS}
+    with local_backend._stop_requests() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            local_backend._wait_first([never], stop)
+        assert stop.is_set()
+    assert {sig: signal.getsignal(sig) for sig in local_backend.STOP_SIGNALS} == before
+    done = concurrent.futures.Future()
+    done.set_result(0)
+    with local_backend._stop_requests() as stop:
+        assert local_backend._wait_first([never, done], stop) == {done}

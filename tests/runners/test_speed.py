@@ -1,5 +1,5 @@
-"""Speed modes (``runners.speed``): auto picks per stack by device, the command-line flags map onto the modes,
-and the engine runs each stack in the mode picked for it."""
+"""Speed modes (``runners.speed``): auto picks per stack by device and row length, the command-line flags map
+onto the modes, and the engine runs each stack in the mode picked for it."""
 
 import pytest
 import torch
@@ -9,22 +9,26 @@ from mixlab.runners import engine
 from mixlab.runners.bench_train import bench_train
 from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.speed import from_flags, stack_modes
+from mixlab.runners.speed import GRAPH_MAX_ROW, from_flags, stack_modes
 from mixlab.runners.sweep_jobs import run_job
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
 
-@pytest.mark.parametrize(("speed", "device", "modes"), [
-    ("auto", CUDA, (True, False)),
-    ("auto", CPU, (False, False)),
-    ("eager", CUDA, (False, False)),
-    ("compile", CUDA, (True, False)),
-    ("cuda-graph", CUDA, (False, True)),
-    ("compile+graph", CPU, (True, True)),
-], ids=["auto-cuda", "auto-cpu", "eager", "compile", "graph", "compile+graph-as-asked"])
-def test_stack_modes(speed, device, modes):
-    assert stack_modes(speed, device) == modes
+@pytest.mark.parametrize(("speed", "device", "row", "modes"), [
+    ("auto", CUDA, GRAPH_MAX_ROW, (True, True)),
+    ("auto", CUDA, GRAPH_MAX_ROW + 1, (True, False)),
+    ("auto", CUDA, 1024, (True, False)),
+    ("auto", CPU, 32, (False, False)),
+    ("auto", CPU, 1024, (False, False)),
+    ("eager", CUDA, 32, (False, False)),
+    ("compile", CUDA, 32, (True, False)),
+    ("cuda-graph", CUDA, 1024, (False, True)),
+    ("compile+graph", CPU, 1024, (True, True)),
+], ids=["auto-cuda-at-threshold", "auto-cuda-past-threshold", "auto-cuda-long", "auto-cpu-short", "auto-cpu-long",
+        "eager", "compile-short-rows", "graph-long-rows", "compile+graph-as-asked"])
+def test_stack_modes(speed, device, row, modes):
+    assert stack_modes(speed, device, row) == modes
 
 
 @pytest.mark.parametrize(("speed", "compile", "cuda_graph", "want"), [
@@ -42,16 +46,17 @@ def test_flags_map_onto_modes(speed, compile, cuda_graph, want):
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: from_flags("auto", True, False), "--speed auto contradicts --compile/--cuda-graph"),
     (lambda: from_flags("fast"), "unknown speed 'fast'"),
-    (lambda: stack_modes("fast", CPU), "unknown speed 'fast'"),
+    (lambda: stack_modes("fast", CPU, 8), "unknown speed 'fast'"),
 ], ids=["speed-against-flag", "unknown-speed", "unknown-speed-in-engine"])
 def test_bad_speed_names_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
 
-def test_auto_compiles_every_row_length_on_cuda_and_leaves_packed_stacks_eager(monkeypatch):
-    """Groups of two row lengths and a packed task under auto, the device taken as CUDA: both unpacked stacks
-    compile, the packed one runs eager (``_train_stack`` spied: nothing trains)."""
+def test_auto_compiles_on_cuda_graphs_short_rows_and_leaves_packed_stacks_eager(monkeypatch):
+    """Groups of three row lengths and a packed task under auto, the device taken as CUDA: every unpacked stack
+    compiles, the shortest rows' is captured too, the packed one runs eager (``_train_stack`` spied: nothing
+    trains)."""
     picked = {}
 
     def spy(configs, names, **kwargs):
@@ -64,12 +69,13 @@ def test_auto_compiles_every_row_length_on_cuda_and_leaves_packed_stacks_eager(m
     monkeypatch.setattr(engine, "group_key", lambda c: (c.task, engine.row_tokens(c)))
     small = {"d_model": 16, "n_heads": 2}
     configs = [RunConfig(task="mad/in_context_recall", task_params={"seq_len": t}, model=small,
-                         train=TrainConfig(epochs=1, init_seed=seed)) for t in (64, 1024) for seed in (0, 1)]
+                         train=TrainConfig(epochs=1, init_seed=seed)) for t in (32, 64, 1024) for seed in (0, 1)]
     configs.append(RunConfig(task="packed/noisy_recall", model=small, train=TrainConfig(epochs=1)))
     engine.train_runs_batched(configs, progress=False, speed="auto")
     compiled = (True, False, engine.COMPILED_COMPACTION)
     packed_len = engine.row_tokens(configs[-1])
-    assert picked == {("mad/in_context_recall", 63): compiled, ("mad/in_context_recall", 1023): compiled,
+    assert picked == {("mad/in_context_recall", 31): (True, True, engine.COMPILED_COMPACTION),
+                      ("mad/in_context_recall", 63): compiled, ("mad/in_context_recall", 1023): compiled,
                       ("packed/noisy_recall", packed_len): (False, False, 1.0)}
 
 
