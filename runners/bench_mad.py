@@ -27,9 +27,12 @@ stop early, evaluations, process start, compilation and graph capture all count 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import json
+import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -49,12 +52,12 @@ from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.schedule import StepPlan
-from mixlab.runners.speed import SPEEDS, mode_name, stack_modes
+from mixlab.runners.speed import MODES, SPEEDS, mode_name, stack_modes
 from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import PlannedRun, SweepPlan
 from mixlab.runners.train import train_run
-from mixlab.tasks.fields import NonNegativeFloat, PositiveInt, check_dataclass
+from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -141,15 +144,25 @@ def _timing_configs(job: Job, steps: int) -> list[RunConfig]:
     return out
 
 
+def _warm_configs(configs: Sequence[RunConfig], steps: int, warmup_steps: int) -> list[RunConfig]:
+    """The untimed warm-up call's runs: the timed ones cut to ``min(steps, warmup_steps)`` steps."""
+    return [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, warmup_steps)))
+            for c in configs]
+
+
+def _shape_mode(shape: StepShape, configs: Sequence[RunConfig], speed: str) -> str:
+    """The mode (not auto) the shape's stack runs in."""
+    return mode_name(*stack_modes(speed, pick_device(configs[0].train.device), shape.seq_len))
+
+
 def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps: int = WARMUP_STEPS) -> None:
     """Time the shape's largest job stacked (``speed``, resolved for the shape), and its first run alone; fill
     in the rates and the gate. The untimed warm-up call trains ``warmup_steps`` steps (compiles, captures)."""
     configs = _timing_configs(max(shape.jobs, key=len), steps)
-    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, warmup_steps)))
-            for c in configs]
+    warm = _warm_configs(configs, steps, warmup_steps)
     device = pick_device(configs[0].train.device)
-    compile, cuda_graph = stack_modes(speed, device, shape.seq_len)
-    shape.speed = mode_name(compile, cuda_graph)
+    shape.speed = _shape_mode(shape, configs, speed)
+    compile = MODES[shape.speed][0]
     train_runs_batched(warm, progress=False, speed=shape.speed)
     stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, speed=shape.speed))
     tokens = len(configs) * steps * configs[0].train.batch_size * shape.seq_len
@@ -161,6 +174,57 @@ def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps
     shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
     bf16 = uses_bf16(configs[0].train.precision, device)
     shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
+
+
+def compile_stack(configs: Sequence[RunConfig], speed: str) -> float:
+    """Train ``configs`` (a shape's warm-up call) as one stack in ``speed``; seconds taken. Run in another
+    process, it leaves the stack's compiled code in torch's on-disk caches (Inductor's FX graph and AOTAutograd
+    caches, Triton's kernels), where the timing process finds it."""
+    start = time.monotonic()
+    train_runs_batched(list(configs), progress=False, speed=speed)
+    return time.monotonic() - start
+
+
+def precompile(shapes: Sequence[StepShape], speed: str, steps: int, warmup_steps: int, processes: int,
+               deadline: float | None = None, executor: concurrent.futures.Executor | None = None) -> int:
+    """Compile the compiled shapes of ``shapes`` ahead, ``processes`` at a time, in their order; returns how many
+    compiled without error. None starts after ``deadline`` (``time.monotonic()``); those in flight then finish, so
+    nothing compiles while the timing runs. ``executor``: where the warm-up calls run (default: a pool of
+    ``processes`` spawned processes with this one's torch thread count)."""
+    todo = []
+    for shape in shapes:
+        configs = _timing_configs(max(shape.jobs, key=len), steps)
+        mode = _shape_mode(shape, configs, speed)
+        if MODES[mode][0]:
+            todo.append((_warm_configs(configs, steps, warmup_steps), mode))
+    if not todo:
+        return 0
+    own = executor is None
+    if own:
+        from mixlab.runners.local_backend import _init_worker
+
+        # this process's thread count: Inductor's CPU code, and so its cache key, depends on it
+        executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=processes, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(torch.get_num_threads(), os.getpid()))
+    pending, in_flight, done = iter(todo), set(), 0
+    try:
+        while True:
+            while len(in_flight) < processes and (deadline is None or time.monotonic() < deadline):
+                item = next(pending, None)
+                if item is None:
+                    break
+                in_flight.add(executor.submit(compile_stack, *item))
+            if not in_flight:
+                return done
+            finished, in_flight = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                # a shape that fails here (out of memory, a kernel) fails again when timed, which names it in its row
+                if future.exception() is None:
+                    done += 1
+    finally:
+        if own:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclasses.dataclass
@@ -260,6 +324,10 @@ class BenchMadOptions:
         are named and left out of the totals, so a call fits a time limit. None: time every shape.
     heaviest_first: time the shapes in the order of their protocol tokens, most first, so a call cut short by
         stop_after covers most of the protocol (the table keeps its order).
+    precompile: processes that first compile every compiled shape, in the timing order, into torch's on-disk
+        caches (``precompile``), so each timing's warm-up finds its code there instead of compiling for 25-45 s
+        on an H200; none start after stop_after, and none run while shapes are timed. 0: compile as each shape
+        is timed.
     sweep_epochs, workers: then a real sweep of the timed shapes' runs cut to that many epochs, ``workers`` jobs
         at a time, against the benchmark's prediction (None: no sweep).
     progress: a bar over the shapes, and each row on stderr as soon as it is timed.
@@ -276,6 +344,7 @@ class BenchMadOptions:
     alone: bool = True
     stop_after: NonNegativeFloat | None = None
     heaviest_first: bool = False
+    precompile: NonNegativeInt = 0
     sweep_epochs: PositiveInt | None = None
     workers: PositiveInt = 1
     progress: bool = True
@@ -320,6 +389,10 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     peak = matmul_tflops(dev)
     start = time.monotonic()
     order = sorted(shapes, key=lambda s: -s.tokens) if options.heaviest_first else shapes
+    precompiled = 0
+    if options.precompile:
+        precompiled = precompile(order, options.speed, options.steps, options.warmup_steps, options.precompile,
+                                 None if options.stop_after is None else start + options.stop_after)
     for shape in (bar := tqdm(order, desc=f"bench mad {model}", unit="shape", disable=not options.progress)):
         if options.stop_after is not None and time.monotonic() - start >= options.stop_after:
             shape.skipped = True
@@ -358,7 +431,9 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
         f"bench_mad(model={model!r}, profile={profile!r}, {fields})",
         get_profile(profile).describe(),
         f"{len(runs)} runs in {sum(len(s.jobs) for s in shapes)} jobs of {len(shapes)} step shapes; each shape's "
-        f"largest job timed for {options.steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops.",
+        f"largest job timed for {options.steps} steps; GPU-minutes are for all {seeds} seed(s), before early stops."
+        + (f" {precompiled} shape(s) compiled ahead by {options.precompile} process(es) before the timing."
+           if options.precompile else ""),
         "",
         "| task | settings | V | T | runs/stack | jobs | speed | stacked tok/s | alone tok/s | speed-up "
         "| protocol Mtok | min stacked | min alone | min floor | gate |",

@@ -125,6 +125,9 @@ def bench_mad_cmd(
                                      "the shapes not timed and leave them out (fit a time limit)."),
     heaviest_first: bool = typer.Option(False, "--heaviest-first", help="Time the shapes with the most protocol "
                                         "tokens first (with --stop-after: cover most of the protocol)."),
+    precompile: int = typer.Option(0, help="Processes that first compile the compiled shapes into torch's on-disk "
+                                   "caches, in parallel, so each timing's warm-up loads its code (0: compile as "
+                                   "each shape is timed)."),
     sweep_epochs: int = typer.Option(0, help="Then run a real sweep of the same runs cut to this many epochs and "
                                               "compare its tokens/s with the benchmark's (0: skip)."),
     workers: int = typer.Option(1, help="Jobs at a time in that sweep (as mad run --workers)."),
@@ -137,7 +140,7 @@ def bench_mad_cmd(
     options = BenchMadOptions(device=device, seeds=seeds, steps=steps, warmup_steps=warmup_steps,
                               tasks=comma_names(tasks), settings=comma_names(settings), max_stack=max_stack,
                               speed=from_flags(speed, compile, cuda_graph), alone=alone, stop_after=stop_after,
-                              heaviest_first=heaviest_first,
+                              heaviest_first=heaviest_first, precompile=precompile,
                               sweep_epochs=sweep_epochs or None, workers=workers)
     typer.echo(bench_mad(model, profile, options))
 

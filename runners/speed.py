@@ -17,7 +17,7 @@ SPEEDS = ("eager", "compile", "cuda-graph", "compile+graph", "auto")
 # static_conv_qkv 24.0M against 21.9M, dynamic_conv_qkv 18.6M against 16.9M. 64-token rows were not measured.
 GRAPH_MAX_ROW = 32
 # (compile, cuda_graph) of every mode but auto.
-_MODES = {"eager": (False, False), "compile": (True, False), "cuda-graph": (False, True),
+MODES = {"eager": (False, False), "compile": (True, False), "cuda-graph": (False, True),
           "compile+graph": (True, True)}
 # How tables name the modes.
 LABELS = {"eager": "eager", "compile": "compiled", "cuda-graph": "CUDA graph", "compile+graph": "compiled + CUDA graph",
@@ -48,12 +48,12 @@ def from_flags(speed: str | None, compile: bool = False, cuda_graph: bool = Fals
 def stack_modes(speed: str, device: torch.device, row_tokens: int) -> tuple[bool, bool]:
     """(compile, cuda_graph) of a stack on ``device`` whose rows hold ``row_tokens`` tokens."""
     if check_speed(speed) != "auto":
-        return _MODES[speed]
+        return MODES[speed]
     if device.type != "cuda":
-        return _MODES["eager"]
-    return _MODES["compile+graph" if row_tokens <= GRAPH_MAX_ROW else "compile"]
+        return MODES["eager"]
+    return MODES["compile+graph" if row_tokens <= GRAPH_MAX_ROW else "compile"]
 
 
 def mode_name(compile: bool, cuda_graph: bool) -> str:
     """The mode (not auto) that runs stacks so."""
-    return next(name for name, modes in _MODES.items() if modes == (compile, cuda_graph))
+    return next(name for name, modes in MODES.items() if modes == (compile, cuda_graph))

@@ -1,7 +1,10 @@
 """``mixlab bench mad``: step shapes group the profile's jobs as the sweep makes them, the token and FLOP counts
 are those of the protocol, and the report's rows and totals come from the timed runs."""
 
+import concurrent.futures
 import re
+import threading
+import time
 
 import pytest
 from mixlab.models import ModelConfig, preset_config
@@ -184,3 +187,46 @@ def test_heaviest_first_times_the_shapes_with_the_most_tokens_first(monkeypatch)
     heaviest = rows_of(bench_mad("transformer", "smoke", BenchMadOptions(heaviest_first=True, **options)))
     assert timed == sorted(plain, reverse=True) and timed != plain
     assert list(heaviest) == list(in_order)
+
+
+def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monkeypatch):
+    """precompile sends each compiled shape's warm-up call, in order and at most ``processes`` at a time, to its
+    executor; eager shapes are left alone, and past the deadline nothing more starts (the pool is replaced by
+    threads and ``compile_stack`` by a spy: nothing trains)."""
+    calls, lock, running, most = [], threading.Lock(), [0], [0]
+
+    def spy(configs, speed):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            calls.append((configs[0].task, configs[0].train.steps, len(configs), speed))
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return 0.0
+
+    monkeypatch.setattr(bench_mad_module, "compile_stack", spy)
+    _, shapes = bench_mad_module._chosen_shapes("transformer", "smoke", BenchMadOptions(device="cpu", seeds=2))
+    want = [(max(s.jobs, key=len).runs[0][1]["task"], 2, len(max(s.jobs, key=len)), "compile") for s in shapes]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        assert bench_mad_module.precompile(shapes, "eager", 5, 2, 1, executor=pool) == 0
+        assert calls == []
+        assert bench_mad_module.precompile(shapes, "compile", 5, 2, 1, executor=pool) == len(shapes)
+        assert calls == want and most[0] == 1
+        calls.clear()
+        assert bench_mad_module.precompile(shapes, "compile", 5, 2, 2, executor=pool) == len(shapes)
+        assert sorted(calls) == sorted(want) and 1 <= most[0] <= 2
+        calls.clear()
+        assert bench_mad_module.precompile(shapes, "compile", 5, 2, 2, deadline=time.monotonic() - 1,
+                                           executor=pool) == 0
+        assert calls == []
+
+        def fails_on_the_first(configs, speed):  # the timing of that shape names the error; the rest go on
+            spy(configs, speed)
+            if len(calls) == 1:
+                raise RuntimeError("out of memory")
+            return 0.0
+
+        monkeypatch.setattr(bench_mad_module, "compile_stack", fails_on_the_first)
+        assert bench_mad_module.precompile(shapes, "compile", 5, 2, 1, executor=pool) == len(shapes) - 1
+        assert calls == want

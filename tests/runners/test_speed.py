@@ -113,8 +113,9 @@ def test_bench_commands_map_flags_onto_modes(monkeypatch):
     monkeypatch.setattr(bench_mad_module, "bench_mad",
                         lambda model, profile, options: asked.update(options=options) or "")
     main(["bench", "mad", "--device", "cpu", "--cuda-graph", "--tasks", "mad/compression", "--settings",
-          "baseline,seq_len=64", "--stop-after", "420", "--warmup-steps", "2", "--heaviest-first"])
+          "baseline,seq_len=64", "--stop-after", "420", "--warmup-steps", "2", "--heaviest-first", "--precompile", "3"])
     options = asked["options"]
     assert (options.speed, options.tasks, options.settings) == ("cuda-graph", ("mad/compression",),
                                                                 ("baseline", "seq_len=64"))
-    assert (options.stop_after, options.warmup_steps, options.seeds, options.heaviest_first) == (420, 2, None, True)
+    assert (options.stop_after, options.warmup_steps, options.seeds, options.heaviest_first,
+            options.precompile) == (420, 2, None, True, 3)
