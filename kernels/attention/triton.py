@@ -11,20 +11,20 @@ tiles left of the diagonal need no mask, the diagonal tile is masked. Stored: o 
 log-sum-exp ``lse = m + log2(l)`` (fp32 [B, H, T], base 2), so the backward recomputes p = exp2(s - lse)
 without a second pass over the row.
 
-Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), one kernel
-launched in two modes:
+Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), in two passes
+(``BWD_PASSES = 2``), one kernel launched in two modes:
     dq = scale * ds @ k          a program per query tile, walking the key tiles up to the diagonal; it
                                  first computes delta of its rows and stores it (fp32 [B, H, T])
     dk = scale * ds^T @ q        a program per key tile, walking the query tiles from the diagonal to T;
     dv = p^T @ do                launched second, it reads the delta of the first
 Each gradient element is summed by one program in a fixed order: no atomics, results are bitwise repeatable.
 
-Or (``BWD_PASSES = 1``) one pass, a program per pair walking its key tiles, and for each the query tiles from the
-diagonal to T: p and ds are computed once per pair of tiles (one exponential a score, against two for the two
-passes, whose exponentials bound them at long rows), dk and dv are summed in registers as in the dk/dv mode,
-and dq's partial sums wait in an fp32 scratch [B * H, T, hd] until the query tile's diagonal, the last key tile
-it meets, completes them. delta is recomputed per pair of tiles from o and do. Key tiles are walked in order,
-so dq's sums run in the two-pass order too.
+Or (``BWD_PASSES = 1``, the default: faster on an H200 at T = 127 and 1023) one pass, a program per pair
+walking its key tiles, and for each the query tiles from the diagonal to T: p and ds are computed once per pair
+of tiles (one exponential a score, against two for the two passes), dk and dv are summed in registers as in the
+dk/dv mode, and dq's partial sums wait in an fp32 scratch [B * H, T, hd] until the query tile's diagonal, the
+last key tile it meets, completes them. delta is recomputed per pair of tiles from o and do. Key tiles are
+walked in order, so dq's sums run in the two-pass order too.
 
 Head sizes below 16: ``tl.dot`` needs an inner dimension of at least 16, so the head dim is padded to
 HDP = max(16, next power of two) with masked loads (zeros add nothing to q . k, and the padded columns of
