@@ -169,15 +169,17 @@ def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("model", [{}, {"qkv_conv": "dynamic_lowrank"}], ids=["attention", "dynamic_qkv"])
 @pytest.mark.parametrize("compact_at", [1.0, 0.5], ids=["drop_at_once", "frozen_rows"])
-def test_cuda_graph_step_and_evaluation_match_eager(compact_at, model):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_cuda_graph_step_and_evaluation_match_uncaptured(compact_at, model, compile):
     # run 1 stops at step 2: the live rows change, so the evaluation graph is captured again (after a
     # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s).
-    # dynamic_qkv: the conv's Triton kernels, the runs folded into one launch (their vmap rule), inside the graphs
+    # dynamic_qkv: the conv's Triton kernels, the runs folded into one launch (their vmap rule), inside the graphs.
+    # compiled: the compiled step captured (compile+graph, as auto runs short rows on CUDA) against it uncaptured
     configs = [tiny(model=model, lr=1e-2, eval_every=2, device="cuda"),
                tiny(model=model, init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
                tiny(model=model, init_seed=2, eval_every=2, device="cuda")]
-    records = {graph: engine._train_stack(configs, [None] * 3, out_dir=None, progress=False, compile=False,
-                                          cuda_graph=graph, compact_at=compact_at)
+    records = {graph: engine._train_stack(configs, [None] * 3, out_dir=None, progress=False,
+                                          compile=compile, cuda_graph=graph, compact_at=compact_at)
                for graph in (False, True)}
     assert [r["steps"] for r in records[True]] == [15, 2, 15]
     assert_same_records(records[True], records[False], exact=False)

@@ -223,7 +223,7 @@ def test_a_run_trained_alone_does_not_take_a_stacks_checkpoint(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compile and CUDA graphs are measured on a GPU")
-@pytest.mark.parametrize("mode", ["compile", "cuda-graph"])
+@pytest.mark.parametrize("mode", ["compile", "cuda-graph", "compile+graph"])
 def test_compiled_and_graphed_stacks_resume_on_a_gpu(tmp_path, monkeypatch, mode):
     """Compiled code and captured graphs are made again after the load; the stack with the early-stopped run
     (a frozen row under compile) ends as the uninterrupted one, within rounding (GPU kernels need not repeat
