@@ -15,7 +15,11 @@ the records' ``train_time_s`` measure it) and the GPU-minutes the protocol's run
 each rate before early stops (every run its full ``epochs x num_train`` rows). The totals weight each shape by
 its tokens: the protocol's mean rate is its total tokens over its total time. The FLOP floor counts 6 FLOP per
 matmul weight and token (forward and backward) plus causal attention's ``6 d (T + 1)`` per attention layer and
-token, over the bf16 matmul rate measured at the start (CUDA only).
+token, over the bf16 matmul rate measured at the start (CUDA only). At the MAD model's head size of 8 the softmax's
+exponentials, not the FLOPs, bound attention: the exponential floor counts ``(T + 1) / 2`` of them per head,
+attention layer and token, once forward and once per backward pass, over the fp32 ``exp2`` rate of the special-
+function units measured at the start (``bench_utils.exp2_rate``, CUDA only). The two run on different units, so
+a shape's floor is the larger of its two.
 
 End to end (``sweep_epochs``): the same runs then go through ``run_sweep`` as ``mixlab mad run`` would train them
 (``workers`` jobs at a time, every early stop and evaluation included), each run's epochs cut to ``sweep_epochs``
@@ -42,9 +46,10 @@ from typing import Literal
 
 import torch
 from mixlab import models
+from mixlab.kernels.attention import triton as attention_triton
 from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
-from mixlab.runners.bench_utils import median_time_ms
+from mixlab.runners.bench_utils import exp2_rate, median_time_ms
 from mixlab.runners.config import RunConfig, config_hash, resolve
 from mixlab.runners.engine import train_runs_batched
 from mixlab.runners.mad import get_profile, mad_plan
@@ -78,6 +83,7 @@ class StepShape:
     settings: set[str] = dataclasses.field(default_factory=set)
     tokens: int = 0  # the protocol's training tokens over every run of these jobs, before early stops
     flop_per_token: float = 0.0
+    exp_per_token: float = 0.0
     speed: str = ""  # the mode its stack ran in (runners.speed; auto resolved)
     stacked: float | None = None  # tokens/s
     alone: float | None = None
@@ -98,6 +104,29 @@ def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     attention_layers = sum(isinstance(m, Attention) for m in model.modules())
     return 6.0 * weights + attention_layers * 6.0 * model_config.d_model * (seq_len + 1)
+
+
+def exp_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
+    """Softmax exponentials of one training token in causal attention: (T + 1) / 2 scores per head on average,
+    one exponential each forward and one per backward pass of the Triton kernels (``BWD_PASSES``)."""
+    with torch.random.fork_rng(devices=[]):
+        model = models.build_model(model_config)
+    attention_layers = sum(isinstance(m, Attention) for m in model.modules())
+    return attention_layers * model_config.n_heads * (seq_len + 1) / 2 * (1 + attention_triton.BWD_PASSES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+    """The device's measured rates that the floors divide by; None off CUDA."""
+
+    matmul_tflops: float | None = None  # bf16 matmul
+    exp2_per_s: float | None = None  # fp32 exp2 on the special-function units
+
+    def flop_minutes(self, s: StepShape) -> float | None:
+        return s.tokens * s.flop_per_token / (self.matmul_tflops * 1e12) / 60 if self.matmul_tflops else None
+
+    def exp_minutes(self, s: StepShape) -> float | None:
+        return s.tokens * s.exp_per_token / self.exp2_per_s / 60 if self.exp2_per_s else None
 
 
 def matmul_tflops(device: torch.device) -> float | None:
@@ -123,7 +152,8 @@ def step_shapes(jobs: Sequence[Job]) -> list[StepShape]:
         shape = shapes.get(key)
         if shape is None:
             shape = shapes[key] = StepShape(task=config.task, vocab_size=model_config.vocab_size, seq_len=seq_len,
-                                            jobs=[], flop_per_token=flop_per_token(model_config, seq_len))
+                                            jobs=[], flop_per_token=flop_per_token(model_config, seq_len),
+                                            exp_per_token=exp_per_token(model_config, seq_len))
         shape.jobs.append(job)
         for _, run in job.runs:
             shape.tokens += run["train"]["epochs"] * run["train"]["num_train"] * seq_len
@@ -290,15 +320,15 @@ def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epoch
                     workers=workers, epochs=epochs)
 
 
-def _shape_row(s: StepShape, peak: float | None) -> str:
-    """The table row of one step shape (peak: the bf16 matmul TFLOP/s of the floor, None off CUDA)."""
+def _shape_row(s: StepShape, ceilings: Ceilings) -> str:
+    """The table row of one step shape."""
     speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
-    floor = s.tokens * s.flop_per_token / (peak * 1e12) / 60 if peak else None
     verdict = f"FAILED {s.error}" if s.error else "not timed (stop_after)" if s.skipped else s.gate or "-"
     return (f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
             f"{len(s.jobs)} | {s.speed or '-'} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
             f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
-            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(floor, '.2f')} | {verdict} |")
+            f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(ceilings.flop_minutes(s), '.2f')} | "
+            f"{_fmt(ceilings.exp_minutes(s), '.2f')} | {verdict} |")
 
 
 def _minutes(tokens: float, rate: float | None) -> float | None:
@@ -386,7 +416,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     runs, shapes = _chosen_shapes(model, profile, options)
     seeds = len({r.meta["seed"] for r in runs})
     dev = pick_device(options.device)
-    peak = matmul_tflops(dev)
+    ceilings = Ceilings(matmul_tflops(dev), exp2_rate(dev))
     start = time.monotonic()
     order = sorted(shapes, key=lambda s: -s.tokens) if options.heaviest_first else shapes
     precompiled = 0
@@ -405,7 +435,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
         if options.progress:  # each row as soon as it is measured (stderr): a benchmark cut short keeps what it timed
-            bar.write(_shape_row(shape, peak), file=sys.stderr)
+            bar.write(_shape_row(shape, ceilings), file=sys.stderr)
 
     timed_shapes = [s for s in shapes if s.stacked]
     if not timed_shapes:
@@ -427,7 +457,8 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
         f"{datetime.date.today().isoformat()}, device: {info['name']} ({dev.type}), torch {versions['torch']}, "
         f"CUDA {torch.version.cuda or 'none'}, triton {versions['triton']}, python {versions['python']}, "
         f"precision {'bf16 autocast' if bf16 else 'fp32'}, kernels {kernel_backend_label(model_config)}"
-        + (f", bf16 matmul {peak:.0f} TFLOP/s measured" if peak else ""),
+        + (f", bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s measured" if ceilings.matmul_tflops else "")
+        + (f", fp32 exp2 {ceilings.exp2_per_s / 1e12:.2f}T/s measured" if ceilings.exp2_per_s else ""),
         f"bench_mad(model={model!r}, profile={profile!r}, {fields})",
         get_profile(profile).describe(),
         f"{len(runs)} runs in {sum(len(s.jobs) for s in shapes)} jobs of {len(shapes)} step shapes; each shape's "
@@ -436,11 +467,11 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
            if options.precompile else ""),
         "",
         "| task | settings | V | T | runs/stack | jobs | speed | stacked tok/s | alone tok/s | speed-up "
-        "| protocol Mtok | min stacked | min alone | min floor | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *(_shape_row(s, peak) for s in shapes),
+        "| protocol Mtok | min stacked | min alone | min floor | min exp floor | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(_shape_row(s, ceilings) for s in shapes),
         "",
-        *_totals(shapes, timed_shapes, seeds, peak, options.alone),
+        *_totals(shapes, timed_shapes, seeds, ceilings, options.alone),
     ]
     if e2e is not None:
         lines += [
@@ -454,13 +485,14 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     return "\n".join(lines) + "\n"
 
 
-def _totals(shapes: Sequence[StepShape], timed_shapes: Sequence[StepShape], seeds: int, peak: float | None,
+def _totals(shapes: Sequence[StepShape], timed_shapes: Sequence[StepShape], seeds: int, ceilings: Ceilings,
             alone: bool) -> list[str]:
     """The totals' lines over the timed shapes, after naming every shape left out of them (failed, not timed)."""
     total_tokens = sum(s.tokens for s in timed_shapes)
     stacked_min = sum(_minutes(s.tokens, s.stacked) for s in timed_shapes)
     alone_min = sum(_minutes(s.tokens, s.alone) for s in timed_shapes) if alone else None
-    floor_min = (sum(s.tokens * s.flop_per_token for s in timed_shapes) / (peak * 1e12) / 60) if peak else None
+    floor_min = sum(ceilings.flop_minutes(s) for s in timed_shapes) if ceilings.matmul_tflops else None
+    exp_min = sum(ceilings.exp_minutes(s) for s in timed_shapes) if ceilings.exp2_per_s else None
     slowest = min(timed_shapes, key=lambda s: s.stacked)
     planned = sum(s.tokens for s in shapes)
     lines = []
@@ -478,6 +510,7 @@ def _totals(shapes: Sequence[StepShape], timed_shapes: Sequence[StepShape], seed
         f"({slowest.task}, T={slowest.seq_len}, V={slowest.vocab_size}).",
         f"Estimated device-minutes per seed before early stops, over {scope}: stacked {stacked_min / seeds:.1f}, "
         f"one run at a time {_fmt(alone_min and alone_min / seeds, '.1f')}, "
-        f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}.",
+        f"FLOP floor {_fmt(floor_min and floor_min / seeds, '.2f')}, attention's exponential floor "
+        f"{_fmt(exp_min and exp_min / seeds, '.2f')}.",
     ]
     return lines

@@ -1,5 +1,5 @@
-"""What every benchmark shares: median timing, the device's copy bandwidth, forward and forward+backward
-closures, and the error measure of its correctness gate."""
+"""What every benchmark shares: median timing, the device's copy bandwidth and exponential rate, forward and
+forward+backward closures, and the error measure of its correctness gate."""
 
 from __future__ import annotations
 
@@ -9,6 +9,41 @@ import time
 from collections.abc import Callable
 
 import torch
+from mixlab.kernels._triton import HAS_TRITON, tl, triton
+
+# The exponential-rate probe: elements (a few per thread of an H200, so the chains' latency hides) and exp2
+# calls chained on each.
+EXP2_ELEMENTS, EXP2_CHAIN = 1 << 21, 512
+
+
+# fmt: off
+@triton.jit
+def _exp2_chain_kernel(x_ptr, N, CHAIN: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < N
+    b_x = tl.load(x_ptr + o, mask=m, other=0.0)
+    for _ in range(CHAIN):
+        # each exp2 takes the last one's result, kept in [-0.5, -0.25): none can be folded or skipped
+        b_x = tl.exp2(b_x) * -0.5
+    tl.store(x_ptr + o, b_x, mask=m)
+# fmt: on
+
+
+def exp2_chain(x: torch.Tensor, chain: int) -> torch.Tensor:
+    """x (fp32, 1-d, in place) after ``chain`` steps of x = -exp2(x) / 2 in Triton: the probe's kernel."""
+    block = 1024
+    _exp2_chain_kernel[(triton.cdiv(x.numel(), block),)](x, x.numel(), CHAIN=chain, BLOCK=block)
+    return x
+
+
+def exp2_rate(device: torch.device, repeats: int = 100) -> float | None:
+    """Measured fp32 exp2 calls per second of the device's special-function units (the bound of attention's
+    softmax at tiny head sizes); None off CUDA or without Triton."""
+    if device.type != "cuda" or not HAS_TRITON:
+        return None
+    x = torch.full((EXP2_ELEMENTS,), -0.3, device=device)
+    ms = median_time_ms(lambda: exp2_chain(x, EXP2_CHAIN), repeats, device)
+    return EXP2_ELEMENTS * EXP2_CHAIN / (ms * 1e-3)
 
 
 def median_time_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:

@@ -7,9 +7,11 @@ import threading
 import time
 
 import pytest
+import torch
 from mixlab.models import ModelConfig, preset_config
 from mixlab.runners import bench_mad as bench_mad_module
-from mixlab.runners.bench_mad import BenchMadOptions, bench_mad, flop_per_token, step_shapes
+from mixlab.runners.bench_mad import BenchMadOptions, bench_mad, exp_per_token, flop_per_token, step_shapes
+from mixlab.runners.bench_utils import exp2_chain, exp2_rate
 from mixlab.runners.cli import main
 from mixlab.runners.mad import mad_plan
 from mixlab.runners.sweep_jobs import plan_jobs
@@ -47,6 +49,28 @@ def test_flop_per_token_counts_matmul_weights_and_causal_attention():
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("passes", [1, 2])
+def test_exp_per_token_counts_the_causal_scores_of_every_attention_head(monkeypatch, passes):
+    monkeypatch.setattr(bench_mad_module.attention_triton, "BWD_PASSES", passes)
+    config = preset_config("transformer", vocab_size=16, max_seq_len=128)
+    # T=127: 64 scores a query on average, each an exponential forward and one per backward pass
+    assert exp_per_token(config, 127) == config.n_layers * config.n_heads * 64 * (1 + passes)
+    hybrid = ModelConfig(vocab_size=16, max_seq_len=128, mixer="hyena,attention", n_heads=4)
+    assert exp_per_token(hybrid, 127) == 4 * 64 * (1 + passes)
+    assert exp_per_token(ModelConfig(vocab_size=16, max_seq_len=128, mixer="static_conv"), 127) == 0
+
+
+def test_exp2_probe_kernel_chains_its_exponentials():
+    """The rate probe's Triton kernel (interpreter on the CPU) computes its chain x = -exp2(x) / 2 as torch does;
+    off CUDA there is no rate to measure."""
+    x = torch.linspace(-0.5, 0.0, 3000)
+    want = x.clone()
+    for _ in range(5):
+        want = torch.exp2(want) * -0.5
+    torch.testing.assert_close(exp2_chain(x.clone(), 5), want)
+    assert exp2_rate(torch.device("cpu")) is None
+
+
 def test_report_rows_and_totals_come_from_the_timed_runs():
     text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=2,
                      tasks=["mad/memorization", "mad/compression"], progress=False))
