@@ -18,7 +18,7 @@ SPEEDS = ("eager", "compile", "cuda-graph", "compile+graph", "auto")
 GRAPH_MAX_ROW = 32
 # (compile, cuda_graph) of every mode but auto.
 MODES = {"eager": (False, False), "compile": (True, False), "cuda-graph": (False, True),
-          "compile+graph": (True, True)}
+         "compile+graph": (True, True)}
 # How tables name the modes.
 LABELS = {"eager": "eager", "compile": "compiled", "cuda-graph": "CUDA graph", "compile+graph": "compiled + CUDA graph",
           "auto": "auto"}
