@@ -356,8 +356,8 @@ class BenchMadOptions:
         stop_after covers most of the protocol (the table keeps its order).
     precompile: processes that first compile every compiled shape, in the timing order, into torch's on-disk
         caches (``precompile``), so each timing's warm-up finds its code there instead of compiling for 25-45 s
-        on an H200; none start after stop_after, and none run while shapes are timed. 0: compile as each shape
-        is timed.
+        on an H200; none start after half of stop_after (the timing keeps the other half), and none run while
+        shapes are timed. 0: compile as each shape is timed.
     sweep_epochs, workers: then a real sweep of the timed shapes' runs cut to that many epochs, ``workers`` jobs
         at a time, against the benchmark's prediction (None: no sweep).
     progress: a bar over the shapes, and each row on stderr as soon as it is timed.
@@ -421,8 +421,9 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     order = sorted(shapes, key=lambda s: -s.tokens) if options.heaviest_first else shapes
     precompiled = 0
     if options.precompile:
+        # compiling ahead takes at most half of stop_after, so the timing keeps the other half
         precompiled = precompile(order, options.speed, options.steps, options.warmup_steps, options.precompile,
-                                 None if options.stop_after is None else start + options.stop_after)
+                                 None if options.stop_after is None else start + options.stop_after / 2)
     for shape in (bar := tqdm(order, desc=f"bench mad {model}", unit="shape", disable=not options.progress)):
         if options.stop_after is not None and time.monotonic() - start >= options.stop_after:
             shape.skipped = True

@@ -254,3 +254,26 @@ def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monke
         monkeypatch.setattr(bench_mad_module, "compile_stack", fails_on_the_first)
         assert bench_mad_module.precompile(shapes, "compile", 5, 2, 1, executor=pool) == len(shapes) - 1
         assert calls == want
+
+
+def test_bench_mad_compiles_ahead_within_half_of_stop_after(monkeypatch):
+    """--precompile N: bench_mad hands precompile the timing order and N processes, a deadline at half of
+    stop_after, and the report says how many shapes it compiled ahead."""
+    asked = {}
+
+    def spy(shapes, speed, steps, warmup_steps, processes, deadline):
+        asked.update(tokens=[s.tokens for s in shapes], processes=processes, deadline=deadline, speed=speed)
+        return 2
+
+    def fake(shape, steps, speed, alone, warmup_steps):
+        shape.speed, shape.stacked = "eager", 1e6
+
+    monkeypatch.setattr(bench_mad_module, "precompile", spy)
+    monkeypatch.setattr(bench_mad_module, "_measure", fake)
+    monkeypatch.setattr(bench_mad_module.time, "monotonic", lambda: 1000.0)
+    text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", steps=1, alone=False, progress=False,
+                                                             heaviest_first=True, precompile=3, stop_after=100,
+                                                             speed="compile"))
+    assert asked["processes"] == 3 and asked["deadline"] == 1050.0 and asked["speed"] == "compile"
+    assert asked["tokens"] == sorted(asked["tokens"], reverse=True)
+    assert "2 shape(s) compiled ahead by 3 process(es) before the timing." in text
