@@ -244,7 +244,11 @@ def precompile(shapes: Sequence[StepShape], speed: str, steps: int, warmup_steps
                 item = next(pending, None)
                 if item is None:
                     break
-                in_flight.add(executor.submit(compile_stack, *item))
+                try:
+                    in_flight.add(executor.submit(compile_stack, *item))
+                except concurrent.futures.BrokenExecutor:  # a process died (out of host memory): time what there is
+                    pending = iter(())
+                    break
             if not in_flight:
                 return done
             finished, in_flight = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)

@@ -255,6 +255,20 @@ def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monke
         assert bench_mad_module.precompile(shapes, "compile", 5, 2, 1, executor=pool) == len(shapes) - 1
         assert calls == want
 
+    class Broken(concurrent.futures.ThreadPoolExecutor):  # a pool whose process died after the first shape
+        def submit(self, fn, *args):
+            if self.submitted:
+                raise concurrent.futures.BrokenExecutor("a process died")
+            self.submitted = True
+            return super().submit(fn, *args)
+
+    calls.clear()
+    monkeypatch.setattr(bench_mad_module, "compile_stack", spy)
+    with Broken(max_workers=2) as pool:
+        pool.submitted = False
+        assert bench_mad_module.precompile(shapes, "compile", 5, 2, 2, executor=pool) == 1
+    assert calls == want[:1]
+
 
 def test_bench_mad_compiles_ahead_within_half_of_stop_after(monkeypatch):
     """--precompile N: bench_mad hands precompile the timing order and N processes, a deadline at half of
