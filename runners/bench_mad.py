@@ -52,6 +52,7 @@ from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_l
 from mixlab.runners.bench_utils import exp2_rate, median_time_ms
 from mixlab.runners.config import RunConfig, config_hash, resolve
 from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.local_backend import _init_worker
 from mixlab.runners.mad import get_profile, mad_plan
 from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
@@ -96,22 +97,25 @@ class StepShape:
         return f"{self.task} T={self.seq_len} V={self.vocab_size} x{len(self.jobs[0])}"
 
 
+def _modules(model_config: models.ModelConfig) -> list[nn.Module]:
+    """Every module of the model the config builds (the global RNG left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        return list(models.build_model(model_config).modules())
+
+
 def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
     """Training FLOP of one token (forward and backward): 6 per matmul weight, plus causal attention's score and
     value products, 2 d (T + 1) on average forward, three times that with the backward."""
-    with torch.random.fork_rng(devices=[]):
-        model = models.build_model(model_config)
-    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    attention_layers = sum(isinstance(m, Attention) for m in model.modules())
+    modules = _modules(model_config)
+    weights = sum(m.weight.numel() for m in modules if isinstance(m, nn.Linear))
+    attention_layers = sum(isinstance(m, Attention) for m in modules)
     return 6.0 * weights + attention_layers * 6.0 * model_config.d_model * (seq_len + 1)
 
 
 def exp_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
     """Softmax exponentials of one training token in causal attention: (T + 1) / 2 scores per head on average,
     one exponential each forward and one per backward pass of the Triton kernels (``BWD_PASSES``)."""
-    with torch.random.fork_rng(devices=[]):
-        model = models.build_model(model_config)
-    attention_layers = sum(isinstance(m, Attention) for m in model.modules())
+    attention_layers = sum(isinstance(m, Attention) for m in _modules(model_config))
     return attention_layers * model_config.n_heads * (seq_len + 1) / 2 * (1 + attention_triton.BWD_PASSES)
 
 
@@ -231,8 +235,6 @@ def precompile(shapes: Sequence[StepShape], speed: str, steps: int, warmup_steps
         return 0
     own = executor is None
     if own:
-        from mixlab.runners.local_backend import _init_worker
-
         # this process's thread count: Inductor's CPU code, and so its cache key, depends on it
         executor = concurrent.futures.ProcessPoolExecutor(
             max_workers=processes, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
