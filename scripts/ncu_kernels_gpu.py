@@ -12,6 +12,8 @@ peaks) is what the timings of ``mixlab bench shortconv`` and ``scripts/tune_atte
 - attention: the tiny-head kernels' launchers at a stack of MAD runs as the engine folds it (2,304 sequences,
   16 heads of 8, bf16, [B, T, H, hd] layout) at T=127 and T=1023, forward, then backward with the shipped
   ``BWD_PASSES``.
+- rubiconv: the Triton backend at ``mixlab bench rubiconv``'s shape (one row of 65,536 tokens in 49 lognormal
+  documents, D=1024, fp32 and bf16), forward and forward+backward.
 
 Every call runs twice unprofiled (compilation, caches), then once between ``cudaProfilerStart`` and
 ``cudaProfilerStop`` in an NVTX range named after it (``ncu --nvtx`` prints the range); the calls' order is
@@ -24,9 +26,11 @@ import sys
 from collections.abc import Callable
 
 import torch
+from mixlab import kernels
 from mixlab.kernels.attention import triton as attn
+from mixlab.runners.bench_rubiconv import lognormal_layout
 from mixlab.runners.bench_shortconv import DTYPES, _doc_layout, _kernels
-from mixlab.runners.bench_utils import fwd_bwd_call
+from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call
 
 ATTENTION = (18 * 128, 16, 8, (127, 1023))  # sequences, heads, head size, lengths: a stack of 18 MAD runs
 
@@ -56,9 +60,26 @@ def attention_calls(device: torch.device) -> list[tuple[str, Callable]]:
     return calls
 
 
+def rubiconv_calls(device: torch.device) -> list[tuple[str, Callable]]:
+    n_tokens, d = 65536, 1024
+    cu = lognormal_layout(n_tokens, 0, device)
+    gen = torch.Generator(device=device).manual_seed(3)
+    x = torch.randn(1, n_tokens, d, generator=gen, device=device)
+    h = torch.randn(d, n_tokens, generator=gen, device=device) / n_tokens**0.5
+    upstream = torch.randn(1, n_tokens, d, generator=gen, device=device)
+    calls = []
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = {"x": x.to(dtype), "h": h.to(dtype)}
+        name = f"rubiconv {str(dtype).removeprefix('torch.')}"
+        calls.append((f"{name} | fwd", fwd_call(kernels.rubiconv, inputs, cu_seqlens=cu, backend="triton")))
+        calls.append((f"{name} | fwd+bwd", fwd_bwd_call(kernels.rubiconv, inputs, upstream.to(dtype), cu_seqlens=cu,
+                                                        backend="triton")))
+    return calls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default="shortconv,attention", help="comma-separated: shortconv, attention")
+    parser.add_argument("--ops", default="shortconv,attention", help="comma-separated: shortconv, attention, rubiconv")
     parser.add_argument("--batch", type=int, default=4, help="short convs: rows")
     parser.add_argument("--seq-len", type=int, default=4096, help="short convs: tokens a row")
     parser.add_argument("--dim", type=int, default=2048, help="short convs: channels")
@@ -67,16 +88,17 @@ def main() -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="short convs: activations")
     args = parser.parse_args()
     ops = args.ops.split(",")
-    unknown = sorted(set(ops) - {"shortconv", "attention"})
+    unknown = sorted(set(ops) - {"shortconv", "attention", "rubiconv"})
     if unknown:
-        print(f"unknown op group {unknown[0]!r}; choose from shortconv, attention", file=sys.stderr)
+        print(f"unknown op group {unknown[0]!r}; choose from shortconv, attention, rubiconv", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     calls = ((shortconv_calls(args, device) if "shortconv" in ops else [])
-             + (attention_calls(device) if "attention" in ops else []))
+             + (attention_calls(device) if "attention" in ops else [])
+             + (rubiconv_calls(device) if "rubiconv" in ops else []))
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; short convs B={args.batch} "
           f"T={args.seq_len} D={args.dim} W={args.width} {args.dtype}; profiled calls in order:")
     for name, _ in calls:
