@@ -32,8 +32,8 @@ def solo(configs):
     return [train_run(config, progress=False) for config in configs]
 
 
-def assert_same_records(batched, alone, exact=True):
-    """Every field but time: bitwise when exact, else losses within 1e-5 relative and accuracies equal."""
+def assert_same_records(batched, alone, exact=True, rel=1e-5):
+    """Every field but time: bitwise when exact, else losses within rel and accuracies equal."""
     assert len(batched) == len(alone)
     for b, a in zip(batched, alone):
         assert sorted(b) == sorted(a)
@@ -44,7 +44,7 @@ def assert_same_records(batched, alone, exact=True):
         assert [h["step"] for h in b["history"]] == [h["step"] for h in a["history"]]
         for hb, ha in zip(b["history"], a["history"]):
             for key in ("train_loss", "test_loss"):
-                assert hb[key] == pytest.approx(ha[key], rel=1e-5)
+                assert hb[key] == pytest.approx(ha[key], rel=rel)
             assert hb["acc_macro"] == ha["acc_macro"] and hb["acc_micro"] == ha["acc_micro"]
 
 
@@ -174,7 +174,9 @@ def test_cuda_graph_step_and_evaluation_match_uncaptured(compact_at, model, comp
     # run 1 stops at step 2: the live rows change, so the evaluation graph is captured again (after a
     # compaction, or for the frozen stack's remaining rows); the last test batch is short (20 rows in 8s).
     # dynamic_qkv: the conv's Triton kernels, the runs folded into one launch (their vmap rule), inside the graphs.
-    # compiled: the compiled step captured (compile+graph, as auto runs short rows on CUDA) against it uncaptured
+    # compiled: the compiled step captured (compile+graph, as auto runs short rows on CUDA) against it uncaptured;
+    # the two arms are two compilations (the autocast cache flag differs), whose reductions Inductor tunes
+    # separately: on the H200 their losses parted by 1.6e-5 to 3.6e-5 relative within the 15 steps, so 1e-4
     configs = [tiny(model=model, lr=1e-2, eval_every=2, device="cuda"),
                tiny(model=model, init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
                tiny(model=model, init_seed=2, eval_every=2, device="cuda")]
@@ -182,7 +184,7 @@ def test_cuda_graph_step_and_evaluation_match_uncaptured(compact_at, model, comp
                                           compile=compile, cuda_graph=graph, compact_at=compact_at)
                for graph in (False, True)}
     assert [r["steps"] for r in records[True]] == [15, 2, 15]
-    assert_same_records(records[True], records[False], exact=False)
+    assert_same_records(records[True], records[False], exact=False, rel=1e-4 if compile else 1e-5)
 
 
 def test_records_get_train_runs_default_names(tmp_path):
