@@ -5,9 +5,11 @@ Forward, one program per [BT, BD] tile of one row: ``y[t] = sum_k w[k] * x[t - k
 off (read as zero) when ``t - k`` is before the start of t's document. Backward, one program per (channel
 block, chunk of token tiles):
     dx[t] = sum_k w[k] * dy[t + k]            tap k of output t + k, valid when t + k is in t's document
-    dw[k] = sum_t dy[t] * x[t - k]            summed over the chunk into an fp32 partial [chunks, W, D]
+    dw[k] = sum_t dy[t + k] * x[t]            the same pairs as sum_s dy[s] * x[s - k], under the same condition,
+                                              summed over the chunk into an fp32 partial [chunks, W, D]
 and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
-avoid waiting for the document search).
+avoid waiting for the document search). A tile loads x once and dy at W shifts, W + 1 tiles rather than
+2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy).
 
 Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
 [R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and the backward walks each run's
@@ -79,26 +81,26 @@ def _short_conv_bwd_kernel(
         i_b += i_r * RPW
         o_g += i_r * RPW * T
         o_t = o_g - i_b * T  # [BT] positions in the row
-        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_td = m_t[:, None] & m_d[None, :]
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         b_dy = tl.load(p_dy, mask=m_td, other=0.0).to(tl.float32)  # [BT, BD]
+        p_x = x_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_td, other=0.0).to(tl.float32)  # [BT, BD]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         for k in tl.static_range(W):
             b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-            # tap k of output t + k, which must lie in t's document (loads masked by the row only)
-            m_b = m_t & (o_t + k < T)
-            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            # tap k of output t reads x[t - k], zero before t's document start
-            m_f = m_t & (o_t >= k)
-            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            if HAS_CU:
-                b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
-                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+            # dy[t + k] serves both sums, under one condition: t + k in t's document (loads masked by the row)
+            if k == 0:
+                b_dyk = b_dy
+            else:
+                m_b = m_t & (o_t + k < T)
+                p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+                b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+                if HAS_CU:
+                    b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
             b_dx += b_dyk * b_w[None, :]
-            b_dwk = tl.sum(b_dy * b_xk, axis=0)  # [BD]
+            b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
             b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
