@@ -1,0 +1,146 @@
+"""Registers, spills and shared memory of the Triton kernels as compiled for an H200, on a machine without a GPU.
+
+    python scripts/kernel_resources.py [--ops shortconv,attention] [--arch 90]
+
+The short convs' and attention's launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py``
+(short convs B=4, T=4096, D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at
+T=127 and 1023), but every kernel launch is intercepted: the kernel is specialised exactly as Triton's launcher
+would specialise it (argument types, 16-byte divisibility, constants), compiled for ``sm_<arch>a`` and assembled
+by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs.
+
+Occupancy follows from the registers: an SM holds 65,536 of them and at most 64 warps, so a kernel of ``r``
+registers and ``w`` warps a block fits ``min(64 // w, 65536 // (r * 32 * w))`` blocks (shared memory permitting).
+
+The figures are the installed Triton's: they match the GPU's only when its version is the GPU image's (the lent
+H200 has Triton 3.6; ``pip install --target DIR triton==3.6.0`` and ``PYTHONPATH=DIR`` give it here). The
+kernels' timings need the GPU (``mixlab bench shortconv``); this says what a tile choice costs in registers.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for real: the interpreter has no registers to count
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from mixlab.kernels.attention import triton as attn  # noqa: E402
+from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank  # noqa: E402
+from mixlab.kernels.short_conv import triton as short_conv  # noqa: E402
+from mixlab.runners.bench_shortconv import _doc_layout  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+MAX_REGS, MAX_WARPS = 65536, 64  # per SM, sm_90
+
+
+def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> dict:
+    """Specialise fn on these launch arguments as Triton's launcher does, compile it for target, assemble the
+    PTX with ptxas -v: {name, warps, registers, spill, shared}."""
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        arch = f"sm_{target.arch}a"
+        report = subprocess.run([get_ptxas(target.arch).path, "-v", f"--gpu-name={arch}", ptx, "-o", ptx + ".cubin"],
+                                capture_output=True, text=True, check=True).stderr
+    spill = re.search(r"(\d+) bytes spill stores", report)
+    return {"name": fn.__name__, "warps": kernel.metadata.num_warps,
+            "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
+            "spill": int(spill.group(1)) if spill else 0, "shared": kernel.metadata.shared}
+
+
+@contextmanager
+def intercepted(target: GPUTarget, out: list[dict]):
+    """Within: every ``kernel[grid](...)`` compiles instead of launching, its report appended to out."""
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        out.append(_compile(self, target, args, kwargs))
+
+    JITFunction.run = compile_only
+    try:
+        yield
+    finally:
+        JITFunction.run = run
+
+
+def shortconv_cases(B: int = 4, T: int = 4096, D: int = 2048, W: int = 4, n_docs: int = 64
+                    ) -> list[tuple[str, Callable]]:
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    x, dy, static_w = randn(B, T, D), randn(B, T, D), randn(W, D)
+    z, U = randn(B, T, 16), randn(16, W * D)
+    cases = []
+    for cu, label in ((None, "no documents"), (_doc_layout(B, T, n_docs, torch.device("cpu")), f"{n_docs} documents")):
+        cases += [
+            (f"static, {label}", lambda cu=cu: (short_conv._short_conv_fwd(x, static_w, cu, True),
+                                                short_conv._short_conv_bwd(dy, x, static_w, cu, True))),
+            (f"low-rank R=16, {label}",
+             lambda cu=cu: (
+                 triton_lowrank._lowrank_fwd(x, z, U, static_w, cu, True),
+                 triton_lowrank._lowrank_bwd(dy, x, z, U, static_w, cu, True))),
+        ]
+        for hs in (1, 16):
+            weight = randn(B, T, D // hs, W)
+            cases.append((f"head-wise head size {hs}, {label}", lambda cu=cu, weight=weight: (
+                triton_headwise._headwise_fwd(x, weight, static_w, cu, True),
+                triton_headwise._headwise_bwd(dy, x, weight, static_w, cu, True))))
+    return cases
+
+
+def attention_cases() -> list[tuple[str, Callable]]:
+    cases = []
+    for T in (127, 1023):
+        def call(T=T):
+            q, k, v, do = (torch.randn(18 * 128, T, 16, 8).to(torch.bfloat16).transpose(1, 2) for _ in range(4))
+            o, lse = torch.empty_like(q), torch.empty(q.shape[:-1])
+            attn._attention_fwd(q, k, v, 8**-0.5)
+            attn._attention_bwd(do, q, k, v, o, lse, 8**-0.5)
+        cases.append((f"attention T={T}", call))
+    return cases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="shortconv,attention", help="comma-separated: shortconv, attention")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    args = parser.parse_args()
+    groups = {"shortconv": shortconv_cases, "attention": attention_cases}
+    unknown = sorted(set(args.ops.split(",")) - set(groups))
+    if unknown:
+        print(f"unknown op group {unknown[0]!r}; choose from {', '.join(groups)}", file=sys.stderr)
+        return 2
+    target = GPUTarget("cuda", args.arch, 32)
+    print(f"# Triton {triton.__version__}, sm_{args.arch}a, torch {torch.__version__}")
+    print("| call | kernel | warps | registers | spilled bytes | shared bytes | blocks an SM by registers |")
+    print("|---|---|---|---|---|---|---|")
+    for group in args.ops.split(","):
+        for label, call in groups[group]():
+            reports: list[dict] = []
+            with intercepted(target, reports):
+                call()
+            for r in reports:
+                blocks = min(MAX_WARPS // r["warps"], MAX_REGS // (r["registers"] * 32 * r["warps"]))
+                print(f"| {label} | {r['name']} | {r['warps']} | {r['registers']} | {r['spill']} | {r['shared']} "
+                      f"| {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
