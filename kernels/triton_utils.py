@@ -36,6 +36,17 @@ POISON_OUTPUTS = False
 SUM_BLOCK_M, SUM_BLOCK_P = 128, 32
 
 
+# Host-side sizes for the launchers. triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
+# unwrap every argument first: about 5 µs each on a 2-core CPU, a dozen per forward+backward of a short conv.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def contiguous(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """Each tensor made contiguous (the kernels index with dense strides); None (an absent static weight) stays."""
     return tuple(None if t is None else t.contiguous() for t in tensors)
@@ -145,11 +156,13 @@ class TritonOp:
         self.bwd_op.register_fake(_fake_grads)
         self.op.register_autograd(partial(_backward, self.bwd_op), setup_context=_setup_context)
         self.op.register_vmap(vmap or per_run_vmap(self.op))
-        body = {
-            "forward": staticmethod(fwd),
-            "setup_context": staticmethod(_setup_context),
-            "backward": staticmethod(partial(_backward, bwd)),
-        }
+        def forward(ctx, *inputs):
+            _setup_context(ctx, inputs, None)
+            return fwd(*inputs)
+
+        # forward takes ctx itself (no setup_context): with one, Function.apply binds the arguments through
+        # inspect.signature on every call, some 40 µs of host time; only the custom op runs under transforms
+        body = {"forward": staticmethod(forward), "backward": staticmethod(partial(_backward, bwd))}
         self.function = type(name, (torch.autograd.Function,), body)
 
     def __call__(self, *args) -> torch.Tensor:
@@ -201,7 +214,7 @@ def search_steps(cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
 
 def tiles(T: int, D: int, BT: int, BD: int) -> tuple[int, int]:
     """(BT, BD) clamped to the shape: powers of two, at least 16 (tl.dot's smallest)."""
-    return max(16, min(triton.next_power_of_2(T), BT)), max(16, min(triton.next_power_of_2(D), BD))
+    return max(16, min(next_power_of_2(T), BT)), max(16, min(next_power_of_2(D), BD))
 
 
 def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:
@@ -210,8 +223,8 @@ def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:
     more waves over the SMs (132 on an H200) and the fewer tiles each program walks in sequence. A function
     of the shape only, so results never depend on scheduling."""
     n_chunks = max(1, min(n_tiles, programs // n_cols))
-    per_chunk = triton.cdiv(n_tiles, n_chunks)
-    return per_chunk, triton.cdiv(n_tiles, per_chunk)
+    per_chunk = cdiv(n_tiles, n_chunks)
+    return per_chunk, cdiv(n_tiles, per_chunk)
 
 
 def sum_partials(partial: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> torch.Tensor:
@@ -221,8 +234,8 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> 
     P = partial.shape[0] // groups
     M = partial[0].numel()
     out = empty((groups, *partial.shape[1:]) if groups > 1 else tuple(partial.shape[1:]), dtype, partial.device)
-    _sum_partials_kernel[(triton.cdiv(M, SUM_BLOCK_M), groups)](
-        partial, out, P, M, BM=SUM_BLOCK_M, BP=min(SUM_BLOCK_P, triton.next_power_of_2(P)), num_warps=4
+    _sum_partials_kernel[(cdiv(M, SUM_BLOCK_M), groups)](
+        partial, out, P, M, BM=SUM_BLOCK_M, BP=min(SUM_BLOCK_P, next_power_of_2(P)), num_warps=4
     )
     return out
 

@@ -367,7 +367,7 @@ def _plan(q: torch.Tensor, bt_max: int, pair_rows: int) -> tuple[tuple[int, ...]
     most bt_max rows, about pair_rows rows of pairs a program."""
     B, H, T, hd = q.shape
     BT, HDP = tu.tiles(T, hd, bt_max, MAX_HEAD_DIM)
-    n_tb = triton.cdiv(T, BT)
+    n_tb = tu.cdiv(T, BT)
     pairs = max(1, pair_rows // (n_tb * BT))
     # a _dense q's strides, written out: every one a multiple of hd (_rows relies on it), whatever the strides
     # torch keeps for axes of size 1 (whose only index is 0)
@@ -376,7 +376,7 @@ def _plan(q: torch.Tensor, bt_max: int, pair_rows: int) -> tuple[tuple[int, ...]
     sizes = {"T": T, "H": H, "BH": B * H, "N_TB": n_tb, "s_b": s_b, "s_h": s_h, "s_t": s_t}
     tile = {"HD": hd, "HDP": HDP, "BT": BT, "PAIRS": pairs, "NATIVE_DOT": native,
             "PRECISION": tu.dot_precision(q)}
-    return (n_tb * triton.cdiv(B * H, pairs),), sizes | tile
+    return (n_tb * tu.cdiv(B * H, pairs),), sizes | tile
 
 
 def _attention_fwd(
@@ -414,7 +414,7 @@ def _attention_bwd(
     if BWD_PASSES == 1:
         dq_partial = tu.empty((B * H, T, hd), torch.float32, q.device)
         whole_pairs = {name: value for name, value in args.items() if name != "N_TB"}  # a program per pair group
-        _attn_bwd_one_pass_kernel[(triton.cdiv(B * H, args["PAIRS"]),)](
+        _attn_bwd_one_pass_kernel[(tu.cdiv(B * H, args["PAIRS"]),)](
             q, k, v, o, do, lse, dq_partial, dq, dk, dv, **whole_pairs, **scales, **launch)
         return dq, dk, dv
     delta = tu.empty((B, H, T), torch.float32, q.device)

@@ -149,9 +149,9 @@ def _head_tiles(T: int, H: int, hs: int, tile: int | None = None) -> tuple[int, 
     """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about ``tile`` (default
     HW_FWD_TILE) elements."""
     tile = HW_FWD_TILE if tile is None else tile
-    HSP = triton.next_power_of_2(hs)
-    NH = min(triton.next_power_of_2(H), max(1, 128 // HSP))
-    BT = max(1, min(triton.next_power_of_2(T), tile // (NH * HSP)))
+    HSP = tu.next_power_of_2(hs)
+    NH = min(tu.next_power_of_2(H), max(1, 128 // HSP))
+    BT = max(1, min(tu.next_power_of_2(T), tile // (NH * HSP)))
     return BT, NH, HSP
 
 
@@ -172,10 +172,10 @@ def _headwise_fwd(
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, NH, HSP = _head_tiles(T, H, D // H)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    grid = (triton.cdiv(T, BT), triton.cdiv(H, NH), B)
+    grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](
-        x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=triton.next_power_of_2(W),
+        x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
         HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
         RESIDUAL=residual, num_warps=HW_FWD_WARPS,
     )
@@ -200,7 +200,7 @@ def _headwise_bwd(
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
-    n_tb, n_hb = triton.cdiv(T, BT), triton.cdiv(H, NH)
+    n_tb, n_hb = tu.cdiv(T, BT), tu.cdiv(H, NH)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_hb, HW_BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
@@ -209,7 +209,7 @@ def _headwise_bwd(
     # fmt: off
     _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](
         x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
-        n_cu, n_search, W=W, WP=triton.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
+        n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
         HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
         num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
     )

@@ -225,11 +225,11 @@ def _lowrank_fwd(
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, LR_FWD_BT, LR_FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
+    grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off
     _dynamic_conv_lowrank_fwd_kernel[grid](
         x, z, U, static_w, y, cu_seqlens, T, D, R, B // runs, n_cu, n_search, W=W,
-        RP=max(16, triton.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
+        RP=max(16, tu.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
         HAS_STATIC=static_w is not None, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U),
         PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
     )
@@ -253,19 +253,19 @@ def _lowrank_bwd(
     R, W, runs = z.shape[2], U.shape[-1] // D, (U.shape[0] if U.dim() == 3 else 1)
     rows = B // runs  # of each run
     dy, x, z, U, static_w = tu.contiguous(dy, x, z, U, static_w)
-    WP, RP = triton.next_power_of_2(W), max(16, triton.next_power_of_2(R))
+    WP, RP = tu.next_power_of_2(W), max(16, tu.next_power_of_2(R))
     n_cu, n_search = tu.search_steps(cu_seqlens)
     flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))
     # dx and dz: the split count is a function of the shape only, so dz sums its partials in a fixed order
     BT, BD = tu.tiles(T, D, LR_DX_BT, LR_DX_BD)
-    n_db = triton.cdiv(D, BD)
+    n_db = tu.cdiv(D, BD)
     n_split = max(1, min(LR_DZ_SPLITS, n_db))
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dz = tu.empty((B, T, R), z.dtype, x.device)
     dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
     # fmt: off
-    _dynamic_conv_lowrank_bwd_dx_kernel[(triton.cdiv(T, BT), n_split, B)](
-        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, triton.cdiv(n_db, n_split), n_cu,
+    _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_split, B)](
+        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_split), n_cu,
         n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
         num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES,
     )
@@ -274,7 +274,7 @@ def _lowrank_bwd(
         dz = tu.sum_partials(dz_partial, z.dtype)
     # dU and dstatic_w: fp32 partials per chunk of token tiles
     BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
-    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
+    n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
     du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)

@@ -313,7 +313,7 @@ def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
     less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at 16K fp32 values,
     which compiles for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
     widest = min(64, 8192 // k) if accumulate else 128
-    return 16, min(k, 32), max(16, min(widest, triton.next_power_of_2(D)))
+    return 16, min(k, 32), max(16, min(widest, tu.next_power_of_2(D)))
 
 
 def _round_tf32(a: torch.Tensor) -> torch.Tensor:
@@ -404,7 +404,7 @@ def _block_fwd(src: torch.Tensor, plan: RubiPlan, t: dict, filters: bool) -> tor
     n_src = plan.n_groups if filters else plan.n_docs
     n_cols = plan.n_filter_cols if filters else plan.n_cols
     z = tu.empty((2, n_cols, k, D), t["dot_dtype"], src.device)
-    grid = (n_src, triton.cdiv(int(plan.group_m.max()) // 2 + 1, BC_BLOCK), triton.cdiv(k * D, BN_BLOCK))
+    grid = (n_src, tu.cdiv(int(plan.group_m.max()) // 2 + 1, BC_BLOCK), tu.cdiv(k * D, BN_BLOCK))
     _rubi_block_fwd_kernel[grid](
         src, z, docs["start"], docs["len"], docs["m"], docs["col"], docs["gcol"], docs["blk"],
         t["b_r"], t["b_i"], t["tw_r"], t["tw_i"], D, z[0].numel(),
@@ -434,7 +434,7 @@ def _spectrum(
     hs = z if hs is None else hs  # unused pointers of the other modes
     zx = z if zx is None else zx
     fcol = t["fcol"]
-    _rubi_spectrum_kernel[(n_cols, triton.cdiv(D, BD))](
+    _rubi_spectrum_kernel[(n_cols, tu.cdiv(D, BD))](
         z, zx, hs, out, t["fk_r"], t["fk_i"], t["tw_r"], t["tw_i"], t["scale"],
         gcol, fcol["c"], fcol["lo"], fcol["hi"], t["doc"]["col"],
         D, z[0].numel(), hs[0].numel(), out[0].numel(),
@@ -451,7 +451,7 @@ def _block_inv(o: torch.Tensor, plan: RubiPlan, t: dict, y: torch.Tensor, reduce
     out, src = (t["taps"], t["grp"]) if reduce else (t["doc"], t["doc"])
     n_out = 1 if reduce else plan.n_docs
     longest = plan.max_taps if reduce else int(plan.lengths.max())
-    grid = (n_out, triton.cdiv(triton.cdiv(longest, k), BC_BLOCK), triton.cdiv(k * D, BN_BLOCK))
+    grid = (n_out, tu.cdiv(tu.cdiv(longest, k), BC_BLOCK), tu.cdiv(k * D, BN_BLOCK))
     _rubi_block_inv_kernel[grid](
         o, y, out["start"], out["len"], src["m"], src["col"], src["blk"], src["reach"], t["b_r"], t["b_i"],
         D, o[0].numel(), plan.n_groups,

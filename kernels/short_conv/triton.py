@@ -119,7 +119,7 @@ def _short_conv_fwd(
     y = tu.empty((B, T, D), x.dtype, x.device)
     BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    grid = (triton.cdiv(T, BT), triton.cdiv(D, BD), B)
+    grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off
     _short_conv_fwd_kernel[grid](
         x, weight, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, BT=BT, BD=BD,
@@ -139,7 +139,7 @@ def _short_conv_bwd(
     rows = B // runs  # of each run
     dy, x, weight = tu.contiguous(dy, x, weight)
     BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
-    n_tb, n_db = triton.cdiv(T, BT), triton.cdiv(D, BD)
+    n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dw_partial = tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
@@ -147,7 +147,7 @@ def _short_conv_bwd(
     # fmt: off
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
-        WP=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
+        WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
         num_warps=BWD_WARPS, num_stages=BWD_STAGES,
     )
     # fmt: on

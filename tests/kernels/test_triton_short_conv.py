@@ -293,6 +293,14 @@ def test_search_steps_cover_every_document_count():
         assert n_cu == n_docs + 1 and steps % 4 == 0 and 2**steps >= n_docs
 
 
+def test_host_sizes_agree_with_tritons():
+    """The launchers' plain-Python cdiv and next_power_of_2 give Triton's values on every size they see."""
+    for n in range(1, 5000):
+        assert tu.next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 16, 64, 128):
+            assert tu.cdiv(n, d) == triton.cdiv(n, d)
+
+
 # ---- document isolation on the Triton backend ----
 
 ISO_B, ISO_T, ISO_D = 3, 40, 20
