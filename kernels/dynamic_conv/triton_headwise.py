@@ -25,6 +25,9 @@ from mixlab.kernels._triton import tl, triton
 HW_FWD_TILE, HW_FWD_WARPS = 1024, 4
 # Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
 HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS = 1024, 4, 1, 4096
+# Register cap of the backward (None: the compiler's choice, 190 at head size 1, two blocks an SM; 128 fits four
+# with ~100 spilled bytes, scripts/kernel_resources.py). Timed by the tune script.
+HW_BWD_MAXNREG = None
 
 
 # fmt: off
@@ -211,7 +214,7 @@ def _headwise_bwd(
         x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
         n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
         HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-        num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
+        num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
     )
     # fmt: on
     if static_w is None:

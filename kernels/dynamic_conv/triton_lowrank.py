@@ -31,6 +31,9 @@ LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
 # sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
 LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 128, 8, 1, 4
+# Register cap of the dx kernel (None: the compiler's choice, 252 at the shipped tile, one block of 8 warps an SM;
+# 128 fits two with ~560 spilled bytes, scripts/kernel_resources.py). Timed by the tune script.
+LR_DX_MAXNREG = None
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1
@@ -267,7 +270,7 @@ def _lowrank_bwd(
     _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_split, B)](
         x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_split), n_cu,
         n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-        num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES,
+        num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
     )
     # fmt: on
     if n_split > 1:

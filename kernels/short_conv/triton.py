@@ -26,6 +26,9 @@ from mixlab.kernels._triton import tl, triton
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
 FWD_BT, FWD_BD, FWD_WARPS = 16, 128, 4
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
+# Registers a thread the backward may use (None: the compiler's choice, 168 at the shipped tile, three blocks an
+# SM); 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py). Timed by the tune script.
+BWD_MAXNREG = None
 
 
 # fmt: off
@@ -148,7 +151,7 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        num_warps=BWD_WARPS, num_stages=BWD_STAGES,
+        num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
