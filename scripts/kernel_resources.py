@@ -1,10 +1,11 @@
 """Registers, spills and shared memory of the Triton kernels as compiled for an H200, on a machine without a GPU.
 
-    python scripts/kernel_resources.py [--ops shortconv,attention] [--arch 90]
+    python scripts/kernel_resources.py [--ops shortconv,attention,rubiconv] [--arch 90]
 
-The short convs' and attention's launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py``
-(short convs B=4, T=4096, D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at
-T=127 and 1023), but every kernel launch is intercepted: the kernel is specialised exactly as Triton's launcher
+The launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py`` (short convs B=4, T=4096,
+D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
+forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), but every kernel launch
+is intercepted: the kernel is specialised exactly as Triton's launcher
 would specialise it (argument types, 16-byte divisibility, constants), compiled for ``sm_<arch>a`` and assembled
 by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs.
 
@@ -31,7 +32,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from mixlab.kernels.attention import triton as attn  # noqa: E402
 from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank  # noqa: E402
+from mixlab.kernels.rubiconv import gemm  # noqa: E402
+from mixlab.kernels.rubiconv import triton as rubi  # noqa: E402
 from mixlab.kernels.short_conv import triton as short_conv  # noqa: E402
+from mixlab.runners.bench_rubiconv import lognormal_layout  # noqa: E402
 from mixlab.runners.bench_shortconv import _doc_layout  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
@@ -116,12 +120,27 @@ def attention_cases() -> list[tuple[str, Callable]]:
     return cases
 
 
+def rubiconv_cases(n_tokens: int = 65536, d: int = 1024) -> list[tuple[str, Callable]]:
+    cu = lognormal_layout(n_tokens, 0, torch.device("cpu"))
+    plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, torch.device("cpu"))
+    cases = []
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        def call(precision=precision, dtype=dtype):
+            x, h = torch.randn(1, n_tokens, d).to(dtype), torch.randn(d, n_tokens).to(dtype)
+            t = rubi._tables(plan, precision)
+            _, zx, hs = rubi._forward(x, h, plan, t)
+            rubi._backward(x, zx, hs, h, plan, t, need_dx=True)
+        cases.append((f"rubiconv {precision}, k={plan.k}", call))
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default="shortconv,attention", help="comma-separated: shortconv, attention")
+    parser.add_argument("--ops", default="shortconv,attention,rubiconv",
+                        help="comma-separated: shortconv, attention, rubiconv")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     args = parser.parse_args()
-    groups = {"shortconv": shortconv_cases, "attention": attention_cases}
+    groups = {"shortconv": shortconv_cases, "attention": attention_cases, "rubiconv": rubiconv_cases}
     unknown = sorted(set(args.ops.split(",")) - set(groups))
     if unknown:
         print(f"unknown op group {unknown[0]!r}; choose from {', '.join(groups)}", file=sys.stderr)

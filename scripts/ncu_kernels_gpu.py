@@ -13,7 +13,8 @@ peaks) is what the timings of ``mixlab bench shortconv`` and ``scripts/tune_atte
   16 heads of 8, bf16, [B, T, H, hd] layout) at T=127 and T=1023, forward, then backward with the shipped
   ``BWD_PASSES``.
 - rubiconv: the Triton backend at ``mixlab bench rubiconv``'s shape (one row of 65,536 tokens in 49 lognormal
-  documents, D=1024, fp32 and bf16), forward and forward+backward.
+  documents, D=1024), fp32 and bf16 activations at precision fp32 (tf32 dots), then bf16 activations at
+  precision bf16 (``bench rubiconv``'s "triton bf16" rows), forward and forward+backward.
 
 Every call runs twice unprofiled (compilation, caches), then once between ``cudaProfilerStart`` and
 ``cudaProfilerStop`` in an NVTX range named after it (``ncu --nvtx`` prints the range); the calls' order is
@@ -68,12 +69,12 @@ def rubiconv_calls(device: torch.device) -> list[tuple[str, Callable]]:
     h = torch.randn(d, n_tokens, generator=gen, device=device) / n_tokens**0.5
     upstream = torch.randn(1, n_tokens, d, generator=gen, device=device)
     calls = []
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "fp32"), (torch.bfloat16, "bf16")):
         inputs = {"x": x.to(dtype), "h": h.to(dtype)}
-        name = f"rubiconv {str(dtype).removeprefix('torch.')}"
-        calls.append((f"{name} | fwd", fwd_call(kernels.rubiconv, inputs, cu_seqlens=cu, backend="triton")))
-        calls.append((f"{name} | fwd+bwd", fwd_bwd_call(kernels.rubiconv, inputs, upstream.to(dtype), cu_seqlens=cu,
-                                                        backend="triton")))
+        name = f"rubiconv {str(dtype).removeprefix('torch.')} activations, precision {precision}"
+        kwargs = {"cu_seqlens": cu, "backend": "triton", "precision": precision}
+        calls.append((f"{name} | fwd", fwd_call(kernels.rubiconv, inputs, **kwargs)))
+        calls.append((f"{name} | fwd+bwd", fwd_bwd_call(kernels.rubiconv, inputs, upstream.to(dtype), **kwargs)))
     return calls
 
 
