@@ -21,25 +21,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # on a CPU the ops need the inte
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from mixlab import kernels  # noqa: E402
+from mixlab.runners.bench_shortconv import _kernels  # noqa: E402
 from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
-
-
-def _ops(B: int = 1, T: int = 64, D: int = 64, W: int = 4) -> list[tuple[str, object, dict]]:
-    gen = torch.Generator().manual_seed(0)
-    x, s = torch.randn(B, T, D, generator=gen), torch.randn(W, D, generator=gen)
-    return [
-        ("static", kernels.short_conv, {"x": x, "weight": s}),
-        ("head-wise, head size 1", kernels.dynamic_conv_headwise,
-         {"x": x, "weight": torch.randn(B, T, D, W, generator=gen), "static_w": s}),
-        ("head-wise, head size 16", kernels.dynamic_conv_headwise,
-         {"x": x, "weight": torch.randn(B, T, D // 16, W, generator=gen), "static_w": s}),
-        ("low-rank, R=16", kernels.dynamic_conv_lowrank,
-         {"x": x, "z": torch.randn(B, T, 16, generator=gen), "U": torch.randn(16, W * D, generator=gen),
-          "static_w": s}),
-    ]
 
 
 def _median_us(call, repeats: int, calls: int) -> float:
@@ -66,11 +51,13 @@ def main() -> int:
     print(f"# B=1 T=64 D=64 W=4 fp32 CPU tensors, residual on; median of {args.repeats} blocks of {args.calls}")
     print("| op | fwd µs | fwd+bwd µs |")
     print("|---|---|---|")
-    for name, op, inputs in _ops():
-        dy = torch.randn_like(inputs["x"])
-        fwd = _median_us(fwd_call(op, inputs, residual=True, backend="triton"), args.repeats, args.calls)
-        total = _median_us(fwd_bwd_call(op, inputs, dy, residual=True, backend="triton"), args.repeats, args.calls)
-        print(f"| {name} | {fwd:.1f} | {total:.1f} |")
+    # bench shortconv's ops and inputs, at a size where the kernels' own cost would not matter anyway
+    for k in _kernels(1, 64, 64, 4, torch.float32, torch.device("cpu")):
+        dy = torch.randn_like(k.inputs["x"])
+        fwd = _median_us(fwd_call(k.op, k.inputs, residual=True, backend="triton"), args.repeats, args.calls)
+        total = _median_us(fwd_bwd_call(k.op, k.inputs, dy, residual=True, backend="triton"), args.repeats,
+                           args.calls)
+        print(f"| {k.name} | {fwd:.1f} | {total:.1f} |")
     return 0
 
 
