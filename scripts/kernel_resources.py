@@ -36,7 +36,7 @@ from mixlab.kernels.rubiconv import gemm  # noqa: E402
 from mixlab.kernels.rubiconv import triton as rubi  # noqa: E402
 from mixlab.kernels.short_conv import triton as short_conv  # noqa: E402
 from mixlab.runners.bench_rubiconv import lognormal_layout  # noqa: E402
-from mixlab.runners.bench_shortconv import _doc_layout  # noqa: E402
+from mixlab.runners.bench_shortconv import _doc_layout, _kernels  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
@@ -83,28 +83,17 @@ def intercepted(target: GPUTarget, out: list[dict]):
 
 def shortconv_cases(B: int = 4, T: int = 4096, D: int = 2048, W: int = 4, n_docs: int = 64
                     ) -> list[tuple[str, Callable]]:
-    gen = torch.Generator().manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
-
-    x, dy, static_w = randn(B, T, D), randn(B, T, D), randn(W, D)
-    z, U = randn(B, T, 16), randn(16, W * D)
+    """``bench shortconv``'s ops and inputs, each through its TritonOp's launchers (forward, then backward)."""
+    cpu = torch.device("cpu")
+    launchers = {"static": short_conv.short_conv_triton, "headwise": triton_headwise.headwise_triton,
+                 "lowrank": triton_lowrank.lowrank_triton}
+    dy = torch.randn(B, T, D).to(torch.bfloat16)
     cases = []
-    for cu, label in ((None, "no documents"), (_doc_layout(B, T, n_docs, torch.device("cpu")), f"{n_docs} documents")):
-        cases += [
-            (f"static, {label}", lambda cu=cu: (short_conv._short_conv_fwd(x, static_w, cu, True),
-                                                short_conv._short_conv_bwd(dy, x, static_w, cu, True))),
-            (f"low-rank R=16, {label}",
-             lambda cu=cu: (
-                 triton_lowrank._lowrank_fwd(x, z, U, static_w, cu, True),
-                 triton_lowrank._lowrank_bwd(dy, x, z, U, static_w, cu, True))),
-        ]
-        for hs in (1, 16):
-            weight = randn(B, T, D // hs, W)
-            cases.append((f"head-wise head size {hs}, {label}", lambda cu=cu, weight=weight: (
-                triton_headwise._headwise_fwd(x, weight, static_w, cu, True),
-                triton_headwise._headwise_bwd(dy, x, weight, static_w, cu, True))))
+    for cu, label in ((None, "no documents"), (_doc_layout(B, T, n_docs, cpu), f"{n_docs} documents")):
+        for k in _kernels(B, T, D, W, torch.bfloat16, cpu):
+            op, inputs = launchers[k.kind], list(k.inputs.values())
+            cases.append((f"{k.name}, {label}", lambda op=op, inputs=inputs, cu=cu: (
+                op.fwd(*inputs, cu, True), op.bwd(dy, *inputs, cu, True))))
     return cases
 
 
