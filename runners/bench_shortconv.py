@@ -2,10 +2,12 @@
 
 One markdown table per kernel (static, head-wise head size 1 and 16, low-rank R=16): the Triton kernel without
 and with ``cu_seqlens`` (``n_docs`` documents), the plain-torch reference and ``torch.compile`` of it; forward
-and forward+backward medians of ``triton.testing.do_bench``, achieved forward bandwidth and the ratio to the
-byte floor. The GPU name and versions go on top. Before timing, each Triton kernel is checked at the benchmark
-shape (with documents) against the float64 reference, output and every input gradient; a kernel that fails
-gets no Triton timings (the correctness gate).
+and forward+backward medians of ``triton.testing.do_bench``, the same two with each call captured once as a
+CUDA graph and replayed (the kernels' time without the host's launch and autograd overhead, which an eager call
+of a 100-200 µs op can exceed), achieved forward bandwidth and the ratio to the byte floor. The GPU name and
+versions go on top. Before timing, each Triton kernel is checked at the benchmark shape (with documents)
+against the float64 reference, output and every input gradient; a kernel that fails gets no Triton timings (the
+correctness gate).
 
 Public anchors (``runners.bench_anchors``: fla-core's and causal-conv1d's static convs, the dynamic-conv paper's
 kernels) are timed in the same table when they import, after the same kind of check of their output against our
@@ -33,7 +35,14 @@ from mixlab import kernels
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_anchors import Anchor, short_conv_anchors
-from mixlab.runners.bench_utils import copy_bandwidth, fwd_bwd_call, fwd_call, measure_pair, rel_rms
+from mixlab.runners.bench_utils import (
+    copy_bandwidth,
+    fwd_bwd_call,
+    fwd_call,
+    measure_graphed,
+    measure_pair,
+    rel_rms,
+)
 from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,10 +136,11 @@ def _anchor_error(kernel: _Kernel, anchor: Anchor, cu: torch.Tensor | None) -> f
 
 
 def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
-                 timed: dict[str, tuple[float | None, float | None]], upstream: torch.Tensor, repeats: int,
+                 timed: dict[str, tuple[float | None, ...]], upstream: torch.Tensor, repeats: int,
                  bw: float) -> tuple[list[str], list[str]]:
     """Table rows and notes of the public anchors of ``kernel`` for each (cu_seqlens, label suffix) case; each
-    ratio is our time (``timed["Triton" + suffix]``) over the anchor's."""
+    ratio is our time (``timed["Triton" + suffix]``: fwd, fwd+bwd, and the two as CUDA graphs) over the
+    anchor's."""
     lines, notes = [], []
     bound = RMS_BOUND[kernel.inputs["x"].dtype]
     for docs, suffix in cases:
@@ -148,20 +158,26 @@ def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
             if error > bound:
                 notes.append(f"{label}: not timed, disagrees with our reference (relative RMS {error:.2e})")
                 continue
-            fwd_us, total_us, note = measure_pair(fwd_call(anchor.fn, anchor.inputs),
-                                                  fwd_bwd_call(anchor.fn, anchor.inputs, upstream), repeats,
-                                                  upstream.device)
-            lines.append(_row(label, fwd_us, total_us, kernel, bw))
+            closures = (fwd_call(anchor.fn, anchor.inputs), fwd_bwd_call(anchor.fn, anchor.inputs, upstream))
+            fwd_us, total_us, note = measure_pair(*closures, repeats, upstream.device)
+            graph_fwd, graph_total, graph_note = measure_graphed(*closures, repeats, upstream.device)
+            lines.append(_row(label, fwd_us, total_us, kernel, bw, graph_fwd, graph_total))
             extra = f" ({anchor.note})" if anchor.note else ""
+            if graph_note:
+                notes.append(f"{label}: {graph_note}")
             if note:
                 notes.append(f"{label}: {note}")
-            elif ours and None not in ours:
+            elif ours and None not in ours[:2]:
+                graphed = ""
+                if len(ours) == 4 and None not in (ours[3], graph_total):
+                    graphed = f"; as CUDA graphs fwd+bwd {ours[3] / graph_total:.2f}x"
                 notes.append(f"Triton{suffix} / {anchor.name}: fwd {ours[0] / fwd_us:.2f}x, fwd+bwd "
-                             f"{ours[1] / total_us:.2f}x (below 1: ours faster){extra}")
+                             f"{ours[1] / total_us:.2f}x{graphed} (below 1: ours faster){extra}")
     return lines, notes
 
 
-def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float) -> str:
+def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float,
+         graph_fwd: float | None = None, graph_total: float | None = None) -> str:
     def us(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
 
@@ -169,7 +185,8 @@ def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kern
     tbs = "—" if fwd_us is None else f"{kernel.bytes_fwd / (fwd_us * 1e-6) / 1e12:.2f}"
     r_fwd = "—" if fwd_us is None else f"{fwd_us / floor_fwd:.2f}"
     r_total = "—" if total_us is None else f"{total_us / floor_total:.2f}"
-    return f"| {label} | {us(fwd_us)} | {us(total_us)} | {tbs} | {r_fwd} | {r_total} |"
+    return (f"| {label} | {us(fwd_us)} | {us(total_us)} | {us(graph_fwd)} | {us(graph_total)} | {tbs} | {r_fwd} "
+            f"| {r_total} |")
 
 
 def bench_shortconv(
@@ -223,8 +240,9 @@ def bench_shortconv(
             f"Correctness gate (Triton with documents vs float64, output and every gradient): "
             f"{'PASS' if ok else 'FAIL'}, worst relative RMS {worst:.2e} (bound {RMS_BOUND[torch_dtype]:g}).",
             "",
-            "| implementation | fwd µs | fwd+bwd µs | fwd TB/s | fwd / floor | fwd+bwd / floor |",
-            "|---|---|---|---|---|---|",
+            "| implementation | fwd µs | fwd+bwd µs | fwd µs, graph | fwd+bwd µs, graph | fwd TB/s | fwd / floor "
+            "| fwd+bwd / floor |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         compiled_ref = torch.compile(kernel.ref)
         variants = [
@@ -239,22 +257,18 @@ def bench_shortconv(
                 lines.append(_row(f"{label} (gate failed)", None, None, kernel, bw))
                 continue
             kwargs = {"cu_seqlens": docs, "residual": True, **extra}
-            fwd_us, total_us, note = measure_pair(
-                fwd_call(fn, kernel.inputs, **kwargs),
-                fwd_bwd_call(fn, kernel.inputs, upstream, **kwargs),
-                repeats,
-                dev,
-            )
-            timed[label] = (fwd_us, total_us)
-            lines.append(_row(label, fwd_us, total_us, kernel, bw))
-            if note:
-                notes.append(f"{label}: {note}")
+            closures = (fwd_call(fn, kernel.inputs, **kwargs), fwd_bwd_call(fn, kernel.inputs, upstream, **kwargs))
+            fwd_us, total_us, note = measure_pair(*closures, repeats, dev)
+            graph_fwd, graph_total, graph_note = measure_graphed(*closures, repeats, dev)
+            timed[label] = (fwd_us, total_us, graph_fwd, graph_total)
+            lines.append(_row(label, fwd_us, total_us, kernel, bw, graph_fwd, graph_total))
+            notes += [f"{label}: {n}" for n in (note, graph_note) if n]
         anchor_lines, anchor_notes = _anchor_rows(kernel, [(None, ""), (cu, f", {n_docs} documents")], timed,
                                                   upstream, repeats, bw)
         lines += anchor_lines
         notes += anchor_notes
         plain, packed = timed.get("Triton"), timed.get(f"Triton, {n_docs} documents")
-        if plain and packed and None not in plain + packed:
+        if plain and packed and None not in plain[:2] + packed[:2]:
             lines += ["", f"documents cost: fwd {100 * (packed[0] / plain[0] - 1):+.1f}%, fwd+bwd "
                           f"{100 * (packed[1] / plain[1] - 1):+.1f}%"]  # fmt: skip
         lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])

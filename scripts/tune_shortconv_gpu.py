@@ -42,13 +42,16 @@ GROUPS = [
      [(64, 64, 4, 1, 4096, None), (64, 64, 4, 1, 4096, 128), (32, 64, 4, 1, 4096, None), (32, 64, 8, 1, 4096, None),
       (64, 32, 8, 1, 4096, None), (16, 128, 8, 1, 8192, None), (64, 64, 4, 2, 4096, None),
       (32, 64, 4, 2, 4096, None), (64, 64, 8, 1, 4096, None), (32, 64, 4, 1, 4096, 96)]),
-    ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS"),
-     [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (512, 4)]),
+    # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
+    # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
+    # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112
+    ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS"),
+     [(1024, 4, 128), (2048, 4, 32), (2048, 4, 64), (1024, 4, 32), (2048, 8, 32), (4096, 8, 64), (512, 4, 128)]),
     ("head-wise bwd", ["hs1", "hs16"], headwise,
-     ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG"),
-     [(1024, 4, 1, 4096, None), (1024, 4, 1, 4096, 128), (512, 4, 1, 8192, None), (512, 4, 1, 4096, None),
-      (1024, 8, 1, 4096, None), (2048, 8, 1, 4096, None), (1024, 4, 2, 4096, None), (2048, 8, 1, 2048, None),
-      (512, 4, 1, 8192, 96)]),
+     ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS"),
+     [(512, 4, 1, 4096, None, 128), (1024, 4, 1, 4096, None, 32), (1024, 4, 1, 4096, None, 64),
+      (512, 4, 1, 4096, None, 32), (2048, 8, 1, 4096, None, 64), (1024, 8, 1, 4096, None, 32),
+      (1024, 4, 1, 4096, 128, 64), (512, 4, 1, 8192, None, 128)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

@@ -267,6 +267,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only the B=4, T=4096, D=2048 cases")
     parser.add_argument("--only", choices=["cases", "checks"], help="only the per-case errors, or only "
                         "determinism, blindness and torch.compile (the full script can outlast one device call)")
+    parser.add_argument("--start", type=int, default=0, help="skip the first cases (a run that an earlier call's "
+                        "limit cut off goes on from the case it reached)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("verify_shortconv_gpu: no CUDA device", file=sys.stderr)
@@ -275,7 +277,8 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, Triton {triton.__version__}, "
           f"CUDA {torch.version.cuda}")  # fmt: skip
     cases = large_cases() if args.quick else large_cases() + odd_cases() + mixed_cases()
-    results = [] if args.only == "checks" else [check_case(*case, seed=i) for i, case in enumerate(cases)]
+    results = [] if args.only == "checks" else [check_case(*case, seed=i) for i, case in enumerate(cases)
+                                                if i >= args.start]
     if not args.quick and args.only != "cases":
         results += [check_determinism(), check_blindness(), check_stacked(), check_compile()]
     failed = results.count(False)

@@ -21,12 +21,14 @@ from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
 
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
-# candidates on the GPU. Forward: about HW_FWD_TILE elements a [BT, NH, HSP] tile, up to 128 channels.
-HW_FWD_TILE, HW_FWD_WARPS = 1024, 4
+# candidates on the GPU. Forward: about HW_FWD_TILE elements a [BT, NH, HSP] tile of HW_FWD_CHANNELS channels
+# (NH heads of HSP; at head size 1, 128 channels leave 8 tokens a tile, so each of the W shifted loads re-reads
+# most of the tile: fewer channels buy longer tiles).
+HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 1024, 4, 128
 # Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
-HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS = 1024, 4, 1, 4096
-# Register cap of the backward (None: the compiler's choice, 190 at head size 1, two blocks an SM; 128 fits four
-# with ~100 spilled bytes, scripts/kernel_resources.py). Timed by the tune script.
+HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512, 4, 1, 4096, 128
+# Register cap of the backward (None: the compiler's choice: at head size 1, 110 registers at a 512-element tile,
+# 190 at 1024; scripts/kernel_resources.py). Timed by the tune script; no cap was faster on the H200.
 HW_BWD_MAXNREG = None
 
 
@@ -148,12 +150,11 @@ def _dynamic_conv_headwise_bwd_kernel(
 # fmt: on
 
 
-def _head_tiles(T: int, H: int, hs: int, tile: int | None = None) -> tuple[int, int, int]:
-    """(BT, NH, HSP): NH heads of HSP >= hs channels, at least 128 channels a tile, about ``tile`` (default
-    HW_FWD_TILE) elements."""
-    tile = HW_FWD_TILE if tile is None else tile
+def _head_tiles(T: int, H: int, hs: int, tile: int, channels: int) -> tuple[int, int, int]:
+    """(BT, NH, HSP): NH heads of HSP >= hs channels, about ``channels`` channels (at least one head) and
+    ``tile`` elements a tile."""
     HSP = tu.next_power_of_2(hs)
-    NH = min(tu.next_power_of_2(H), max(1, 128 // HSP))
+    NH = min(tu.next_power_of_2(H), max(1, channels // HSP))
     BT = max(1, min(tu.next_power_of_2(T), tile // (NH * HSP)))
     return BT, NH, HSP
 
@@ -173,7 +174,7 @@ def _headwise_fwd(
     runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, NH, HSP = _head_tiles(T, H, D // H)
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_FWD_TILE, HW_FWD_CHANNELS)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
@@ -202,7 +203,7 @@ def _headwise_bwd(
     runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
-    BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE)
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE, HW_BWD_CHANNELS)
     n_tb, n_hb = tu.cdiv(T, BT), tu.cdiv(H, NH)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_hb, HW_BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)

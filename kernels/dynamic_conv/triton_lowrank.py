@@ -30,10 +30,11 @@ LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
 # Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
 # sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
-LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 128, 8, 1, 4
-# Register cap of the dx kernel (None: the compiler's choice, 252 at the shipped tile, one block of 8 warps an SM;
-# 128 fits two with ~560 spilled bytes, scripts/kernel_resources.py). Timed by the tune script.
-LR_DX_MAXNREG = None
+LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 64, 8, 1, 4
+# Register cap of the dx kernel (None: the compiler's choice, 218-255 at every tile tried, one block of 8 warps
+# an SM); 128 fits two despite the spills (scripts/kernel_resources.py) and timed fastest on the H200 (512 against
+# 539 µs at [64, 128] uncapped, 576 against 644 with 64 documents; BENCHMARKS.md).
+LR_DX_MAXNREG = 128
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1

@@ -26,9 +26,10 @@ from mixlab.kernels._triton import tl, triton
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
 FWD_BT, FWD_BD, FWD_WARPS = 16, 128, 4
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
-# Registers a thread the backward may use (None: the compiler's choice, 168 at the shipped tile, three blocks an
-# SM); 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py). Timed by the tune script.
-BWD_MAXNREG = None
+# Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
+# 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
+# (137.7 against 142.0 µs, 150.0 against 164.0 with 64 documents; BENCHMARKS.md).
+BWD_MAXNREG = 128
 
 
 # fmt: off

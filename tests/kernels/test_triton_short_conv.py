@@ -122,6 +122,23 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
+@pytest.mark.parametrize(("hs", "D"), [(1, 26), (8, 24)], ids=["hs1-D26-four-heads-a-tile", "hs8-one-head-a-tile"])
+def test_dynamic_conv_headwise_narrow_channel_blocks(hs, D, monkeypatch, assert_rel_rms):
+    """Tiles of 4 channels (the tune script's knob), forward and backward: at head size 1, 7 head blocks, the
+    last one half full; at head size 8, heads wider than the block, one a tile."""
+    monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
+    gen = torch.Generator().manual_seed(12)
+    B, T, W = 2, 33, 4
+    inputs = {
+        "x": _randn(gen, B, T, D).float(),
+        "weight": _randn(gen, B, T, D // hs, W).float(),
+        "static_w": _randn(gen, W, D).float(),
+    }
+    _check_against_reference(kernels.dynamic_conv_headwise, inputs, gen, assert_rel_rms, FP32,
+                             cu_seqlens=_cu([[5, 28], [33]], T), residual=True)
+
+
 LOWRANK_CASES = [
     # B, T, D, R, W, document lengths per row, residual, static_w, dtype
     pytest.param(1, 1, 1, 1, 1, None, False, False, FP32, id="T1-D1-R1-W1"),

@@ -100,6 +100,26 @@ def test_an_agreeing_anchor_is_timed_with_its_ratio_and_a_disagreeing_one_is_not
     assert "anchor: dynamic-conv1d, 2 documents: skipped, no document support" in notes
 
 
+def test_the_graphed_ratio_joins_the_note_and_the_row_when_both_sides_were_captured(monkeypatch):
+    _modules(monkeypatch, headwise=_headwise_module(True))
+    monkeypatch.setattr(bench_shortconv_module, "measure_pair", lambda fwd, total, repeats, device: (10.0, 20.0, ""))
+    monkeypatch.setattr(bench_shortconv_module, "measure_graphed",
+                        lambda fwd, total, repeats, device: (8.0, 16.0, ""))
+    kernel = next(k for k in bench_shortconv_module._kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
+                  if k.kind == "headwise")
+    upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, 12.0, 40.0)},
+                                                       upstream, 1, 1e9)
+    assert lines[0].split(" | ")[1:5] == ["10.0", "20.0", "8.0", "16.0"]
+    assert any("fwd+bwd 3.00x; as CUDA graphs fwd+bwd 2.50x" in n for n in notes)
+
+
+def test_graphed_timing_is_absent_off_cuda():
+    from mixlab.runners.bench_utils import measure_graphed
+
+    assert measure_graphed(lambda: None, lambda: None, 1, torch.device("cpu")) == (None, None, "")
+
+
 def test_fla_fft_conv_anchor_is_the_leaky_conv():
     """fla's FFT conv, in our layout and without its skip term, equals our one-FFT-per-row (leaky) reference."""
     pytest.importorskip("fla.modules.long_conv")
