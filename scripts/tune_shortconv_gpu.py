@@ -39,7 +39,7 @@ GROUPS = [
     # registers (scripts/kernel_resources.py, Triton 3.6): 64x64 4 warps 168 (18.75% occupancy), 32x64 4 warps
     # 128 (25%), 32x64 and 64x32 8 warps 100-109 (25%), 16x128 8 warps 99-108 (25%)
     ("static bwd", ["static"], short, ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG"),
-     [(64, 64, 4, 1, 4096, None), (64, 64, 4, 1, 4096, 128), (32, 64, 4, 1, 4096, None), (32, 64, 8, 1, 4096, None),
+     [(64, 64, 4, 1, 4096, 128), (64, 64, 4, 1, 4096, None), (32, 64, 4, 1, 4096, None), (32, 64, 8, 1, 4096, None),
       (64, 32, 8, 1, 4096, None), (16, 128, 8, 1, 8192, None), (64, 64, 4, 2, 4096, None),
       (32, 64, 4, 2, 4096, None), (64, 64, 8, 1, 4096, None), (32, 64, 4, 1, 4096, 96)]),
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
@@ -47,16 +47,19 @@ GROUPS = [
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112
     ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS"),
      [(1024, 4, 128), (2048, 4, 32), (2048, 4, 64), (1024, 4, 32), (2048, 8, 32), (4096, 8, 64), (512, 4, 128)]),
+    # dweight as one tile (last value True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118
     ("head-wise bwd", ["hs1", "hs16"], headwise,
-     ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS"),
-     [(512, 4, 1, 4096, None, 128), (1024, 4, 1, 4096, None, 32), (1024, 4, 1, 4096, None, 64),
-      (512, 4, 1, 4096, None, 32), (2048, 8, 1, 4096, None, 64), (1024, 8, 1, 4096, None, 32),
-      (1024, 4, 1, 4096, 128, 64), (512, 4, 1, 8192, None, 128)]),
+     ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
+      "HW_BWD_DW_TILE"),
+     [(512, 4, 1, 4096, None, 128, False), (512, 4, 1, 4096, None, 128, True), (1024, 4, 1, 4096, None, 32, False),
+      (1024, 4, 1, 4096, None, 32, True), (1024, 4, 1, 4096, None, 64, False), (512, 4, 1, 4096, None, 32, False),
+      (512, 4, 1, 4096, None, 32, True), (2048, 8, 1, 4096, None, 64, False), (1024, 8, 1, 4096, None, 32, False),
+      (1024, 4, 1, 4096, 128, 64, False)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
      ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS", "LR_DX_MAXNREG"),
-     [(64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (64, 64, 8, 4, 128), (32, 64, 4, 4, None),
+     [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
       (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
     ("low-rank bwd dU", ["lowrank"], lowrank,

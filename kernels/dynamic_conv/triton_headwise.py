@@ -30,6 +30,10 @@ HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512
 # Register cap of the backward (None: the compiler's choice: at head size 1, 110 registers at a 512-element tile,
 # 190 at 1024; scripts/kernel_resources.py). Timed by the tune script; no cap was faster on the H200.
 HW_BWD_MAXNREG = None
+# How the backward stores dweight: False, tap by tap (W strided stores that fill the same lines); True, the W taps
+# of a tile assembled in registers and stored as one [BT, NH, W] tile (contiguous, but the assembly costs
+# registers and a layout change through shared memory). Timed by the tune script.
+HW_BWD_DW_TILE = False
 
 
 # fmt: off
@@ -88,7 +92,7 @@ def _dynamic_conv_headwise_bwd_kernel(
     T, D: tl.constexpr, H: tl.constexpr, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
 ):
     i_h, i_c = tl.program_id(0), tl.program_id(1)
     i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
@@ -112,6 +116,8 @@ def _dynamic_conv_headwise_bwd_kernel(
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         b_dy = tl.load(p_dy, mask=m_tc, other=0.0).to(tl.float32)  # [BT, NH, HSP]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, NH, HSP], dtype=tl.float32)
+        if DW_TILE:
+            b_dw3 = tl.zeros([BT, NH, WP], dtype=tl.float32)  # dweight of the tile's tokens, stored once
         for k in tl.static_range(W):
             # tap k of output t + k, which must lie in t's document (loads masked by the row only)
             m_b = m_t & (o_t + k < T)
@@ -135,13 +141,20 @@ def _dynamic_conv_headwise_bwd_kernel(
                 b_xk = tl.where((o_g - k >= start)[:, None, None], b_xk, 0.0)
             b_g = b_dy * b_xk  # [BT, NH, HSP]
             b_dw = tl.sum(b_g, axis=2)  # [BT, NH], the head's channels summed
-            # tap k of every (token, head), W elements apart: the W stores of a tile fill the same lines, and
-            # no [BT, NH, W] tile to assemble (at head size 1 it cost 40 registers and a pass through shared memory)
-            p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
-            tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
+            if DW_TILE:
+                b_dw3 = tl.where(o_k[None, None, :] == k, b_dw[:, :, None], b_dw3)
+            else:
+                # tap k of every (token, head), W elements apart: the W stores of a tile fill the same lines,
+                # and no [BT, NH, W] tile to assemble (at head size 1 it cost 40 registers)
+                p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+                tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
             if HAS_STATIC:
                 b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
                 b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
+        if DW_TILE:
+            p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+            m_dw = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+            tl.store(p_dw, b_dw3.to(dw_ptr.dtype.element_ty), mask=m_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
     if HAS_STATIC:
@@ -214,7 +227,7 @@ def _headwise_bwd(
     _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](
         x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
         n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
-        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_BWD_DW_TILE,
         num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
     )
     # fmt: on
