@@ -82,6 +82,9 @@ class StepShape:
     seq_len: int
     jobs: list[Job]
     settings: set[str] = dataclasses.field(default_factory=set)
+    # every task whose runs the shape holds: tasks with the same vocabulary and row length share a step's cost
+    # (``task`` is the first of them, which the shape is sorted by)
+    tasks: set[str] = dataclasses.field(default_factory=set)
     tokens: int = 0  # the protocol's training tokens over every run of these jobs, before early stops
     flop_per_token: float = 0.0
     exp_per_token: float = 0.0
@@ -330,7 +333,8 @@ def _shape_row(s: StepShape, ceilings: Ceilings) -> str:
     """The table row of one step shape."""
     speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
     verdict = f"FAILED {s.error}" if s.error else "not timed (stop_after)" if s.skipped else s.gate or "-"
-    return (f"| {s.task} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
+    tasks = ", ".join(sorted(s.tasks or {s.task}))
+    return (f"| {tasks} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
             f"{len(s.jobs)} | {s.speed or '-'} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
             f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
             f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(ceilings.flop_minutes(s), '.2f')} | "
@@ -402,8 +406,10 @@ def _chosen_shapes(model: str, profile: str, options: BenchMadOptions) -> tuple[
             runs = [r for r in runs if r.meta["task"] in chosen]
     shapes = step_shapes(plan_jobs(runs, max_stack=options.max_stack))
     setting_of = {r.hash: r.meta["setting"] for r in runs}
+    task_of = {r.hash: r.meta["task"] for r in runs}
     for shape in shapes:
         shape.settings = {setting_of[h] for job in shape.jobs for h in job.hashes}
+        shape.tasks = {task_of[h] for job in shape.jobs for h in job.hashes}
     if options.settings:
         shapes = [s for s in shapes if s.settings & set(options.settings)]
         if not shapes:
@@ -473,7 +479,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
         + (f" {precompiled} shape(s) compiled ahead by {options.precompile} process(es) before the timing."
            if options.precompile else ""),
         "",
-        "| task | settings | V | T | runs/stack | jobs | speed | stacked tok/s | alone tok/s | speed-up "
+        "| tasks | settings | V | T | runs/stack | jobs | speed | stacked tok/s | alone tok/s | speed-up "
         "| protocol Mtok | min stacked | min alone | min floor | min exp floor | gate |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_shape_row(s, ceilings) for s in shapes),

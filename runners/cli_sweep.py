@@ -178,6 +178,20 @@ def mad_table(
         write_csv(csv, mad_task_rows(entries))
 
 
+def mad_remaining(
+    folders: list[str] = typer.Argument(..., help="MAD output folders (`mixlab mad run --out`), one per model."),
+    seeds: int = typer.Option(..., help="Count seeds 0..N-1 (those not started too)."),
+    rate: list[str] = typer.Option(None, help="Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure "
+                                   "of `mixlab bench mad`), repeatable; a bare number for every model."),
+) -> None:
+    """What each folder still lacks for N seeds: missing runs per task and seed, their steps and tokens if none
+    stops early, the share of budget the task's finished runs trained, and device-minutes at the given rates."""
+    from mixlab.runners.mad_cost import parse_rates, remaining, remaining_table
+
+    rates = parse_rates(rate)
+    typer.echo(remaining_table([c for f in folders for c in remaining(f, seeds)], rates))
+
+
 def mad_profiles() -> None:
     """What each profile runs (the reductions are described in runners/mad.py)."""
     for profile in mad.PROFILES.values():
@@ -260,6 +274,7 @@ def register(app: typer.Typer) -> None:
     mad_app = typer.Typer(help="The MAD benchmark (docs/mad.md): run the protocol, print the table.",
                           no_args_is_help=True)
     mad_app.command("run")(mad_run)
+    mad_app.command("remaining")(mad_remaining)
     mad_app.command("table")(mad_table)
     mad_app.command("profiles")(mad_profiles)
     app.add_typer(mad_app, name="mad")

@@ -18,6 +18,17 @@ from mixlab.runners.sweep_jobs import plan_jobs
 from mixlab.tasks import get_task
 
 
+def test_a_shape_shared_by_two_tasks_names_both():
+    """Fuzzy recall and selective copy at V=16, T=256 cost the same a step, so they share a shape; its row names
+    both tasks, or a reader summing tokens by the row's task credits one with the other's."""
+    _, shapes = bench_mad_module._chosen_shapes("transformer", "paper", BenchMadOptions(
+        device="cpu", seeds=1, tasks=["mad/fuzzy_recall", "mad/selective_copy"]))
+    shared = next(s for s in shapes if s.vocab_size == 16 and s.seq_len == 256)
+    assert shared.tasks == {"mad/fuzzy_recall", "mad/selective_copy"}
+    row = bench_mad_module._shape_row(shared, bench_mad_module.Ceilings())
+    assert row.startswith("| mad/fuzzy_recall, mad/selective_copy | ")
+
+
 def test_step_shapes_cover_every_run_once_with_the_protocols_tokens():
     plan = mad_plan("transformer", "paper", seeds=1, device="cpu")
     runs = [r for r in plan.runs if r.meta["task"] in ("mad/in_context_recall", "mad/noisy_recall")]

@@ -1,0 +1,134 @@
+"""What a MAD output folder still needs, and what it would cost: ``mixlab mad remaining``.
+
+For each folder the protocol is planned again from its manifest (model, profile, device) for the seeds asked,
+so the runs of seeds not yet started count too; a run is done when the folder holds its record. Per task:
+the runs still missing (by seed), the optimizer steps and training tokens they take if none stops early, and
+the share of its budget that the task's finished runs in the folder actually trained (early stops), which
+turns the upper bound into an expected cost. Given a training rate in tokens per second (for example the
+token-weighted figure of ``mixlab bench mad`` for that model), both become device-minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from mixlab.analysis.aggregate import load_sweep
+from mixlab.runners.config import RunConfig, resolve
+from mixlab.runners.mad import mad_plan
+
+
+@dataclasses.dataclass
+class TaskCost:
+    """One model's (folder's) runs of one task."""
+
+    folder: str
+    model: str
+    task: str
+    missing: dict[int, int]  # seed -> runs without a record
+    planned: dict[int, int]  # seed -> runs planned
+    steps: int  # optimizer steps of the missing runs if none stops early
+    tokens: int  # training tokens of those steps
+    trained_share: float | None  # steps trained / steps budgeted over the task's finished runs; None if none
+
+
+def _budget(config: RunConfig) -> int:
+    """Optimizer steps a run takes if it never stops early."""
+    tc = config.train
+    return tc.steps if tc.steps is not None else tc.epochs * math.ceil(tc.num_train / tc.batch_size)
+
+
+def remaining(folder: str | Path, seeds: int) -> list[TaskCost]:
+    """The cost of what ``folder`` (a ``mixlab mad run`` output) lacks for seeds 0..seeds-1, one entry per task
+    in protocol order. Raises ValueError if the folder is not a MAD sweep."""
+    data = load_sweep(folder)
+    spec = data.spec
+    if data.kind != "mad" or "profile" not in spec:
+        raise ValueError(f"{str(folder)!r} is not a MAD output folder (no MAD manifest)")
+    plan = mad_plan(spec["model"], spec["profile"]["name"], seeds=seeds, device=spec.get("device", "auto"))
+    done = {r["name"]: r for r in data.records}
+    row_len: dict[tuple, int] = {}  # (task, params) -> tokens a row
+    costs: dict[str, TaskCost] = {}
+    budgets: dict[str, list[int]] = {}  # task -> [steps trained, steps budgeted] over finished runs
+    for run in plan.runs:
+        config = run.config
+        task, seed = run.meta["task"], run.meta["seed"]
+        cost = costs.setdefault(task, TaskCost(str(folder), spec["model"], task, {}, {}, 0, 0, None))
+        cost.planned[seed] = cost.planned.get(seed, 0) + 1
+        budget = _budget(config)
+        record = done.get(run.hash)
+        if record is not None:
+            share = budgets.setdefault(task, [0, 0])
+            share[0] += record["steps"]
+            share[1] += budget
+            continue
+        key = (config.task, tuple(sorted(config.task_params.items())))
+        if key not in row_len:
+            row_len[key] = resolve(config)[0].generate(1, seed=0).inputs.shape[1]
+        cost.missing[seed] = cost.missing.get(seed, 0) + 1
+        cost.steps += budget
+        cost.tokens += budget * config.train.batch_size * row_len[key]
+    for task, (trained, budgeted) in budgets.items():
+        costs[task].trained_share = trained / budgeted
+    return list(costs.values())
+
+
+def parse_rates(values: Sequence[str] | None) -> dict[str, float]:
+    """``--rate MODEL=TOKENS_PER_S`` options as {model: rate}; a bare number is every model's (key "")."""
+    rates = {}
+    for value in values or ():
+        model, _, number = value.rpartition("=")
+        try:
+            rate = float(number)
+        except ValueError:
+            rate = math.nan
+        if not rate > 0:
+            raise ValueError(f"--rate expects MODEL=TOKENS_PER_S or TOKENS_PER_S with a positive rate, got {value!r}")
+        rates[model] = rate
+    return rates
+
+
+def _min(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    return None if None in values else sum(values)
+
+
+def remaining_table(costs: Sequence[TaskCost], rates: Mapping[str, float]) -> str:
+    """Markdown: one row per folder and task with missing runs, then each folder's total and the grand total.
+    ``rates``: tokens per second by model name ("" for every model); minutes are "—" without one."""
+    lines = ["| folder | task | runs missing (by seed) | steps, at most | tokens (G), at most | share trained "
+             "by finished runs | device-min, at most | device-min, expected |",
+             "|---|---|---|---|---|---|---|---|"]
+    every: list[tuple[float, float | None, float | None]] = []  # (tokens, minutes at most, minutes expected)
+    by_folder: dict[str, list[TaskCost]] = {}
+    for cost in costs:
+        by_folder.setdefault(cost.folder, []).append(cost)
+    for folder, folder_costs in by_folder.items():
+        rate = rates.get(folder_costs[0].model, rates.get(""))
+        rows = []
+        for c in folder_costs:
+            if not c.missing:
+                continue
+            # a task with no finished run to learn from is expected to train its whole budget
+            expected = c.tokens * (1.0 if c.trained_share is None else c.trained_share)
+            rows.append((c.tokens, None if rate is None else c.tokens / rate / 60,
+                         None if rate is None else expected / rate / 60))
+            seeds = ", ".join(f"{s}: {n}/{c.planned[s]}" for s, n in sorted(c.missing.items()))
+            share = "—" if c.trained_share is None else f"{c.trained_share:.2f}"
+            lines.append(f"| {Path(folder).name} | {c.task} | {seeds} | {c.steps:,} | {c.tokens / 1e9:.2f} | "
+                         f"{share} | {_min(rows[-1][1])} | {_min(rows[-1][2])} |")
+        if rows:
+            tokens, most, expected = sum(r[0] for r in rows), _sum([r[1] for r in rows]), _sum([r[2] for r in rows])
+            lines.append(f"| {Path(folder).name} | **all tasks** | | | {tokens / 1e9:.2f} | | {_min(most)} | "
+                         f"{_min(expected)} |")
+            every += rows
+    if not every:
+        return "nothing missing: every planned run has its record"
+    tokens, most, expected = sum(r[0] for r in every), _sum([r[1] for r in every]), _sum([r[2] for r in every])
+    lines.append(f"| **every folder** | | | | {tokens / 1e9:.2f} | | {_min(most)} | {_min(expected)} |")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""``mixlab mad remaining``: what a MAD folder lacks for N seeds, counted from the protocol's plan and the
+folder's records, with steps, tokens and device-minutes."""
+
+import math
+
+import pytest
+from mixlab.runners.cli import main
+from mixlab.runners.mad_cost import TaskCost, parse_rates, remaining, remaining_table
+
+
+@pytest.fixture(scope="module")
+def smoke_folder(tmp_path_factory):
+    """The smoke profile's memorization runs (2) and one of compression's 2, trained on the CPU."""
+    out = tmp_path_factory.mktemp("mad") / "transformer-smoke"
+    for tasks, limit in (("mad/memorization", "2"), ("mad/compression", "1")):
+        main(["mad", "run", "--model", "transformer", "--profile", "smoke", "--seeds", "1", "--device", "cpu",
+              "--tasks", tasks, "--limit", limit, "--out", str(out), "--no-progress"])
+    return out
+
+
+def test_missing_runs_steps_and_tokens_follow_the_plan(smoke_folder):
+    costs = {c.task: c for c in remaining(smoke_folder, seeds=2)}
+    assert list(costs) == ["mad/in_context_recall", "mad/noisy_recall", "mad/fuzzy_recall", "mad/selective_copy",
+                           "mad/compression", "mad/memorization"]
+    assert costs["mad/memorization"].missing == {1: 2} and costs["mad/memorization"].planned == {0: 2, 1: 2}
+    assert costs["mad/compression"].missing == {0: 1, 1: 2}
+    # smoke: 64 training rows in batches of 128 for 2 epochs, so 2 steps a run; compression's rows are 32 tokens
+    compression = costs["mad/compression"]
+    assert compression.steps == 3 * 2 and compression.tokens == 3 * 2 * 128 * 32
+    # the finished runs trained their whole budget (smoke runs never reach the early stop)
+    assert compression.trained_share == 1.0 and costs["mad/noisy_recall"].trained_share is None
+
+
+def test_table_minutes_at_a_rate_and_totals(smoke_folder):
+    costs = remaining(smoke_folder, seeds=1)
+    text = remaining_table(costs, {"transformer": 8192 / 60})  # compression's missing run: one minute
+    row = next(line for line in text.splitlines() if "| mad/compression |" in line)
+    assert row.split(" | ")[2:] == ["0: 1/2", "2", "0.00", "1.00", "1", "1 |"]
+    assert "| mad/memorization |" not in text  # nothing missing
+    assert text.splitlines()[-1].startswith("| **every folder** |")
+    assert "| — | — |" in remaining_table(costs, {})  # no rate, no minutes
+
+
+def test_nothing_missing_says_so():
+    done = TaskCost("f", "m", "mad/compression", {}, {0: 2}, 0, 0, 1.0)
+    assert remaining_table([done], {}) == "nothing missing: every planned run has its record"
+
+
+def test_rates_parse_per_model_or_for_all():
+    assert parse_rates(["transformer=2e7", "1.5e7"]) == {"transformer": 2e7, "": 1.5e7}
+    for bad in ("transformer=fast", "x=-1", "0"):
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            parse_rates([bad])
+    assert not math.isnan(parse_rates(["m=1"])["m"])
+
+
+def test_cli_prints_the_table_and_refuses_a_non_mad_folder(smoke_folder, tmp_path, capsys):
+    main(["mad", "remaining", str(smoke_folder), "--seeds", "1", "--rate", "transformer=1e6"])
+    assert "| transformer-smoke | mad/compression | 0: 1/2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["mad", "remaining", str(tmp_path), "--seeds", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mixlab: error:") and len(err.strip().splitlines()) == 1
