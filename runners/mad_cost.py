@@ -18,6 +18,7 @@ from pathlib import Path
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.mad import mad_plan
+from mixlab.runners.schedule import StepPlan
 
 
 @dataclasses.dataclass
@@ -30,14 +31,15 @@ class TaskCost:
     missing: dict[int, int]  # seed -> runs without a record
     planned: dict[int, int]  # seed -> runs planned
     steps: int  # optimizer steps of the missing runs if none stops early
-    tokens: int  # training tokens of those steps
+    tokens: int  # training tokens of those steps (an epoch's last batch may be short)
     trained_share: float | None  # steps trained / steps budgeted over the task's finished runs; None if none
 
 
-def _budget(config: RunConfig) -> int:
-    """Optimizer steps a run takes if it never stops early."""
-    tc = config.train
-    return tc.steps if tc.steps is not None else tc.epochs * math.ceil(tc.num_train / tc.batch_size)
+def _budget(config: RunConfig) -> tuple[int, int]:
+    """(optimizer steps, training rows) of a run that never stops early."""
+    plan = StepPlan.of(config.train)
+    epochs, steps = divmod(plan.total_steps, plan.steps_per_epoch)
+    return plan.total_steps, epochs * config.train.num_train + min(steps * plan.batch_size, config.train.num_train)
 
 
 def remaining(folder: str | Path, seeds: int) -> list[TaskCost]:
@@ -57,7 +59,7 @@ def remaining(folder: str | Path, seeds: int) -> list[TaskCost]:
         task, seed = run.meta["task"], run.meta["seed"]
         cost = costs.setdefault(task, TaskCost(str(folder), spec["model"], task, {}, {}, 0, 0, None))
         cost.planned[seed] = cost.planned.get(seed, 0) + 1
-        budget = _budget(config)
+        budget, rows = _budget(config)
         record = done.get(run.hash)
         if record is not None:
             share = budgets.setdefault(task, [0, 0])
@@ -69,7 +71,7 @@ def remaining(folder: str | Path, seeds: int) -> list[TaskCost]:
             row_len[key] = resolve(config)[0].generate(1, seed=0).inputs.shape[1]
         cost.missing[seed] = cost.missing.get(seed, 0) + 1
         cost.steps += budget
-        cost.tokens += budget * config.train.batch_size * row_len[key]
+        cost.tokens += rows * row_len[key]
     for task, (trained, budgeted) in budgets.items():
         costs[task].trained_share = trained / budgeted
     return list(costs.values())

@@ -24,16 +24,17 @@ def test_missing_runs_steps_and_tokens_follow_the_plan(smoke_folder):
                            "mad/compression", "mad/memorization"]
     assert costs["mad/memorization"].missing == {1: 2} and costs["mad/memorization"].planned == {0: 2, 1: 2}
     assert costs["mad/compression"].missing == {0: 1, 1: 2}
-    # smoke: 64 training rows in batches of 128 for 2 epochs, so 2 steps a run; compression's rows are 32 tokens
+    # smoke: 64 training rows in batches of 128 for 2 epochs, so 2 short steps a run; compression's rows are 32
+    # tokens
     compression = costs["mad/compression"]
-    assert compression.steps == 3 * 2 and compression.tokens == 3 * 2 * 128 * 32
+    assert compression.steps == 3 * 2 and compression.tokens == 3 * 2 * 64 * 32
     # the finished runs trained their whole budget (smoke runs never reach the early stop)
     assert compression.trained_share == 1.0 and costs["mad/noisy_recall"].trained_share is None
 
 
 def test_table_minutes_at_a_rate_and_totals(smoke_folder):
     costs = remaining(smoke_folder, seeds=1)
-    text = remaining_table(costs, {"transformer": 8192 / 60})  # compression's missing run: one minute
+    text = remaining_table(costs, {"transformer": 4096 / 60})  # compression's missing run: one minute
     row = next(line for line in text.splitlines() if "| mad/compression |" in line)
     assert row.split(" | ")[2:] == ["0: 1/2", "2", "0.00", "1.00", "1", "1 |"]
     assert "| mad/memorization |" not in text  # nothing missing
