@@ -45,8 +45,10 @@ GROUPS = [
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
     # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112
-    ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS"),
-     [(1024, 4, 128), (2048, 4, 32), (2048, 4, 64), (1024, 4, 32), (2048, 8, 32), (4096, 8, 64), (512, 4, 128)]),
+    # weights tap by tap (last value True): head size 16 then needs no layout move at all (scripts/kernel_resources)
+    ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS", "HW_FWD_TAP_LOADS"),
+     [(1024, 4, 128, False), (1024, 4, 128, True), (2048, 4, 32, False), (2048, 4, 32, True), (2048, 4, 64, False),
+      (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False), (512, 4, 128, False)]),
     # dweight as one tile (last value True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",

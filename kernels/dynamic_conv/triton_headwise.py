@@ -25,6 +25,11 @@ from mixlab.kernels._triton import tl, triton
 # (NH heads of HSP; at head size 1, 128 channels leave 8 tokens a tile, so each of the W shifted loads re-reads
 # most of the tile: fewer channels buy longer tiles).
 HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 1024, 4, 128
+# How the forward reads a token's weights: False, all W taps as one [BT, NH, W] tile (contiguous), each tap then
+# picked out of it; True, tap by tap as the backward does ([BT, NH] strided loads of the same lines), which spares
+# the tap's move from the tile's layout to the activations' (through shared memory at head size 1). Timed by the
+# tune script.
+HW_FWD_TAP_LOADS = False
 # Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
 HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512, 4, 1, 4096, 128
 # Register cap of the backward (None: the compiler's choice: at head size 1, 110 registers at a 512-element tile,
@@ -43,7 +48,7 @@ def _dynamic_conv_headwise_fwd_kernel(
     T, D, H, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, TAP_LOADS: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if HAS_STATIC:
@@ -57,10 +62,11 @@ def _dynamic_conv_headwise_fwd_kernel(
     m_h = o_h < H
     o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
     m_hc = m_h[:, None] & (o_c < HS)[None, :]
-    # the token's weights of every tap at once, [BT, NH, WP]: NH * W contiguous elements a token
-    p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
-    m_w = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
-    b_w3 = tl.load(p_w, mask=m_w, other=0.0)
+    if not TAP_LOADS:
+        # the token's weights of every tap at once, [BT, NH, WP]: NH * W contiguous elements a token
+        p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
+        m_w = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
+        b_w3 = tl.load(p_w, mask=m_w, other=0.0)
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, NH, HSP], dtype=tl.float32)
     for k in tl.static_range(W):
@@ -70,11 +76,18 @@ def _dynamic_conv_headwise_fwd_kernel(
         b_x = tl.load(p_x, mask=m_k[:, None, None] & m_hc[None, :, :], other=0.0).to(tl.float32)
         if HAS_CU:
             b_x = tl.where((o_g - k >= start)[:, None, None], b_x, 0.0)
-        b_w = tl.sum(tl.where(o_k[None, None, :] == k, b_w3, 0.0), axis=2).to(tl.float32)  # [BT, NH]
+        if TAP_LOADS:
+            p_wk = w_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
+            b_w = tl.load(p_wk, mask=m_t[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
+        else:
+            b_w = tl.sum(tl.where(o_k[None, None, :] == k, b_w3, 0.0), axis=2).to(tl.float32)  # [BT, NH]
         b_wk = b_w[:, :, None]  # [BT, NH, 1], shared by the head's channels
         if HAS_STATIC:
-            b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
-            b_wk = b_wk + b_s[None, :, :]
+            # read as a [BT, NH, HSP] tile (the same lines BT times, from L1) so that it takes the activations'
+            # layout: an [NH, HSP] load would be moved into it through shared memory at every tap
+            p_s = tl.broadcast_to(s_ptr + k * D + o_d[None, :, :], [BT, NH, HSP])
+            b_s = tl.load(p_s, mask=m_hc[None, :, :], other=0.0).to(tl.float32)  # [BT, NH, HSP]
+            b_wk = b_wk + b_s
         b_y += b_wk * b_x
         if RESIDUAL and k == 0:
             b_y += b_x
@@ -127,8 +140,9 @@ def _dynamic_conv_headwise_bwd_kernel(
             b_wk = tl.load(p_wk, mask=m_b[:, None] & m_h[None, :], other=0.0).to(tl.float32)  # [BT, NH]
             b_wk3 = b_wk[:, :, None]  # [BT, NH, 1]
             if HAS_STATIC:
-                b_s = tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32)  # [NH, HSP]
-                b_wk3 = b_wk3 + b_s[None, :, :]
+                p_s = tl.broadcast_to(s_ptr + k * D + o_d[None, :, :], [BT, NH, HSP])
+                b_s = tl.load(p_s, mask=m_hc[None, :, :], other=0.0).to(tl.float32)  # [BT, NH, HSP]
+                b_wk3 = b_wk3 + b_s
             b_dxk = b_wk3 * b_dyk
             if HAS_CU:
                 b_dxk = tl.where((o_g + k < end)[:, None, None], b_dxk, 0.0)
@@ -194,7 +208,7 @@ def _headwise_fwd(
     _dynamic_conv_headwise_fwd_kernel[grid](
         x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
         HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
-        RESIDUAL=residual, num_warps=HW_FWD_WARPS,
+        RESIDUAL=residual, TAP_LOADS=HW_FWD_TAP_LOADS, num_warps=HW_FWD_WARPS,
     )
     # fmt: on
     return y

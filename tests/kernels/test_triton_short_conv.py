@@ -122,15 +122,16 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
-@pytest.mark.parametrize(("hs", "D", "dw_tile"), [(1, 26, False), (1, 26, True), (8, 24, True)],
-                         ids=["hs1-D26-four-heads-a-tile", "hs1-D26-dweight-as-a-tile", "hs8-one-head-a-tile"])
-def test_dynamic_conv_headwise_tune_knobs(hs, D, dw_tile, monkeypatch, assert_rel_rms):
+@pytest.mark.parametrize(("hs", "D", "other_way"), [(1, 26, False), (1, 26, True), (8, 24, True)],
+                         ids=["hs1-D26-four-heads-a-tile", "hs1-D26-taps-the-other-way", "hs8-one-head-a-tile"])
+def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_rel_rms):
     """The tune script's knobs, forward and backward: tiles of 4 channels (at head size 1, 7 head blocks, the
-    last one half full; at head size 8, heads wider than the block, one a tile), dweight stored tap by tap or
-    as one tile."""
+    last one half full; at head size 8, heads wider than the block, one a tile); the weights read and dweight
+    stored tap by tap or as one tile."""
     monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
-    monkeypatch.setattr(triton_headwise, "HW_BWD_DW_TILE", dw_tile)
+    monkeypatch.setattr(triton_headwise, "HW_FWD_TAP_LOADS", other_way)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_DW_TILE", other_way)
     gen = torch.Generator().manual_seed(12)
     B, T, W = 2, 33, 4
     inputs = {
