@@ -55,8 +55,11 @@ def _short_conv_fwd_kernel(
         b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
         if HAS_CU:
             b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
-        b_w = tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-        b_y += b_x * b_w[None, :]
+        # read as a [BT, BD] tile (the same line BT times, from L1) so that it takes x's layout: a [BD] load
+        # would be moved into it through shared memory at every tap
+        p_w = tl.broadcast_to(w_ptr + k * D + o_d[None, :], [BT, BD])
+        b_w = tl.load(p_w, mask=m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        b_y += b_x * b_w
         if RESIDUAL and k == 0:
             b_y += b_x
     p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
