@@ -1,4 +1,5 @@
-"""Registers, spills and shared memory of the Triton kernels as compiled for an H200, on a machine without a GPU.
+"""Registers, spills, shared memory and layout moves of the Triton kernels as compiled for an H200, on a machine
+without a GPU.
 
     python scripts/kernel_resources.py [--ops shortconv,attention,rubiconv] [--arch 90]
 
@@ -7,7 +8,10 @@ D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD ru
 forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), but every kernel launch
 is intercepted: the kernel is specialised exactly as Triton's launcher
 would specialise it (argument types, 16-byte divisibility, constants), compiled for ``sm_<arch>a`` and assembled
-by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs.
+by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs. "Layout moves"
+counts the ``convert_layout`` operations of the kernel's TritonGPU IR: each moves a tile between two register
+layouts, through shared memory with a barrier unless the two are close, and one inside a loop over taps or
+tiles runs at every iteration (a dot's operands and result are moves no kernel avoids).
 
 Occupancy follows from the registers: an SM holds 65,536 of them and at most 64 warps, so a kernel of ``r``
 registers and ``w`` warps a block fits ``min(64 // w, 65536 // (r * 32 * w))`` blocks (shared memory permitting).
@@ -47,7 +51,7 @@ MAX_REGS, MAX_WARPS = 65536, 64  # per SM, sm_90
 
 def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> dict:
     """Specialise fn on these launch arguments as Triton's launcher does, compile it for target, assemble the
-    PTX with ptxas -v: {name, warps, registers, spill, shared}."""
+    PTX with ptxas -v: {name, warps, registers, spill, shared, moves}."""
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
@@ -63,7 +67,8 @@ def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> d
     spill = re.search(r"(\d+) bytes spill stores", report)
     return {"name": fn.__name__, "warps": kernel.metadata.num_warps,
             "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
-            "spill": int(spill.group(1)) if spill else 0, "shared": kernel.metadata.shared}
+            "spill": int(spill.group(1)) if spill else 0, "shared": kernel.metadata.shared,
+            "moves": kernel.asm["ttgir"].count("ttg.convert_layout")}
 
 
 @contextmanager
@@ -136,8 +141,9 @@ def main() -> int:
         return 2
     target = GPUTarget("cuda", args.arch, 32)
     print(f"# Triton {triton.__version__}, sm_{args.arch}a, torch {torch.__version__}")
-    print("| call | kernel | warps | registers | spilled bytes | shared bytes | blocks an SM by registers |")
-    print("|---|---|---|---|---|---|---|")
+    print("| call | kernel | warps | registers | spilled bytes | shared bytes | layout moves | blocks an SM by "
+          "registers |")
+    print("|---|---|---|---|---|---|---|---|")
     for group in args.ops.split(","):
         for label, call in groups[group]():
             reports: list[dict] = []
@@ -146,7 +152,7 @@ def main() -> int:
             for r in reports:
                 blocks = min(MAX_WARPS // r["warps"], MAX_REGS // (r["registers"] * 32 * r["warps"]))
                 print(f"| {label} | {r['name']} | {r['warps']} | {r['registers']} | {r['spill']} | {r['shared']} "
-                      f"| {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
+                      f"| {r['moves']} | {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
     return 0
 
 
