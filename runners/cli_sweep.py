@@ -38,6 +38,8 @@ ADDRESS_HELP = ("Ray cluster: auto, HOST:PORT or ray://HOST:PORT (default: RAY_A
 CPUS_HELP = "Ray: CPUs each job asks for (its torch threads)."
 GPUS_HELP = "Ray: GPUs each job on CUDA asks for; a fraction shares a GPU (0.25: four jobs per GPU)."
 RETRIES_HELP = "Ray: times a job whose worker died is run again."
+RATE_HELP = ("Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure of `mixlab bench mad`), "
+             "repeatable; a bare number for every model.")
 CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
                          "evaluation; negative: none), also written on Ctrl-C, SIGINT or SIGTERM (timeout, kill): the "
                          "same command run again goes on from them to the same records.")
@@ -136,6 +138,21 @@ def comma_names(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
+def sweep_cost(
+    spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
+    out: str = typer.Option(None, help="Its output folder: runs with records there are done (default: none)."),
+    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
+    rate: list[str] = typer.Option(None, help=RATE_HELP),
+) -> None:
+    """What a grid sweep costs before it runs, or what is left of it: runs per model and task, their steps and
+    tokens if none stops early, and device-minutes at the given rates. Trains nothing."""
+    from mixlab.runners.sweep_cost import parse_rates, remaining_table, sweep_costs
+
+    rates = parse_rates(rate)
+    typer.echo(remaining_table(sweep_costs(spec, out, device=device, seeds=seeds), rates))
+
+
 def sweep_presets() -> None:
     """List the packaged sweep presets."""
     for name in preset_names():
@@ -181,12 +198,11 @@ def mad_table(
 def mad_remaining(
     folders: list[str] = typer.Argument(..., help="MAD output folders (`mixlab mad run --out`), one per model."),
     seeds: int = typer.Option(..., help="Count seeds 0..N-1 (those not started too)."),
-    rate: list[str] = typer.Option(None, help="Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure "
-                                   "of `mixlab bench mad`), repeatable; a bare number for every model."),
+    rate: list[str] = typer.Option(None, help=RATE_HELP),
 ) -> None:
     """What each folder still lacks for N seeds: missing runs per task and seed, their steps and tokens if none
     stops early, the share of budget the task's finished runs trained, and device-minutes at the given rates."""
-    from mixlab.runners.mad_cost import parse_rates, remaining, remaining_table
+    from mixlab.runners.sweep_cost import parse_rates, remaining, remaining_table
 
     rates = parse_rates(rate)
     typer.echo(remaining_table([c for f in folders for c in remaining(f, seeds)], rates))
@@ -271,6 +287,7 @@ def register(app: typer.Typer) -> None:
     """Add ``sweep``, ``sweeps``, ``mad run|table|profiles``, ``report``, ``claims`` and ``archive`` to ``app``."""
     app.command("sweep")(sweep)
     app.command("sweeps")(sweep_presets)
+    app.command("sweep-cost")(sweep_cost)
     mad_app = typer.Typer(help="The MAD benchmark (docs/mad.md): run the protocol, print the table.",
                           no_args_is_help=True)
     mad_app.command("run")(mad_run)
