@@ -26,9 +26,9 @@ from mixlab.kernels._triton import tl, triton
 # most of the tile: fewer channels buy longer tiles).
 HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 1024, 4, 128
 # How the forward reads a token's weights: False, all W taps as one [BT, NH, W] tile (contiguous), each tap then
-# picked out of it; True, tap by tap as the backward does ([BT, NH] strided loads of the same lines), which spares
-# the tap's move from the tile's layout to the activations' (through shared memory at head size 1). Timed by the
-# tune script.
+# picked out of it and moved into the activations' layout (through shared memory); True, tap by tap as the
+# backward does ([BT, NH] strided loads of the same lines), which at head size 16 need no move at all (at head
+# size 1 they still do: W elements apart, they cannot share the activations' layout). Timed by the tune script.
 HW_FWD_TAP_LOADS = False
 # Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
 HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512, 4, 1, 4096, 128
