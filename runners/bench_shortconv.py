@@ -136,7 +136,8 @@ def _anchor_error(kernel: _Kernel, anchor: Anchor, cu: torch.Tensor | None) -> f
 
 
 def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
-                 timed: dict[str, tuple[float | None, ...]], upstream: torch.Tensor, repeats: int,
+                 timed: dict[str, tuple[float | None, float | None, float | None, float | None]],
+                 upstream: torch.Tensor, repeats: int,
                  bw: float) -> tuple[list[str], list[str]]:
     """Table rows and notes of the public anchors of ``kernel`` for each (cu_seqlens, label suffix) case; each
     ratio is our time (``timed["Triton" + suffix]``: fwd, fwd+bwd, and the two as CUDA graphs) over the
@@ -169,7 +170,7 @@ def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
                 notes.append(f"{label}: {note}")
             elif ours and None not in ours[:2]:
                 graphed = ""
-                if len(ours) == 4 and None not in (ours[3], graph_total):
+                if None not in (ours[3], graph_total):
                     graphed = f"; as CUDA graphs fwd+bwd {ours[3] / graph_total:.2f}x"
                 notes.append(f"Triton{suffix} / {anchor.name}: fwd {ours[0] / fwd_us:.2f}x, fwd+bwd "
                              f"{ours[1] / total_us:.2f}x{graphed} (below 1: ours faster){extra}")

@@ -94,7 +94,7 @@ def test_an_agreeing_anchor_is_timed_with_its_ratio_and_a_disagreeing_one_is_not
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
     lines, notes = bench_shortconv_module._anchor_rows(
-        kernel, [(None, ""), (cu, ", 2 documents")], {"Triton": (20.0, 60.0)}, upstream, 1, 1e9)
+        kernel, [(None, ""), (cu, ", 2 documents")], {"Triton": (20.0, 60.0, None, None)}, upstream, 1, 1e9)
     assert [line.split(" | ")[0] for line in lines] == (["| anchor: dynamic-conv1d"] if honest else [])
     assert any(expect in n for n in notes)
     assert "anchor: dynamic-conv1d, 2 documents: skipped, no document support" in notes
