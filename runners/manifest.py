@@ -111,7 +111,7 @@ def is_record(path: Path) -> bool:
 def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
     """Write ``<out_dir>/sweep.json`` atomically; refuse a folder that holds a different sweep.
 
-    Runs that an earlier manifest of the same sweep listed (other seeds) stay listed.
+    Runs that an earlier manifest of the same sweep listed (other seeds) stay listed, and so do their seeds.
     """
     path = Path(out_dir) / MANIFEST
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -128,6 +128,10 @@ def write_manifest(out_dir: str | Path, plan: SweepPlan) -> Path:
                              f"{old.get('kind')}); choose another output folder")
         new = {r["hash"] for r in runs}
         runs = [r for r in old.get("runs", []) if r["hash"] not in new] + runs
+        # the spec names every seed its runs cover, so a report's "n=" counts the seeds the folder plans
+        # rather than those of the last command (say --seeds 1 for one task after --seeds 3 for another)
+        if isinstance(spec.get("seeds"), list) and isinstance(old.get("spec", {}).get("seeds"), list):
+            spec["seeds"] = sorted(set(spec["seeds"]) | set(old["spec"]["seeds"]))
         created = old.get("created", now)
     manifest = {"format": MANIFEST_FORMAT, "name": plan.name, "kind": plan.kind, "spec": spec, "runs": runs,
                 "created": created, "updated": now, "argv": sys.argv}

@@ -301,6 +301,7 @@ def test_manifest_refuses_another_sweep_and_keeps_seeds(tmp_path):
     write_manifest(tmp_path, tiny().plan(seeds=[1]))
     manifest = json.loads((tmp_path / "sweep.json").read_text())
     assert len(manifest["runs"]) == 16 and {r["meta"]["seed"] for r in manifest["runs"]} == {0, 1}
+    assert manifest["spec"]["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="different sweep"):
         write_manifest(tmp_path, tiny(train_grid={"lr": [3e-3]}).plan())
     # the words around a sweep (description, the paper's values) may change; the runs stay the same sweep

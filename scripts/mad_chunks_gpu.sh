@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Run the paper-profile MAD sweeps of several models side by side on one GPU for at most CAP seconds (a leased
+# machine's per-command limit), then pack what finished so the next machine can go on from it.
+#
+#   CAP=540 PACK=/some/dir bash scripts/mad_chunks_gpu.sh \
+#       "transformer|3|mad/memorization|2|cuda-graph;1|mad/compression|2|auto" "static_conv_qkv|1|mad/compression|2|auto"
+#
+# Each argument is one model: MODEL, then ';'-separated steps SEEDS|TASKS|WORKERS|SPEED, run one after another,
+# each a `mixlab mad run --profile paper` into WORK/<MODEL>-paper-v2 (seeded from reproductions/mad/ the first
+# time). The models' commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
+# Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
+# (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
+# STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
+# PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (the
+# checkpoints, in 15 MB pieces); on a fresh machine, pieces found in RESTORE are unpacked into WORK first.
+set -u
+CAP=${CAP:-540}
+PACK=${PACK:-${OUT:?set PACK to the folder that receives the results}}
+WORK=${WORK:-/tmp/mad}
+RESTORE=${RESTORE:-.gpu/state}
+start=$(date +%s)
+export PYTHONUNBUFFERED=1
+mkdir -p "$WORK" "$PACK"
+nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS on"
+seed_folder() {
+  local w="$WORK/$1-paper-v2"
+  [ -d "$w" ] && return
+  if [ -d "reproductions/mad/$1-paper-v2" ]; then cp -r "reproductions/mad/$1-paper-v2" "$WORK/"; else mkdir -p "$w"; fi
+}
+if [ ! -f "$WORK/.restored" ] && ls "$RESTORE"/partial.tgz.* >/dev/null 2>&1; then
+  for arg in "$@"; do seed_folder "${arg%%|*}"; done
+  cat "$RESTORE"/partial.tgz.* | tar xz -C "$WORK" && echo "restored checkpoints from $RESTORE"
+fi
+touch "$WORK/.restored"
+left=$(( CAP - ($(date +%s) - start) - 80 ))  # 60 s for the last checkpoints after SIGINT, 20 s to pack
+for arg in "$@"; do
+  m=${arg%%|*}
+  seed_folder "$m"
+  (
+    t0=$(date +%s)
+    IFS=';' read -ra steps <<< "${arg#*|}"
+    for s in "${steps[@]}"; do
+      IFS='|' read -r seeds tasks workers speed <<< "$s"
+      rem=$(( left - ($(date +%s) - t0) ))
+      [ "$rem" -lt 20 ] && break
+      stop=()
+      [ -n "${STOP_AFTER:-}" ] && stop=(--stop-after "$(( STOP_AFTER - ($(date +%s) - t0) ))")
+      echo "=== $m seeds=$seeds tasks=$tasks workers=$workers speed=$speed cap=$rem $(date +%T)"
+      timeout -s INT -k 60 "$rem" mixlab mad run --model "$m" --profile paper --seeds "$seeds" --tasks "$tasks" \
+        --device cuda --workers "$workers" --cuda-devices 0 --max-stack 18 --speed "$speed" \
+        --checkpoint-every 60 --out "$WORK/$m-paper-v2" --no-progress "${stop[@]}"
+      echo "=== $m rc=$? $(date +%T)"
+    done
+  ) > "$WORK/$m.log" 2>&1 &
+done
+wait
+cd "$WORK" || exit 1
+for arg in "$@"; do
+  m=${arg%%|*}
+  echo "== $m: $(find "$m-paper-v2/runs" -maxdepth 1 -name '*.json' | wc -l) record files"
+  grep -v -E '^\||^cells|resource_tracker|warnings.warn' "$m.log" | tail -n 12
+done
+find . -maxdepth 3 \( -path './*/runs/*.json' -o -path './*/sweep.json' -o -name '*.log' \) -print0 \
+  | tar czf "$PACK/records.tgz" --null -T -
+parts=$(find . -maxdepth 3 -path './*/runs/partial' -type d)
+if [ -n "$parts" ]; then
+  # shellcheck disable=SC2086
+  tar cz $parts | split -b 15M - "$PACK/partial.tgz."
+  du -ch "$PACK"/partial.tgz.* | tail -1
+fi
+echo "total $(( $(date +%s) - start )) s"
