@@ -11,8 +11,8 @@
 # Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
 # (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
-# PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (the
-# checkpoints, in 15 MB pieces); on a fresh machine, pieces found in RESTORE are unpacked into WORK first.
+# PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (checkpoints, in
+# 15 MB pieces, at most PARTIAL_MB together); on a fresh machine, pieces in RESTORE are unpacked into WORK first.
 set -u
 CAP=${CAP:-540}
 PACK=${PACK:-${OUT:?set PACK to the folder that receives the results}}
@@ -62,10 +62,26 @@ for arg in "$@"; do
 done
 find . -maxdepth 3 \( -path './*/runs/*.json' -o -path './*/sweep.json' -o -name '*.log' \) -print0 \
   | tar czf "$PACK/records.tgz" --null -T -
-parts=$(find . -maxdepth 3 -path './*/runs/partial' -type d)
-if [ -n "$parts" ]; then
-  # shellcheck disable=SC2086
-  tar cz $parts | split -b 15M - "$PACK/partial.tgz."
-  du -ch "$PACK"/partial.tgz.* | tail -1
-fi
+# Checkpoints of stacks in flight, the most work saved first (steps x runs still training), as many as fit in
+# PARTIAL_MB (a lease brings back little: the rest restart on the next machine).
+python - "$PACK" "${PARTIAL_MB:-45}" <<'PY'
+import json, pathlib, subprocess, sys
+pack, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2]) * 2**20
+found = []
+for meta in pathlib.Path(".").glob("*/runs/partial/*.json"):
+    pt = meta.with_suffix(".pt")
+    if pt.exists():
+        info = json.loads(meta.read_text())
+        found.append((info["step"] * len(info["live"]), pt.stat().st_size, meta, pt))
+chosen, used = [], 0
+for work, size, meta, pt in sorted(found, key=lambda f: -f[0]):
+    if used + size <= budget:
+        chosen += [str(meta), str(pt)]
+        used += size
+print(f"checkpoints: {len(chosen) // 2} of {len(found)} packed ({used / 2**20:.0f} MB)")
+if chosen:
+    tar = subprocess.Popen(["tar", "cz", *chosen], stdout=subprocess.PIPE)
+    subprocess.run(["split", "-b", "15M", "-", str(pack / "partial.tgz.")], stdin=tar.stdout, check=True)
+    tar.wait()
+PY
 echo "total $(( $(date +%s) - start )) s"
