@@ -44,7 +44,11 @@ for arg in "$@"; do
       rem=$(( left - ($(date +%s) - t0) ))
       [ "$rem" -lt 20 ] && break
       stop=()
-      [ -n "${STOP_AFTER:-}" ] && stop=(--stop-after "$(( STOP_AFTER - ($(date +%s) - t0) ))")
+      if [ -n "${STOP_AFTER:-}" ]; then
+        st=$(( STOP_AFTER - ($(date +%s) - t0) ))
+        [ "$st" -le 0 ] && break
+        stop=(--stop-after "$st")
+      fi
       echo "=== $m seeds=$seeds tasks=$tasks workers=$workers speed=$speed cap=$rem $(date +%T)"
       timeout -s INT -k 60 "$rem" mixlab mad run --model "$m" --profile paper --seeds "$seeds" --tasks "$tasks" \
         --device cuda --workers "$workers" --cuda-devices 0 --max-stack 18 --speed "$speed" \
