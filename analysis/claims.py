@@ -360,14 +360,33 @@ def grid_verdicts(data: SweepData) -> list[Verdict]:
     return [v for claim in checks for v in evaluate(claim, observations, data.metric)]
 
 
-def mad_verdicts(datas: Sequence[SweepData]) -> dict[str, list[Verdict]]:
-    """Per MAD profile (of the folders given) the verdicts of ``mad_claims`` on the models with a paper column
-    (``tables.reference_name``); a profile none of whose folders has one is left out."""
-    by_profile: dict[str, dict[str, MadScores]] = {}
+def mad_judged(datas: Sequence[SweepData]) -> dict[str, dict[str, SweepData]]:
+    """Per MAD profile (of the folders given), per model with a paper column (``tables.reference_name``), the
+    folder its claims are judged on. Where several folders hold one model and profile (the protocol run again
+    under changed rules, in a new folder), the one whose manifest was created last: a newer folder supersedes,
+    never pools with, an older one."""
+    judged: dict[str, dict[str, SweepData]] = {}  # profiles and models in the order of ``datas``
     for data in datas:
         name = reference_name(data)
-        if data.kind == "mad" and name is not None:
-            profile = data.spec.get("profile", {}).get("name", "?")
-            by_profile.setdefault(profile, {})[name] = mad_scores(data.rows, data.metric, data.planned)
-    return {profile: [v for claim in mad_claims() for v in evaluate(claim, mad_observations(scores), MAD_METRIC)]
-            for profile, scores in by_profile.items()}
+        if data.kind != "mad" or name is None:
+            continue
+        models = judged.setdefault(data.spec.get("profile", {}).get("name", "?"), {})
+        if name not in models or _created(data) >= _created(models[name]):
+            models[name] = data
+    return judged
+
+
+def _created(data: SweepData) -> tuple[str, str]:
+    """When a folder's sweep began (its manifest's ISO timestamp), then its path to break ties."""
+    return (data.manifest or {}).get("created", ""), str(data.path)
+
+
+def mad_verdicts(datas: Sequence[SweepData]) -> dict[str, list[Verdict]]:
+    """Per MAD profile (of the folders given) the verdicts of ``mad_claims`` on the folders ``mad_judged``
+    picks; a profile none of whose folders has a paper column is left out."""
+    out = {}
+    for profile, judged in mad_judged(datas).items():
+        observations = mad_observations({name: mad_scores(data.rows, data.metric, data.planned)
+                                         for name, data in judged.items()})
+        out[profile] = [v for claim in mad_claims() for v in evaluate(claim, observations, MAD_METRIC)]
+    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 from mixlab.analysis import claims
 from mixlab.analysis.aggregate import SweepData
 from mixlab.analysis.report import read_folders
-from mixlab.analysis.tables import Table
+from mixlab.analysis.tables import Table, reference_name
 from mixlab.runners.sweep_spec import load_spec
 
 NOTES = "NOTES.md"
@@ -82,11 +82,16 @@ def grid_evidence(data: SweepData) -> Evidence:
 def mad_evidence(datas: Sequence[SweepData]) -> list[Evidence]:
     """One Evidence per MAD profile among ``datas``."""
     out = []
+    judged = claims.mad_judged(datas)
     for profile, verdicts in claims.mad_verdicts(datas).items():
-        mine = [d for d in datas if d.kind == "mad" and d.spec.get("profile", {}).get("name") == profile]
+        mine = list(judged[profile].values())
         summary = mine[0].spec.get("profile", {}).get("summary", "")
+        older = [d for d in datas if d.kind == "mad" and d.spec.get("profile", {}).get("name") == profile
+                 and reference_name(d) is not None and all(d is not m for m in mine)]
+        superseded = [f"superseded by a newer folder of the same model and profile: "
+                      f"{', '.join(f'`{d.path}`' for d in older)}"] if older else []
         out.append(Evidence(f"MAD, {profile} profile", mine, verdicts,
-                            [f"profile {profile}: {summary}"] + _record_facts(mine, paper_seeds=1)))
+                            [f"profile {profile}: {summary}"] + _record_facts(mine, paper_seeds=1) + superseded))
     return out
 
 

@@ -4,9 +4,11 @@ the verdicts in `mixlab report` and the `mixlab claims` ledger."""
 
 import json
 import re
+import shutil
 
 import pytest
 from mixlab.analysis import claims
+from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.claims import Claim, Observation, evaluate, parse_claim
 from mixlab.analysis.ledger import PAPERS, write_ledger
 from mixlab.analysis.report import write_report
@@ -14,7 +16,7 @@ from mixlab.runners.cli import main
 from mixlab.runners.manifest import _identity
 from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names
 from scipy.stats import binomtest
-from test_aggregate import grid_dir  # noqa: F401  (fixture)
+from test_aggregate import grid_dir, mad_dir  # noqa: F401  (fixtures)
 
 
 def observations(per_model, labels=None):
@@ -221,3 +223,29 @@ def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp
     assert "no runs" in case_study
     fig2 = text.split("Figure 2")[1].split("##")[0]  # no folder of its sweeps: its preset's claims, no runs
     assert fig2.count("| no runs") == len(load_spec("mqar_varlen_fig2").reference["claims"])
+
+
+def test_a_newer_folder_of_one_model_and_profile_supersedes_the_older(mad_dir, tmp_path):  # noqa: F811
+    """The protocol run again in a new folder (changed rules): the claims are judged on the folder created last,
+    whatever the folders' order, never on both pooled, and the ledger names the one left out."""
+    newer = tmp_path / "mad-v2"
+    shutil.copytree(mad_dir, newer)
+    manifest = json.loads((newer / "sweep.json").read_text())
+    manifest["created"] = "2026-12-02T00:00:00+00:00"
+    (newer / "sweep.json").write_text(json.dumps(manifest))
+    for path in (newer / "runs").glob("*.json"):  # memorization scores 0.95 in every run of the newer folder
+        rec = json.loads(path.read_text())
+        if rec["config"]["task"] == "mad/memorization":
+            for entry in rec["history"]:
+                entry["acc_macro"] = 0.95
+            rec["final"]["acc_macro"] = 0.95
+            path.write_text(json.dumps(rec))
+    old, new = load_sweep(mad_dir), load_sweep(newer)
+    for datas in ([old, new], [new, old]):
+        assert claims.mad_judged(datas)["paper"]["transformer"] is new
+        memorize = next(v for v in claims.mad_verdicts(datas)["paper"] if "Memorize" in v.claim.text)
+        assert memorize.effect == pytest.approx(0.95)
+    assert claims.mad_judged([old])["paper"]["transformer"] is old
+    text = write_ledger([mad_dir, newer], tmp_path / "CLAIMS.md")
+    assert f"superseded by a newer folder of the same model and profile: `{mad_dir}`" in text
+    assert f"(a) MAD, paper profile: `{newer}`. Deviations" in text
