@@ -1,11 +1,13 @@
 """Checkpoints of a stack in mid-training, so a stack killed part-way (a GPU lent for ten minutes at a time)
 goes on where it stopped, to the same records bit for bit.
 
-A stack (``runners.engine``) trained with an output folder writes ``<out_dir>/partial/<key>.pt`` (``torch.save``
-of plain tensors, lists and dicts, read back with ``weights_only=True``) and beside it ``<key>.json``, which says
-which runs it holds and at which step. ``key`` hashes the sorted names of the runs the stack started with. It is
-written at evaluations once ``every_s`` seconds have passed since the last (0: at every evaluation), and when
-the process is interrupted (``Interrupts``), then removed when the stack ends.
+A stack (``runners.engine``) trained with an output folder writes ``<out_dir>/partial/<key>-<stamp>.pt``
+(``torch.save`` of plain tensors, lists and dicts, read back with ``weights_only=True``) and then ``<key>.json``,
+which names that file and says which runs it holds and at which step. ``key`` hashes the sorted names of the runs
+the stack started with. It is written at evaluations once ``every_s`` seconds have passed since the last (0: at
+every evaluation), and when the process is interrupted (``Interrupts``), then removed when the stack ends. Each
+write goes to a new .pt and drops the older ones only once the .json names the new one, so a process killed
+between the two files (a worker past the pool's grace period) leaves the previous pair whole.
 
 What it holds is everything that makes the next steps the same: the stacked parameters, AdamW moments and
 training-loss sums, the step counter and the steps summed since the last evaluation, and per row of the stack its
@@ -138,28 +140,32 @@ class Checkpoint:
                 return cls(out_dir, meta_path.stem, meta["members"], every_s, where), saved
         return cls(out_dir, stack_key(list(asked)), asked, every_s, where), None
 
-    @property
-    def path(self) -> Path:
-        return self.folder / f"{self.key}.pt"
+    def _tensor_files(self) -> list[Path]:
+        return [*self.folder.glob(f"{self.key}.pt"), *self.folder.glob(f"{self.key}-*.pt")]
 
     def due(self) -> bool:
         return time.monotonic() - self.last >= self.every_s
 
     def write(self, saved: Snapshot) -> None:
-        """The .pt, then the .json that points at it, each atomically."""
+        """A new .pt, then the .json that names it, each atomically, then the older .pt files."""
         live = [row["name"] for row in saved.rows if not row["done"]]
         state = {"format": FORMAT, "members": self.members,
                  **{name: getattr(saved, name) for name in _SAVED}}
-        with atomic_file(self.path) as f:
+        pt = self.folder / f"{self.key}-{time.time_ns():x}.pt"
+        with atomic_file(pt) as f:
             torch.save(state, f)
-        write_json_atomic(self.path.with_suffix(".json"), {
-            "format": FORMAT, "members": self.members, "live": live, "step": saved.step, **self.where,
-            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        write_json_atomic(self.folder / f"{self.key}.json", {
+            "format": FORMAT, "members": self.members, "live": live, "step": saved.step, "pt": pt.name,
+            **self.where, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        for old in self._tensor_files():
+            if old != pt:
+                old.unlink(missing_ok=True)
         self.last = time.monotonic()
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.path.with_suffix(".json").unlink(missing_ok=True)
+        (self.folder / f"{self.key}.json").unlink(missing_ok=True)
+        for pt in self._tensor_files():
+            pt.unlink(missing_ok=True)
 
 
 def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict[str, Any]
@@ -177,7 +183,7 @@ def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict
     saved = None
     if why is None:
         try:
-            state = torch.load(meta_path.with_suffix(".pt"), map_location="cpu", weights_only=True)
+            state = torch.load(tensor_file(meta_path, meta), map_location="cpu", weights_only=True)
             saved = _snapshot_of(state)
             agree = state["members"] == members and {r["name"] for r in saved.rows if not r["done"]} == live
         except Exception as exc:  # missing, cut short, foreign or refused by weights_only: not usable
@@ -185,10 +191,15 @@ def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict
         else:
             why = None if agree else "its .pt and .json disagree"
     if why is not None:
-        warnings.warn(f"ignoring the checkpoint {str(meta_path.with_suffix('.pt'))!r}: {why}; the stack starts "
+        warnings.warn(f"ignoring the checkpoint {str(tensor_file(meta_path, meta))!r}: {why}; the stack starts "
                       "from step 0 (delete the checkpoint to silence this)", stacklevel=4)
         return None
     return meta, dataclasses.replace(saved, finished=frozenset(live - asked.keys()))
+
+
+def tensor_file(meta_path: Path, meta: Mapping[str, Any]) -> Path:
+    """The .pt a checkpoint's .json names (``<stem>.pt`` for checkpoints written before the .json named it)."""
+    return meta_path.parent / Path(meta.get("pt", f"{meta_path.stem}.pt")).name
 
 
 def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], where: dict[str, Any]) -> str | None:

@@ -32,7 +32,9 @@ if [ ! -f "$WORK/.restored" ] && ls "$RESTORE"/partial.tgz.* >/dev/null 2>&1; th
   cat "$RESTORE"/partial.tgz.* | tar xz -C "$WORK" && echo "restored checkpoints from $RESTORE"
 fi
 touch "$WORK/.restored"
-left=$(( CAP - ($(date +%s) - start) - 80 ))  # 60 s for the last checkpoints after SIGINT, 20 s to pack
+# After SIGINT the sweep gives its workers 60 s to checkpoint (runners/local_backend.py) before it kills them;
+# timeout's SIGKILL comes 15 s after that, and 20 s are left to pack.
+left=$(( CAP - ($(date +%s) - start) - 95 ))
 for arg in "$@"; do
   m=${arg%%|*}
   seed_folder "$m"
@@ -50,7 +52,7 @@ for arg in "$@"; do
         stop=(--stop-after "$st")
       fi
       echo "=== $m seeds=$seeds tasks=$tasks workers=$workers speed=$speed cap=$rem $(date +%T)"
-      timeout -s INT -k 60 "$rem" mixlab mad run --model "$m" --profile paper --seeds "$seeds" --tasks "$tasks" \
+      timeout -s INT -k 75 "$rem" mixlab mad run --model "$m" --profile paper --seeds "$seeds" --tasks "$tasks" \
         --device cuda --workers "$workers" --cuda-devices 0 --max-stack 18 --speed "$speed" \
         --checkpoint-every 60 --out "$WORK/$m-paper-v2" --no-progress "${stop[@]}"
       echo "=== $m rc=$? $(date +%T)"
@@ -73,9 +75,9 @@ import json, pathlib, subprocess, sys
 pack, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2]) * 2**20
 found = []
 for meta in pathlib.Path(".").glob("*/runs/partial/*.json"):
-    pt = meta.with_suffix(".pt")
+    info = json.loads(meta.read_text())
+    pt = meta.parent / info.get("pt", meta.stem + ".pt")  # the .pt the .json names (runners/resume.py)
     if pt.exists():
-        info = json.loads(meta.read_text())
         found.append((info["step"] * len(info["live"]), pt.stat().st_size, meta, pt))
 chosen, used = [], 0
 for work, size, meta, pt in sorted(found, key=lambda f: -f[0]):

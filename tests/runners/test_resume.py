@@ -101,9 +101,10 @@ def test_a_stack_stopped_by_sigint_goes_on_to_the_same_records(tmp_path, monkeyp
         train_runs_batched(configs, out_dir=tmp_path, run_names=NAMES, progress=False, checkpoint_every_s=NEVER)
     names = partial(tmp_path)
     assert len(names) == 2 and {n.rsplit(".", 1)[1] for n in names} == {"json", "pt"}
-    meta = json.loads((tmp_path / resume.PARTIAL / names[0]).read_text())
-    assert meta["step"] == k and sorted(meta["live"]) == sorted(NAMES)
-    saved = torch.load(tmp_path / resume.PARTIAL / names[1], weights_only=True)
+    meta_path = next((tmp_path / resume.PARTIAL).glob("*.json"))
+    meta = json.loads(meta_path.read_text())
+    assert meta["step"] == k and sorted(meta["live"]) == sorted(NAMES) and meta["pt"] in names
+    saved = torch.load(tmp_path / resume.PARTIAL / meta["pt"], weights_only=True)
     assert saved["step"] == k and saved["loss_count"] == k % 2
     assert not list(tmp_path.glob("*.json")), "no run had ended"
 
@@ -135,6 +136,32 @@ def test_checkpoints_at_every_evaluation_survive_a_crash(tmp_path, monkeypatch, 
     assert json.loads(next((tmp_path / resume.PARTIAL).glob("*.json")).read_text())["step"] == 6
     monkeypatch.undo()
     train_runs_batched(stack(), out_dir=tmp_path, run_names=NAMES, progress=False, checkpoint_every_s=0)
+    assert files(tmp_path) == files(reference[("fp32", None)]) and partial(tmp_path) == []
+
+
+def test_a_process_killed_between_the_pt_and_the_json_goes_on_from_the_previous_pair(tmp_path, monkeypatch,
+                                                                                     reference):
+    """The third checkpoint's .pt lands but its .json never does (a worker killed past the pool's grace): the
+    second pair is still whole and names its own .pt, so the stack goes on from step 4, and the orphan .pt goes
+    when the stack ends."""
+    real, calls = resume.write_json_atomic, []
+
+    def killed(path, payload):
+        calls.append(payload["step"])
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real(path, payload)
+
+    monkeypatch.setattr(resume, "write_json_atomic", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_runs_batched(stack(), out_dir=tmp_path, run_names=NAMES, progress=False, checkpoint_every_s=0)
+    meta = json.loads(next((tmp_path / resume.PARTIAL).glob("*.json")).read_text())
+    assert calls == [2, 4, 6] and meta["step"] == 4
+    assert len([n for n in partial(tmp_path) if n.endswith(".pt")]) == 2, "the orphan beside the named one"
+    monkeypatch.undo()
+    steps = interrupt_after(monkeypatch, "step", 0)
+    train_runs_batched(stack(), out_dir=tmp_path, run_names=NAMES, progress=False, checkpoint_every_s=0)
+    assert len(steps) == 15 - 4, "went on from the second checkpoint"
     assert files(tmp_path) == files(reference[("fp32", None)]) and partial(tmp_path) == []
 
 
@@ -195,7 +222,7 @@ def test_a_checkpoint_that_does_not_fit_is_ignored_with_a_warning(tmp_path, monk
         configs, names = configs[:1], NAMES[:1]
         why = "its run 'c' is still training there but is not asked for now"
     else:
-        pt = tmp_path / resume.PARTIAL / stale[1]
+        pt = tmp_path / resume.PARTIAL / next(name for name in stale if name.endswith(".pt"))
         pt.write_bytes(pt.read_bytes()[:1000])
         why = "its .pt cannot be read"
     steps = interrupt_after(monkeypatch, "step", 0)
