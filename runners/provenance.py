@@ -12,7 +12,7 @@ import torch
 
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for name in ("triton", "mixlab"):
+    for name in ("triton", "mixlab", "fla-core"):
         try:
             versions[name] = version(name)
         except Exception:  # noqa: BLE001 - a missing optional package is recorded as absent

@@ -18,7 +18,8 @@ Where fla-core refuses its gated backward (``fla_ops.gated_backward_refused``: H
 simple_gla is checked on the GLA kernel it runs on there, and the gated delta rule prints SKIP once its one-line
 refusal and auto's torch path are checked; its mixer is left out of the mixer and leakage checks.
 Prints one line per case (with its seconds: the first call of an fla kernel at a new shape autotunes it, which
-can take minutes); ``--autotune first`` keeps only the first config of every fla autotuner, enough for correctness.
+can take minutes with ``--autotune full``; the default, the library's, keeps only the first config of every fla
+autotuner, ``models.mixers.fla_ops``).
 A stalled case shows up as the Python stack dumped every ``--stack-every`` seconds (autotuning: frames in
 ``triton/runtime/autotuner.py``; a hung kernel: a synchronising call). Exit status 1 on any failure, 2 without CUDA.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import sys
 import time
 
@@ -206,34 +208,15 @@ def check_leakage() -> bool:
     return all(r.perturbation and r.nan and r.gradient for r in reports)
 
 
-def first_config_only() -> int:
-    """Keep only the first config of every Triton autotuner of the loaded fla modules; returns how many."""
-    from triton.runtime.autotuner import Autotuner
-
-    fla_ops.load_fla()
-    tuners = {}
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("fla."):
-            continue
-        for obj in vars(module).values():
-            # a kernel under @triton.heuristics is a Heuristics whose .fn is the autotuner: follow the chain
-            for _ in range(4):
-                if isinstance(obj, Autotuner):
-                    tuners[id(obj)] = obj
-                obj = getattr(obj, "fn", None)
-    for tuner in tuners.values():
-        tuner.configs = tuner.configs[:1]
-    return len(tuners)
-
-
 CHECKS = {"ops": check_ops, "stack": check_stack, "mixers": check_mixers, "leakage": check_leakage}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=list(CHECKS), help="run one group of checks")
-    parser.add_argument("--autotune", choices=["full", "first"], default="full",
-                        help="first: every fla autotuner keeps its first config only (no tuning: faster, same results)")
+    parser.add_argument("--autotune", choices=fla_ops.AUTOTUNE_MODES, default=None,
+                        help="as MIXLAB_FLA_AUTOTUNE (default: it, else first): first keeps every fla autotuner's "
+                             "first config only, full lets fla tune")
     parser.add_argument("--stack-every", type=float, default=120.0, help="dump the Python stack every N seconds")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.stack_every, repeat=True)
@@ -244,8 +227,10 @@ def main() -> None:
         print(f"fla-core is not installed: {fla_ops.INSTALL_HINT}", file=sys.stderr)
         sys.exit(2)
     print(f"fla refuses its gated chunk_bwd_dqkwg here: {fla_ops.gated_backward_refused()}", flush=True)
-    if args.autotune == "first":
-        print(f"autotune first: {first_config_only()} fla autotuners trimmed", flush=True)
+    if args.autotune is not None:
+        os.environ["MIXLAB_FLA_AUTOTUNE"] = args.autotune
+    fla_ops.load_fla()
+    print(f"fla autotune {fla_ops.autotune_mode()}: {len(fla_ops.fla_autotuners())} autotuners", flush=True)
     results = [check() for name, check in CHECKS.items() if args.only in (None, name)]
     print("ALL PASS" if all(results) else "FAILURES above")
     sys.exit(0 if all(results) else 1)

@@ -28,6 +28,12 @@ its scalar gate broadcast over the key channels (the same recurrence, and GLA's 
 one), and the gated delta rule, which has no such twin, takes the torch path on CUDA under auto (an explicit
 "triton" says why it cannot). Retention's fixed decay is not a per-token gate and keeps its kernel.
 
+fla's kernels are Triton autotuners: at the first call of each new shape every process times 4-48 configs per
+kernel, minutes on a fresh machine for the many shapes of a sweep, and the configs that win can differ between
+machines and runs (a different tiling: other rounding). By default (``MIXLAB_FLA_AUTOTUNE=first``) every fla
+autotuner keeps only its first config when fla is imported here (``trim_autotuners``): no tuning, the same
+kernels everywhere. ``MIXLAB_FLA_AUTOTUNE=full`` leaves fla's tuning as it is.
+
 fla-core is optional (``pip install 'mixlab[baselines]'``); ``require_fla`` says so in one line.
 """
 
@@ -35,6 +41,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -51,6 +59,41 @@ NAIVE_CHUNK = 16
 INSTALL_HINT = "pip install 'mixlab[baselines]'"
 # smallest head size handed to fla's kernels (Triton's dot products take blocks of at least 16)
 MIN_KERNEL_DIM = 16
+# MIXLAB_FLA_AUTOTUNE: what fla's autotuners try (module docstring), the default first
+AUTOTUNE_MODES = ("first", "full")
+
+
+def autotune_mode() -> str:
+    """``MIXLAB_FLA_AUTOTUNE`` (first or full; unset or empty: first); ValueError, one line, for another value."""
+    mode = os.environ.get("MIXLAB_FLA_AUTOTUNE", "") or "first"
+    if mode not in AUTOTUNE_MODES:
+        raise ValueError(f"MIXLAB_FLA_AUTOTUNE={mode!r} is not a mode; expected {' or '.join(AUTOTUNE_MODES)}")
+    return mode
+
+
+def fla_autotuners() -> list:
+    """Every Triton autotuner of the fla modules imported so far, once each."""
+    from triton.runtime.autotuner import Autotuner
+
+    tuners = {}
+    for name, module in list(sys.modules.items()):
+        if name != "fla" and not name.startswith("fla."):
+            continue
+        for obj in list(vars(module).values()):
+            # a kernel under @triton.heuristics is a Heuristics whose .fn is the autotuner: follow the chain
+            for _ in range(4):
+                if isinstance(obj, Autotuner):
+                    tuners[id(obj)] = obj
+                obj = getattr(obj, "fn", None)
+    return list(tuners.values())
+
+
+def trim_autotuners() -> int:
+    """Leave every fla autotuner imported so far its first config only; returns how many there are."""
+    tuners = fla_autotuners()
+    for tuner in tuners:
+        tuner.configs = tuner.configs[:1]
+    return len(tuners)
 
 
 def fla_available() -> bool:
@@ -85,6 +128,8 @@ def _fla():
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
+    if autotune_mode() == "first":
+        trim_autotuners()
     kernels.utils.TRITON_OPS.update(kernel_op_name(op) for op in OPS if not kernel_refused(op))
     return {
         "kernels": {

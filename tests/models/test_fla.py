@@ -5,6 +5,9 @@ gradient probes run for them in tests/models/test_mixers.py (parametrised over M
 tests/runners/test_engine.py."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,6 +112,22 @@ def test_bad_op_arguments_raise_one_line():
         fla_ops.linear_attention("gla", q, k, v, scale=1.0, **extra)
     with pytest.raises(ValueError, match="needs a CUDA tensor"):
         fla_ops.linear_attention("gla", q, k, v, backend="triton", **extra)
+
+
+@needs_fla
+def test_fla_autotuners_keep_their_first_config_unless_full_tuning_is_asked_for(monkeypatch):
+    fla_ops.load_fla()
+    tuners = fla_ops.fla_autotuners()
+    assert len(tuners) > 50 and all(len(t.configs) == 1 for t in tuners)
+    # fla's own lists, in a fresh process (the trim above is for good in this one)
+    count = ("from mixlab.models.mixers import fla_ops; fla_ops.load_fla(); "
+             "print(max(len(t.configs) for t in fla_ops.fla_autotuners()))")
+    env = {**os.environ, "MIXLAB_FLA_AUTOTUNE": "full"}
+    most = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True)
+    assert int(most.stdout.split()[-1]) > 1
+    monkeypatch.setenv("MIXLAB_FLA_AUTOTUNE", "fast")
+    with pytest.raises(ValueError, match="MIXLAB_FLA_AUTOTUNE='fast' is not a mode; expected first or full"):
+        fla_ops.autotune_mode()
 
 
 def mqar_losses(mixer: str, steps: int) -> list[float]:
