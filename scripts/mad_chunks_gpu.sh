@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Run the paper-profile MAD sweeps of several models side by side on one GPU for at most CAP seconds (a leased
-# machine's per-command limit), then pack what finished so the next machine can go on from it.
+# Run the MAD sweeps of several models side by side on one GPU for at most CAP seconds (a leased machine's
+# per-command limit), then pack what finished so the next machine can go on from it.
 #
 #   CAP=540 PACK=/some/dir bash scripts/mad_chunks_gpu.sh \
 #       "transformer|3|mad/memorization|2|cuda-graph;1|mad/compression|2|auto" "static_conv_qkv|1|mad/compression|2|auto"
 #
 # Each argument is one model: MODEL, then ';'-separated steps SEEDS|TASKS|WORKERS|SPEED, run one after another,
-# each a `mixlab mad run --profile paper` into WORK/<MODEL>-paper-v2 (seeded from reproductions/mad/ the first
-# time). The models' commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
+# each a `mixlab mad run --profile PROFILE` into WORK/<MODEL>-SUFFIX (seeded from FROM/<MODEL>-SUFFIX the first
+# time). PROFILE: paper (default) or quick; SUFFIX: paper-v2 for paper, else PROFILE; FROM: reproductions/mad.
+# TASKS '-': every task of the profile. For the baselines' quick table:
+#   PROFILE=quick FROM=reproductions/baselines/mad CAP=560 bash scripts/mad_chunks_gpu.sh "gla|3|-|2|auto" ... The models' commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
 # Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
 # (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
@@ -18,14 +20,17 @@ CAP=${CAP:-540}
 PACK=${PACK:-${OUT:?set PACK to the folder that receives the results}}
 WORK=${WORK:-/tmp/mad}
 RESTORE=${RESTORE:-.gpu/state}
+PROFILE=${PROFILE:-paper}
+if [ "$PROFILE" = paper ]; then SUFFIX=${SUFFIX:-paper-v2}; else SUFFIX=${SUFFIX:-$PROFILE}; fi
+FROM=${FROM:-reproductions/mad}
 start=$(date +%s)
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$PACK"
 nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS on"
 seed_folder() {
-  local w="$WORK/$1-paper-v2"
+  local w="$WORK/$1-$SUFFIX"
   [ -d "$w" ] && return
-  if [ -d "reproductions/mad/$1-paper-v2" ]; then cp -r "reproductions/mad/$1-paper-v2" "$WORK/"; else mkdir -p "$w"; fi
+  if [ -d "$FROM/$1-$SUFFIX" ]; then cp -r "$FROM/$1-$SUFFIX" "$WORK/"; else mkdir -p "$w"; fi
 }
 if [ ! -f "$WORK/.restored" ] && ls "$RESTORE"/partial.tgz.* >/dev/null 2>&1; then
   for arg in "$@"; do seed_folder "${arg%%|*}"; done
@@ -52,9 +57,11 @@ for arg in "$@"; do
         stop=(--stop-after "$st")
       fi
       echo "=== $m seeds=$seeds tasks=$tasks workers=$workers speed=$speed cap=$rem $(date +%T)"
-      timeout -s INT -k 75 "$rem" mixlab mad run --model "$m" --profile paper --seeds "$seeds" --tasks "$tasks" \
+      only=()
+      [ "$tasks" != "-" ] && only=(--tasks "$tasks")
+      timeout -s INT -k 75 "$rem" mixlab mad run --model "$m" --profile "$PROFILE" --seeds "$seeds" "${only[@]}" \
         --device cuda --workers "$workers" --cuda-devices 0 --max-stack 18 --speed "$speed" \
-        --checkpoint-every 60 --out "$WORK/$m-paper-v2" --no-progress "${stop[@]}"
+        --checkpoint-every 60 --out "$WORK/$m-$SUFFIX" --no-progress "${stop[@]}"
       echo "=== $m rc=$? $(date +%T)"
     done
   ) > "$WORK/$m.log" 2>&1 &
@@ -63,7 +70,7 @@ wait
 cd "$WORK" || exit 1
 for arg in "$@"; do
   m=${arg%%|*}
-  echo "== $m: $(find "$m-paper-v2/runs" -maxdepth 1 -name '*.json' | wc -l) record files"
+  echo "== $m: $(find "$m-$SUFFIX/runs" -maxdepth 1 -name '*.json' | wc -l) record files"
   grep -v -E '^\||^cells|resource_tracker|warnings.warn' "$m.log" | tail -n 12
 done
 find . -maxdepth 3 \( -path './*/runs/*.json' -o -path './*/sweep.json' -o -name '*.log' \) -print0 \
