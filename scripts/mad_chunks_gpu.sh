@@ -14,7 +14,7 @@
 # (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
 # PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (checkpoints, in
-# 15 MB pieces, at most PARTIAL_MB together); on a fresh machine, pieces in RESTORE are unpacked into WORK first.
+# 15 MiB pieces, at most PARTIAL_MB MiB together); on a fresh machine, pieces in RESTORE are unpacked into WORK first.
 set -u
 CAP=${CAP:-540}
 PACK=${PACK:-${OUT:?set PACK to the folder that receives the results}}
@@ -76,10 +76,12 @@ done
 find . -maxdepth 3 \( -path './*/runs/*.json' -o -path './*/sweep.json' -o -name '*.log' \) -print0 \
   | tar czf "$PACK/records.tgz" --null -T -
 # Checkpoints of stacks in flight, the most work saved first (steps x runs still training), as many as fit in
-# PARTIAL_MB (a lease brings back little: the rest restart on the next machine).
-python - "$PACK" "${PARTIAL_MB:-45}" <<'PY'
+# PARTIAL_MB MiB and beside records.tgz in the 63 MiB a call brings back (a one-seed MAD stack's checkpoint is
+# about 30 MiB, so two come back; the rest restart on the next machine).
+python - "$PACK" "${PARTIAL_MB:-60}" <<'PY'
 import json, pathlib, subprocess, sys
-pack, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2]) * 2**20
+pack = pathlib.Path(sys.argv[1])
+budget = min(float(sys.argv[2]) * 2**20, 63 * 2**20 - (pack / "records.tgz").stat().st_size)
 found = []
 for meta in pathlib.Path(".").glob("*/runs/partial/*.json"):
     info = json.loads(meta.read_text())
