@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the MAD sweeps of several models side by side on one GPU for at most CAP seconds (a leased machine's
-# per-command limit), then pack what finished so the next machine can go on from it.
+# Run the MAD sweeps of several models (or preset sweeps) side by side on one GPU for at most CAP seconds (a
+# leased machine's per-command limit), then pack what finished so the next machine can go on from it.
 #
 #   CAP=540 PACK=/some/dir bash scripts/mad_chunks_gpu.sh \
 #       "transformer|3|mad/memorization|2|cuda-graph;1|mad/compression|2|auto" "static_conv_qkv|1|mad/compression|2|auto"
@@ -9,7 +9,10 @@
 # each a `mixlab mad run --profile PROFILE` into WORK/<MODEL>-SUFFIX (seeded from FROM/<MODEL>-SUFFIX the first
 # time). PROFILE: paper (default) or quick; SUFFIX: paper-v2 for paper, else PROFILE; FROM: reproductions/mad.
 # TASKS '-': every task of the profile. For the baselines' quick table:
-#   PROFILE=quick FROM=reproductions/baselines/mad CAP=560 bash scripts/mad_chunks_gpu.sh "gla|3|-|2|auto" ... The models' commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
+#   PROFILE=quick FROM=reproductions/baselines/mad CAP=560 bash scripts/mad_chunks_gpu.sh "gla|3|-|2|auto" ...
+# An argument "sweep:PRESET|SEEDS|TASKS|WORKERS|SPEED" runs `mixlab sweep PRESET` into WORK/PRESET instead (seeded
+# from FROM/PRESET), e.g. FROM=reproductions/baselines ... "sweep:baselines_mqar|3|-|8|auto".
+# The commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
 # Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
 # (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
@@ -27,10 +30,13 @@ start=$(date +%s)
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$PACK"
 nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS on"
+folder() {  # an argument's name -> its folder's name under WORK and FROM
+  case "$1" in sweep:*) echo "${1#sweep:}" ;; *) echo "$1-$SUFFIX" ;; esac
+}
 seed_folder() {
-  local w="$WORK/$1-$SUFFIX"
-  [ -d "$w" ] && return
-  if [ -d "$FROM/$1-$SUFFIX" ]; then cp -r "$FROM/$1-$SUFFIX" "$WORK/"; else mkdir -p "$w"; fi
+  local f; f=$(folder "$1")
+  [ -d "$WORK/$f" ] && return
+  if [ -d "$FROM/$f" ]; then cp -r "$FROM/$f" "$WORK/"; else mkdir -p "$WORK/$f"; fi
 }
 if [ ! -f "$WORK/.restored" ] && ls "$RESTORE"/partial.tgz.* >/dev/null 2>&1; then
   for arg in "$@"; do seed_folder "${arg%%|*}"; done
@@ -59,19 +65,20 @@ for arg in "$@"; do
       echo "=== $m seeds=$seeds tasks=$tasks workers=$workers speed=$speed cap=$rem $(date +%T)"
       only=()
       [ "$tasks" != "-" ] && only=(--tasks "$tasks")
-      timeout -s INT -k 75 "$rem" mixlab mad run --model "$m" --profile "$PROFILE" --seeds "$seeds" "${only[@]}" \
+      case "$m" in sweep:*) what=(sweep "${m#sweep:}") ;; *) what=(mad run --model "$m" --profile "$PROFILE") ;; esac
+      timeout -s INT -k 75 "$rem" mixlab "${what[@]}" --seeds "$seeds" "${only[@]}" \
         --device cuda --workers "$workers" --cuda-devices 0 --max-stack 18 --speed "$speed" \
-        --checkpoint-every 60 --out "$WORK/$m-$SUFFIX" --no-progress "${stop[@]}"
+        --checkpoint-every 60 --out "$WORK/$(folder "$m")" --no-progress "${stop[@]}"
       echo "=== $m rc=$? $(date +%T)"
     done
-  ) > "$WORK/$m.log" 2>&1 &
+  ) > "$WORK/${m#sweep:}.log" 2>&1 &
 done
 wait
 cd "$WORK" || exit 1
 for arg in "$@"; do
   m=${arg%%|*}
-  echo "== $m: $(find "$m-$SUFFIX/runs" -maxdepth 1 -name '*.json' | wc -l) record files"
-  grep -v -E '^\||^cells|resource_tracker|warnings.warn' "$m.log" | tail -n 12
+  echo "== $m: $(find "$(folder "$m")/runs" -maxdepth 1 -name '*.json' 2>/dev/null | wc -l) record files"
+  grep -v -E '^\||^cells|resource_tracker|warnings.warn' "${m#sweep:}.log" | tail -n 12
 done
 find . -maxdepth 3 \( -path './*/runs/*.json' -o -path './*/sweep.json' -o -name '*.log' \) -print0 \
   | tar czf "$PACK/records.tgz" --null -T -
