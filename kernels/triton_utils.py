@@ -15,7 +15,7 @@ casts to the gradient's dtype. Results are bitwise reproducible.
 Speed at the sizes that matter (B*T*D ~ 1e7-1e8) comes from three habits: every load's mask depends on the row
 bounds only, the document masks are applied to the loaded values afterwards with ``tl.where`` (so the loads
 need not wait for the document search, and a NaN in another document still never reaches the result); the
-search is unrolled (``N_SEARCH`` is a compile-time constant rounded up to a multiple of 4, so a few values
+search is unrolled (``N_SEARCH`` is a compile-time constant rounded up to an even count, so a few values
 cover every layout); and the eager path of each op calls its launchers from a ``torch.autograd.Function``,
 the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`` (stacked runs,
 ``runners.engine``), where the short convs' rules fold the runs into one launch (each row with its run's
@@ -204,12 +204,12 @@ def use_triton(backend: str | None, op: str, kernel, *tensors: torch.Tensor | No
 
 def search_steps(cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
     """(offsets, binary-search steps) for ``doc_bounds``: ceil(log2(n_docs)) steps find any token's document;
-    rounded up to a multiple of 4 (extra steps change nothing) so that few compiled variants serve every
-    document count."""
+    rounded up to an even count (extra steps change nothing, and each costs every token a load) so that few
+    compiled variants serve every document count."""
     if cu_seqlens is None:
         return 0, 0
     n_cu = cu_seqlens.numel()
-    return n_cu, -(-(n_cu - 2).bit_length() // 4) * 4
+    return n_cu, -(-(n_cu - 2).bit_length() // 2) * 2
 
 
 def tiles(T: int, D: int, BT: int, BD: int) -> tuple[int, int]:

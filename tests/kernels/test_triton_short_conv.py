@@ -308,10 +308,11 @@ def test_sum_partials_adds_rows_in_a_fixed_order(monkeypatch):
 
 
 def test_search_steps_cover_every_document_count():
-    """Rounded up to a multiple of 4, never fewer than ceil(log2(n_docs)) (the kernels' binary search)."""
-    for n_docs in (1, 2, 3, 16, 17, 64, 1000):
+    """Rounded up to an even count, never fewer than ceil(log2(n_docs)) (the kernels' binary search), and no
+    more than one step over it."""
+    for n_docs, want in ((1, 0), (2, 2), (3, 2), (16, 4), (17, 6), (64, 6), (65, 8), (1000, 10)):
         n_cu, steps = tu.search_steps(torch.zeros(n_docs + 1, dtype=torch.int32))
-        assert n_cu == n_docs + 1 and steps % 4 == 0 and 2**steps >= n_docs
+        assert (n_cu, steps) == (n_docs + 1, want) and 2**steps >= n_docs
 
 
 def test_host_sizes_agree_with_tritons():
