@@ -57,6 +57,9 @@ GROUPS = [
       (1024, 4, 1, 4096, None, 32, True), (1024, 4, 1, 4096, None, 64, False), (512, 4, 1, 4096, None, 32, False),
       (512, 4, 1, 4096, None, 32, True), (2048, 8, 1, 4096, None, 64, False), (1024, 8, 1, 4096, None, 32, False),
       (1024, 4, 1, 4096, 128, 64, False)]),
+    # head size 1 only: the taps as the tile's third axis (scripts/kernel_resources.py, Triton 3.9: forward 72 -> 61
+    # registers, 4 -> 2 layout moves; backward 12 -> 4 moves, 96 registers, 128 with documents)
+    ("head-wise taps axis", ["hs1"], headwise, ("HW_HS1_TAPS_AXIS",), [(False,), (True,)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

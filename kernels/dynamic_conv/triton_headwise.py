@@ -39,6 +39,11 @@ HW_BWD_MAXNREG = None
 # of a tile assembled in registers and stored as one [BT, NH, W] tile (contiguous, but the assembly costs
 # registers and a layout change through shared memory). Timed by the tune script.
 HW_BWD_DW_TILE = False
+# Head size 1 (H = D), both directions: True, the taps become the tile's third axis ([BT, NH, WP], the weights'
+# own layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as
+# stored, every tap summed in one reduction, and no tap is picked out of a tile or moved between layouts one by
+# one (forward compiled for the H200: 72 -> 56 registers, 4 -> 2 layout moves). Timed by the tune script.
+HW_HS1_TAPS_AXIS = False
 
 
 # fmt: off
@@ -177,6 +182,114 @@ def _dynamic_conv_headwise_bwd_kernel(
 # fmt: on
 
 
+# fmt: off
+@triton.jit
+def _headwise_hs1_fwd_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, ND: tl.constexpr, BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    """Head size 1: y[t, d] = sum_k (weight[t, d, k] + static_w[k, d] + [k = 0 and RESIDUAL]) * x[t - k, d], the
+    taps an axis of the tile."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D
+    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
+    o_d = i_d * ND + tl.arange(0, ND)  # [ND] channels (= heads)
+    o_k = tl.arange(0, WP)  # [WP] taps
+    m_t, m_d = o_t < T, o_d < D
+    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
+    m_3 = m_t[:, None, None] & m_d[None, :, None] & (o_k < W)[None, None, :]  # [BT, ND, WP]
+    p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
+    b_w = tl.load(p_w, mask=m_3, other=0.0).to(tl.float32)  # [BT, ND, WP], as stored
+    if HAS_STATIC:
+        p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
+        b_w += tl.load(p_s, mask=m_3, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        b_w += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
+    # x[t - k] for every tap: loads masked by the row only, taps before the document start zeroed after
+    o_s = o_g[:, None, None] - o_k[None, None, :]  # [BT, 1, WP] source tokens
+    p_x = x_ptr + o_s.to(tl.int64) * D + o_d[None, :, None]
+    b_x = tl.load(p_x, mask=m_3 & (o_t[:, None, None] >= o_k[None, None, :]), other=0.0).to(tl.float32)
+    if HAS_CU:
+        start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        b_x = tl.where(o_s >= start[:, None, None], b_x, 0.0)
+    b_y = tl.sum(b_w * b_x, axis=2)  # [BT, ND]
+    p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _headwise_hs1_bwd_kernel(
+    x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D: tl.constexpr, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, WP: tl.constexpr, ND: tl.constexpr, BT: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    """Head size 1, the taps an axis of the tile:
+        dweight[t, d, k] = dy[t, d] * x[t - k, d]                          t - k in t's document
+        dx[t, d] = sum_k (weight[t + k, d, k] + static_w[k, d]) * dy[t + k, d] (+ dy[t, d])   t + k in t's document
+        dstatic_w[k, d] = sum_t dweight[t, d, k], per chunk into the fp32 partials."""
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
+    if HAS_STATIC:
+        s_ptr += i_r.to(tl.int64) * W * D
+    o_d = i_d * ND + tl.arange(0, ND)  # [ND] channels (= heads)
+    o_k = tl.arange(0, WP)  # [WP] taps
+    m_d = o_d < D
+    m_dk = m_d[None, :, None] & (o_k < W)[None, None, :]  # [1, ND, WP]
+    if HAS_STATIC:
+        p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
+        b_s = tl.load(p_s, mask=tl.broadcast_to(m_dk, [BT, ND, WP]), other=0.0).to(tl.float32)
+    b_ds = tl.zeros([ND, WP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    for j in range(TPC):
+        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
+        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
+        i_b += i_r * RPW
+        o_g += i_r * RPW * T
+        o_t = o_g - i_b * T  # [BT] positions in the row
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        m_3 = m_t[:, None, None] & m_dk  # [BT, ND, WP]
+        o_tk = o_t[:, None, None] + o_k[None, None, :]  # [BT, 1, WP]
+        # dweight: dy[t] (the same for every tap) times x[t - k], loads masked by the row only
+        p_dy = tl.broadcast_to(dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, None], [BT, ND, WP])
+        b_dy = tl.load(p_dy, mask=m_3, other=0.0).to(tl.float32)
+        o_s = o_g[:, None, None] - o_k[None, None, :]  # [BT, 1, WP] source tokens of x
+        p_x = x_ptr + o_s.to(tl.int64) * D + o_d[None, :, None]
+        b_x = tl.load(p_x, mask=m_3 & (o_t[:, None, None] >= o_k[None, None, :]), other=0.0).to(tl.float32)
+        if HAS_CU:
+            b_x = tl.where(o_s >= start[:, None, None], b_x, 0.0)
+        b_g = b_dy * b_x  # [BT, ND, WP]
+        p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
+        tl.store(p_dw, b_g.to(dw_ptr.dtype.element_ty), mask=m_3)
+        if HAS_STATIC:
+            b_ds += tl.sum(b_g, axis=0)
+        # dx: tap k of output t + k, which must lie in t's document
+        o_u = o_g[:, None, None] + o_k[None, None, :]  # [BT, 1, WP] tokens whose tap k reads t
+        m_u = m_3 & (o_tk < T)
+        p_wu = w_ptr + (o_u.to(tl.int64) * D + o_d[None, :, None]) * W + o_k[None, None, :]
+        b_wu = tl.load(p_wu, mask=m_u, other=0.0).to(tl.float32)
+        if HAS_STATIC:
+            b_wu += b_s
+        if RESIDUAL:
+            b_wu += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
+        p_dyu = dy_ptr + o_u.to(tl.int64) * D + o_d[None, :, None]
+        b_dyu = tl.load(p_dyu, mask=m_u, other=0.0).to(tl.float32)
+        b_gu = b_wu * b_dyu
+        if HAS_CU:
+            b_gu = tl.where(o_u < end[:, None, None], b_gu, 0.0)
+        b_dx = tl.sum(b_gu, axis=2)  # [BT, ND]
+        p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    if HAS_STATIC:
+        p_ds = dsp_ptr + (i_c * W + o_k[None, :]).to(tl.int64) * D + o_d[:, None]
+        tl.store(p_ds, b_ds, mask=m_d[:, None] & (o_k < W)[None, :])
+# fmt: on
+
+
 def _head_tiles(T: int, H: int, hs: int, tile: int, channels: int) -> tuple[int, int, int]:
     """(BT, NH, HSP): NH heads of HSP >= hs channels, about ``channels`` channels (at least one head) and
     ``tile`` elements a tile."""
@@ -205,6 +318,13 @@ def _headwise_fwd(
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
+    if HW_HS1_TAPS_AXIS and H == D:
+        _headwise_hs1_fwd_kernel[grid](
+            x, weight, static_w, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
+            ND=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+            num_warps=HW_FWD_WARPS,
+        )
+        return y
     _dynamic_conv_headwise_fwd_kernel[grid](
         x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
         HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
@@ -238,12 +358,20 @@ def _headwise_bwd(
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
-    _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](
-        x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
-        n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
-        HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_BWD_DW_TILE,
-        num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
-    )
+    if HW_HS1_TAPS_AXIS and H == D:
+        _headwise_hs1_bwd_kernel[(n_hb, runs * n_chunks)](
+            x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk,
+            n_cu, n_search, W=W, WP=tu.next_power_of_2(W), ND=NH, BT=BT, HAS_CU=cu_seqlens is not None,
+            HAS_STATIC=static_w is not None, RESIDUAL=residual,
+            num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
+        )
+    else:
+        _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](
+            x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
+            n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
+            HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
+            DW_TILE=HW_BWD_DW_TILE, num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
+        )
     # fmt: on
     if static_w is None:
         return dx, dweight, x.new_empty(0)

@@ -122,6 +122,15 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
+                         [case for case in HEADWISE_CASES if case.values[3] == 1])
+def test_dynamic_conv_headwise_hs1_taps_axis(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
+                                             assert_rel_rms):
+    """The head size 1 kernels with the taps as a tile axis (a tune knob), on the head size 1 cases."""
+    monkeypatch.setattr(triton_headwise, "HW_HS1_TAPS_AXIS", True)
+    test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize(("hs", "D", "other_way"), [(1, 26, False), (1, 26, True), (8, 24, True)],
                          ids=["hs1-D26-four-heads-a-tile", "hs1-D26-taps-the-other-way", "hs8-one-head-a-tile"])
 def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_rel_rms):

@@ -5,6 +5,7 @@ import mixlab.runners.engine as engine
 import pytest
 import torch
 from mixlab import models
+from mixlab.kernels.dynamic_conv import triton_headwise
 from mixlab.runners import train as train_module
 from mixlab.runners.bench_train import bench_train
 from mixlab.runners.config import RunConfig, TrainConfig, config_hash
@@ -214,20 +215,25 @@ def test_every_mixer_batches(label, task, model):
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
 
 
-TRITON_CASES = [("static", {"qkv_conv": "static"}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}),
-                ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"})]
+# (label, model, kernel-module constants set for the case: the head size 1 kernels are a tune knob)
+TRITON_CASES = [("static", {"qkv_conv": "static"}, {}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}, {}),
+                ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"}, {}),
+                ("dynamic_headwise_hs1_taps_axis", {"mixer": "dynamic_conv_headwise", "conv_head_size": 1},
+                 {"HW_HS1_TAPS_AXIS": True})]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs need the Triton interpreter, set only without "
                     "CUDA; on a GPU test_cuda_graph_step_and_evaluation_match_eager[dynamic_qkv] stacks the kernels")
-@pytest.mark.parametrize(("label", "model"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
-def test_short_convs_stack_on_their_triton_kernels(label, model):
+@pytest.mark.parametrize(("label", "model", "knobs"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
+def test_short_convs_stack_on_their_triton_kernels(label, model, knobs, monkeypatch):
     # the ops' vmap rules fold the runs into one launch of the kernels (on the CPU in the Triton interpreter),
     # each run's rows as a run alone computes them; rubiconv's Triton path has no rule and trains alone
     configs = [tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16),
                tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16, init_seed=1)]
     assert unbatchable_reason(configs[0]) is None
-    exact = label != "dynamic_headwise"  # its generator's batched matmul rounds differently (above)
+    for name, value in knobs.items():
+        monkeypatch.setattr(triton_headwise, name, value)
+    exact = not label.startswith("dynamic_headwise")  # its generator's batched matmul rounds differently (above)
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
     for long_conv in ("rubiconv", "hyena"):
         assert "has no vmap rule" in unbatchable_reason(tiny(model={"mixer": long_conv, "kernel_backend": "triton"}))
