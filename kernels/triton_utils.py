@@ -289,13 +289,17 @@ def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: 
 
 
 @triton.jit
-def chunk_tile(i_c, j, TPC, N_TB, T, N_TOK, BT: tl.constexpr):
-    """Tile j of chunk i_c -> (row, [BT] tokens on the B*T axis, [BT] mask).
+def chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT: tl.constexpr):
+    """Tile j of program chunk i_c -> (row, [BT] tokens on the B*T axis, [BT] positions in the row, [BT] mask).
 
-    Tiles are numbered row by row (N_TB per row); a chunk's tail past the last tile (tokens >= N_TOK = B*T)
-    is masked out. The mask compares two vectors: the interpreter turns vector & scalar bools into int32."""
-    q = i_c * TPC + j
+    Stacked runs of RPW rows each have N_CH chunks apiece: run i_c // N_CH walks its tiles in the chunks a run
+    alone gets (TPC tiles each, numbered row by row, N_TB per row), placed on the stacked rows. A chunk's tail
+    past the run's last tile (tokens >= RPW * T) is masked out. The mask compares two vectors: the interpreter
+    turns vector & scalar bools into int32."""
+    i_r = i_c // N_CH
+    q = (i_c % N_CH) * TPC + j
     i_b = q // N_TB
     o_t = (q % N_TB) * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_g = i_b * T + o_t
-    return i_b, o_g, (o_t < T) & (o_g < N_TOK)
+    m_t = (o_t < T) & (o_g < RPW * T)
+    return i_b + i_r * RPW, o_g + i_r * RPW * T, o_t, m_t

@@ -124,11 +124,7 @@ def _dynamic_conv_headwise_bwd_kernel(
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
-        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
-        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
-        i_b += i_r * RPW
-        o_g += i_r * RPW * T
-        o_t = o_g - i_b * T  # [BT] positions in the row
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_tc = m_t[:, None, None] & m_hc[None, :, :]
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
@@ -246,11 +242,7 @@ def _headwise_hs1_bwd_kernel(
         b_s = tl.load(p_s, mask=tl.broadcast_to(m_dk, [BT, ND, WP]), other=0.0).to(tl.float32)
     b_ds = tl.zeros([ND, WP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
-        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
-        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
-        i_b += i_r * RPW
-        o_g += i_r * RPW * T
-        o_t = o_g - i_b * T  # [BT] positions in the row
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_3 = m_t[:, None, None] & m_dk  # [BT, ND, WP]
         o_tk = o_t[:, None, None] + o_k[None, None, :]  # [BT, 1, WP]

@@ -172,13 +172,8 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     m_j = (k_j < W) & (d_j < D)
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
-    i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
     for j in range(TPC):
-        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
-        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
-        i_b += i_r * RPW
-        o_g += i_r * RPW * T
-        o_t = o_g - i_b * T  # [BT] positions in the row
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero for taps before t's document start
         m_tj = m_t[:, None] & m_j[None, :]

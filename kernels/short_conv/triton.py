@@ -83,11 +83,7 @@ def _short_conv_bwd_kernel(
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
-        # the run's tiles in the chunks of a run alone, then placed on the B*T axis
-        i_b, o_g, m_t = tu.chunk_tile(i_c % N_CH, j, TPC, N_TB, T, RPW * T, BT)
-        i_b += i_r * RPW
-        o_g += i_r * RPW * T
-        o_t = o_g - i_b * T  # [BT] positions in the row
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
         m_td = m_t[:, None] & m_d[None, :]
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
