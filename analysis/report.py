@@ -136,9 +136,17 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
         entries = _distinct_labels([mad_entry(d) for d in mads], mads)
         written.append(write_csv(out / "mad_tasks.csv", mad_task_rows(entries)))
         written.append(write_csv(out / "mad_settings.csv", mad_setting_rows(entries)))
-        written.append(plots.mad_task_bars(mad_seed_rows(entries), out / "mad_tasks.png",
-                                           references=mad_references(entries)))
-        sections += ["## MAD", "", mad_text(entries), "", "![MAD per task](mad_tasks.png)", "",
+        seed_rows = mad_seed_rows(entries)
+        figure = out / "mad_tasks.png"
+        if seed_rows:
+            written.append(plots.mad_task_bars(seed_rows, figure, references=mad_references(entries)))
+            drawn = "![MAD per task](mad_tasks.png)"
+        else:
+            # a sweep begun on the GPU is reported before any task of any seed has all its runs; an older
+            # figure left in the folder would show scores this report no longer has
+            figure.unlink(missing_ok=True)
+            drawn = "No task has all its runs for any seed yet: nothing to draw."
+        sections += ["## MAD", "", mad_text(entries), "", drawn, "",
                      "### Per setting (median over seeds of the best grid point)", "",
                      mad_setting_table(entries).markdown(), "",
                      "### Runs still improving when their budget ended", "",

@@ -287,6 +287,25 @@ def test_a_task_is_scored_only_for_seeds_with_all_its_runs(mad_dir):
     assert cells(table, "Average")[1] == "— (tasks partial)"
 
 
+def test_a_mad_folder_with_no_task_complete_reports_without_a_figure(mad_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mad_tasks.png").write_bytes(b"an older figure")
+    manifest = json.loads((mad_dir / "sweep.json").read_text())
+    for run in manifest["runs"]:  # seed 0 of every task loses a run: no task is scored for any seed
+        if run["meta"]["seed"] == 0 and run["meta"]["train_grid"]["lr"] == 1e-3:
+            (mad_dir / "runs" / f"{run['hash']}.json").unlink()
+    for run in manifest["runs"]:
+        if run["meta"]["seed"] > 0 and run["meta"]["train_grid"]["lr"] == 1e-4:
+            (mad_dir / "runs" / f"{run['hash']}.json").unlink()
+    written = {p.name for p in write_report([mad_dir], out)}
+    assert written == {"report.md", "mad_tasks.csv", "mad_settings.csv"}
+    assert not (out / "mad_tasks.png").exists()
+    report = (out / "report.md").read_text()
+    assert "nothing to draw" in report and "mad_tasks.png" not in report
+    assert cells(mad_table([mad_entry(load_sweep(mad_dir))]).markdown(), "Compress")[1] == "partial 3/6"
+
+
 def test_model_without_reference_has_empty_reference_columns(mad_dir):
     manifest = json.loads((mad_dir / "sweep.json").read_text())
     manifest["spec"].update(model="rubiconv", model_fields={"mixer": "rubiconv"})
