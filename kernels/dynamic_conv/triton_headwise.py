@@ -22,9 +22,9 @@ from mixlab.kernels._triton import tl, triton
 
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
 # candidates on the GPU. Forward: about HW_FWD_TILE elements a [BT, NH, HSP] tile of HW_FWD_CHANNELS channels
-# (NH heads of HSP; at head size 1, 128 channels leave 8 tokens a tile, so each of the W shifted loads re-reads
-# most of the tile: fewer channels buy longer tiles).
-HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 1024, 4, 128
+# (NH heads of HSP; at head size 1, 128 channels leave 4 tokens a tile, so each of the W shifted loads re-reads
+# most of the tile: fewer channels buy longer tiles, yet 512 x 128 timed fastest on the H200, BENCHMARKS.md).
+HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 512, 4, 128
 # How the forward reads a token's weights: False, all W taps as one [BT, NH, W] tile (contiguous), each tap then
 # picked out of it and moved into the activations' layout (through shared memory); True, tap by tap as the
 # backward does ([BT, NH] strided loads of the same lines), which at head size 16 need no move at all (at head
@@ -37,13 +37,14 @@ HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512
 HW_BWD_MAXNREG = None
 # How the backward stores dweight: False, tap by tap (W strided stores that fill the same lines); True, the W taps
 # of a tile assembled in registers and stored as one [BT, NH, W] tile (contiguous, but the assembly costs
-# registers and a layout change through shared memory). Timed by the tune script.
-HW_BWD_DW_TILE = False
-# Head size 1 (H = D), both directions: True, the taps become the tile's third axis ([BT, NH, WP], the weights'
-# own layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as
-# stored, every tap summed in one reduction, and no tap is picked out of a tile or moved between layouts one by
-# one (forward compiled for the H200: 72 -> 56 registers, 4 -> 2 layout moves). Timed by the tune script.
-HW_HS1_TAPS_AXIS = False
+# registers and a layout change through shared memory). True timed faster on the H200 (BENCHMARKS.md).
+HW_BWD_DW_TILE = True
+# Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
+# layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
+# every tap summed in one reduction, no tap picked out of a tile or moved between layouts one by one (compiled
+# for the H200: 12 -> 4 layout moves). Timed by the tune script. The forward written the same way ran 2.8x
+# slower than the default kernel on the H200 (383 against 135 µs, BENCHMARKS.md) and was removed.
+HW_HS1_BWD_TAPS_AXIS = False
 
 
 # fmt: off
@@ -180,45 +181,6 @@ def _dynamic_conv_headwise_bwd_kernel(
 
 # fmt: off
 @triton.jit
-def _headwise_hs1_fwd_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
-    T, D, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
-    W: tl.constexpr, WP: tl.constexpr, ND: tl.constexpr, BT: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-):
-    """Head size 1: y[t, d] = sum_k (weight[t, d, k] + static_w[k, d] + [k = 0 and RESIDUAL]) * x[t - k, d], the
-    taps an axis of the tile."""
-    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HAS_STATIC:
-        s_ptr += (i_b // RPW).to(tl.int64) * W * D
-    o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
-    o_d = i_d * ND + tl.arange(0, ND)  # [ND] channels (= heads)
-    o_k = tl.arange(0, WP)  # [WP] taps
-    m_t, m_d = o_t < T, o_d < D
-    o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
-    m_3 = m_t[:, None, None] & m_d[None, :, None] & (o_k < W)[None, None, :]  # [BT, ND, WP]
-    p_w = w_ptr + (o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
-    b_w = tl.load(p_w, mask=m_3, other=0.0).to(tl.float32)  # [BT, ND, WP], as stored
-    if HAS_STATIC:
-        p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
-        b_w += tl.load(p_s, mask=m_3, other=0.0).to(tl.float32)
-    if RESIDUAL:
-        b_w += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
-    # x[t - k] for every tap: loads masked by the row only, taps before the document start zeroed after
-    o_s = o_g[:, None, None] - o_k[None, None, :]  # [BT, 1, WP] source tokens
-    p_x = x_ptr + o_s.to(tl.int64) * D + o_d[None, :, None]
-    b_x = tl.load(p_x, mask=m_3 & (o_t[:, None, None] >= o_k[None, None, :]), other=0.0).to(tl.float32)
-    if HAS_CU:
-        start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-        b_x = tl.where(o_s >= start[:, None, None], b_x, 0.0)
-    b_y = tl.sum(b_w * b_x, axis=2)  # [BT, ND]
-    p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-    tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
-# fmt: on
-
-
-# fmt: off
-@triton.jit
 def _headwise_hs1_bwd_kernel(
     x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D: tl.constexpr, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
@@ -310,13 +272,6 @@ def _headwise_fwd(
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
-    if HW_HS1_TAPS_AXIS and H == D:
-        _headwise_hs1_fwd_kernel[grid](
-            x, weight, static_w, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
-            ND=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-            num_warps=HW_FWD_WARPS,
-        )
-        return y
     _dynamic_conv_headwise_fwd_kernel[grid](
         x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, n_cu, n_search, W=W, WP=tu.next_power_of_2(W),
         HS=D // H, HSP=HSP, NH=NH, BT=BT, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
@@ -350,7 +305,7 @@ def _headwise_bwd(
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
-    if HW_HS1_TAPS_AXIS and H == D:
+    if HW_HS1_BWD_TAPS_AXIS and H == D:
         _headwise_hs1_bwd_kernel[(n_hb, runs * n_chunks)](
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), ND=NH, BT=BT, HAS_CU=cu_seqlens is not None,

@@ -24,7 +24,7 @@ from mixlab.kernels._triton import tl, triton
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
 # candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
-FWD_BT, FWD_BD, FWD_WARPS = 16, 128, 4
+FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 # Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
 # 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200

@@ -126,8 +126,8 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
                          [case for case in HEADWISE_CASES if case.values[3] == 1])
 def test_dynamic_conv_headwise_hs1_taps_axis(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
                                              assert_rel_rms):
-    """The head size 1 kernels with the taps as a tile axis (a tune knob), on the head size 1 cases."""
-    monkeypatch.setattr(triton_headwise, "HW_HS1_TAPS_AXIS", True)
+    """The head size 1 backward with the taps as a tile axis (a tune knob), on the head size 1 cases."""
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 

@@ -219,7 +219,7 @@ def test_every_mixer_batches(label, task, model):
 TRITON_CASES = [("static", {"qkv_conv": "static"}, {}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}, {}),
                 ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"}, {}),
                 ("dynamic_headwise_hs1_taps_axis", {"mixer": "dynamic_conv_headwise", "conv_head_size": 1},
-                 {"HW_HS1_TAPS_AXIS": True})]
+                 {"HW_HS1_BWD_TAPS_AXIS": True})]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs need the Triton interpreter, set only without "
