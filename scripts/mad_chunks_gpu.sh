@@ -18,6 +18,9 @@
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
 # PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (checkpoints, in
 # 15 MiB pieces, at most PARTIAL_MB MiB together); on a fresh machine, pieces in RESTORE are unpacked into WORK first.
+# WHEELS (default .gpu/wheels): wheels installed without dependencies first, for what the GPU image lacks (it has
+# no network and no fla-core: `pip download fla-core==0.6.0 --no-deps -d .gpu/wheels` here, then carry
+# .gpu/wheels and RESTORE; one carry of all of .gpu can pass the 64 MiB a call carries).
 set -u
 CAP=${CAP:-540}
 PACK=${PACK:-${OUT:?set PACK to the folder that receives the results}}
@@ -30,6 +33,9 @@ start=$(date +%s)
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$PACK"
 nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS on"
+for w in "${WHEELS:-.gpu/wheels}"/*.whl; do
+  [ -f "$w" ] && python -m pip install -q --no-deps "$w" >/dev/null 2>&1 && echo "installed $(basename "$w")"
+done
 folder() {  # an argument's name -> its folder's name under WORK and FROM
   case "$1" in sweep:*) echo "${1#sweep:}" ;; *) echo "$1-$SUFFIX" ;; esac
 }
