@@ -37,6 +37,7 @@ from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_anchors import Anchor, short_conv_anchors
 from mixlab.runners.bench_utils import (
     copy_bandwidth,
+    error_line,
     fwd_bwd_call,
     fwd_call,
     measure_graphed,
@@ -154,7 +155,7 @@ def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
             try:
                 error = _anchor_error(kernel, anchor, docs)
             except Exception as err:  # noqa: BLE001 - a broken anchor install must not end the benchmark
-                notes.append(f"{label}: failed, {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+                notes.append(f"{label}: failed, {error_line(err)}")
                 continue
             if error > bound:
                 notes.append(f"{label}: not timed, disagrees with our reference (relative RMS {error:.2e})")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from mixlab.kernels._triton import HAS_TRITON, tl, triton
@@ -123,6 +125,17 @@ def cuda_graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
     return graph.replay
 
 
+def error_line(err: BaseException, width: int = 120) -> str:
+    """One line for a failed implementation: ``Type: first line of its message``; an exception without a message
+    (a bare ``assert`` in another project's kernel) is named by where it was raised, ``Type at file.py:line``."""
+    lines = str(err).splitlines()
+    if lines:
+        return f"{type(err).__name__}: {lines[0][:width]}"
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(err).__name__}{where}"
+
+
 def measure_graphed(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[float | None, float | None, str]:
     """``measure_pair`` of each closure's CUDA graph replay: the same do_bench (L2 flushed before each call), the
     host's launch and autograd overhead gone, so an eager time well above it is the host's, not the kernels'.
@@ -132,7 +145,7 @@ def measure_graphed(fn_fwd, fn_total, repeats: int, device: torch.device) -> tup
     try:
         fn_fwd, fn_total = cuda_graph_replay(fn_fwd), cuda_graph_replay(fn_total)
     except Exception as err:  # noqa: BLE001 - an op that syncs with the host cannot be captured; say so
-        return None, None, f"CUDA graph: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+        return None, None, f"CUDA graph: {error_line(err)}"
     return measure_pair(fn_fwd, fn_total, repeats, device)
 
 
@@ -141,4 +154,4 @@ def measure_pair(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[
     try:
         return time_us(fn_fwd, repeats, device), time_us(fn_total, repeats, device), ""
     except Exception as err:  # noqa: BLE001 - one broken baseline must not hide the other rows
-        return None, None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+        return None, None, error_line(err)

@@ -13,6 +13,7 @@ import argparse
 
 import mixlab.runners.engine as engine
 from mixlab.runners.bench_train import bench_train
+from mixlab.runners.bench_utils import error_line
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
                 speeds = ["cuda-graph", "compile", "compile+graph"] if args.compile else ["cuda-graph"]
                 print(bench_train(n_runs=n_runs, steps=args.steps, device="cuda", speeds=speeds), flush=True)
             except Exception as exc:  # a mode that crashes is a result of the probe, not the end of it
-                print(f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n",
+                print(f"FAILED: {error_line(exc)}\n",
                       flush=True)
 
 

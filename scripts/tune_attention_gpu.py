@@ -18,7 +18,7 @@ import math
 import torch
 from mixlab.kernels.attention import triton as attn
 from mixlab.kernels.attention.naive import causal_attention_ref
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench_utils import error_line, rel_rms
 from tuning import gpu, settle, us, use
 
 B, H, HD, LENGTHS = 18 * 128, 16, 8, (127, 1023)
@@ -81,7 +81,7 @@ def _candidate(cases: list[_Case], backward: bool, rep: int) -> tuple[float, flo
             took = us(case.run(backward), rep)
             err = case.error(backward)
         except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
-            print(f"  T={case.T} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+            print(f"  T={case.T} FAILED {error_line(exc, 100)}")
             took = err = math.inf
         gbs = case.bytes_moved(backward) / (took * 1e-6) / 1e9
         cells.append(f"T={case.T} {took:8.1f} us {gbs:6.0f} GB/s (err {err:.1e})")

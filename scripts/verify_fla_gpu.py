@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from mixlab.analysis import leakage
 from mixlab.models import MIXERS, ModelConfig
 from mixlab.models.mixers import fla_ops
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench_utils import error_line, rel_rms
 
 DEVICE = "cuda"
 QKV = ("q", "k", "v")
@@ -135,7 +135,7 @@ def check_ops() -> bool:
                     try:
                         got = op_fwd_bwd(op, inputs, upstream, cu, "triton")
                     except Exception as error:  # noqa: BLE001 - one line per failed case, then the next case
-                        print(f"FAIL  {label}: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+                        print(f"FAIL  {label}: {error_line(error)}", flush=True)
                         ok = False
                         continue
                     as32 = {n: t.float() for n, t in inputs.items()}

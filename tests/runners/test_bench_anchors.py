@@ -142,3 +142,29 @@ def test_a_module_that_fails_to_import_counts_as_absent(monkeypatch):
     assert bench_anchors._module("causal_conv1d", "causal_conv1d_fn") is None
     monkeypatch.setattr(bench_anchors.importlib, "import_module", lambda name: types.SimpleNamespace())
     assert bench_anchors._module("causal_conv1d", "causal_conv1d_fn") is None
+
+
+def test_an_anchor_failing_on_a_bare_assert_is_noted_by_where_it_failed(monkeypatch):
+    """Another project's kernel may fail on a bare ``assert`` (no message): the note names the file and line,
+    and the benchmark goes on (it raised IndexError on the empty message before)."""
+
+    def headwise_dynamic_convolution(x, weight, static_w=None, residual=False):
+        if not x.is_cuda:  # what a bare assert raises (pytest rewrites asserts in test modules into messages)
+            raise AssertionError
+        return x
+
+    _modules(monkeypatch, headwise=headwise_dynamic_convolution)
+    kernel = next(k for k in bench_shortconv_module._kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
+                  if k.kind == "headwise")
+    upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, None, None)},
+                                                       upstream, 1, 1e9)
+    line = headwise_dynamic_convolution.__code__.co_firstlineno + 2
+    assert lines == []
+    assert notes == [f"anchor: dynamic-conv1d: failed, AssertionError at test_bench_anchors.py:{line}"]
+
+
+def test_error_line_keeps_the_first_line_of_a_message():
+    from mixlab.runners.bench_utils import error_line
+
+    assert error_line(RuntimeError("out of memory\nmore detail"), 3) == "RuntimeError: out"
