@@ -15,8 +15,9 @@ Backends (``kernels.utils.resolve_backend``; every op is in ``kernels.utils.TRIT
 "triton" runs fla's chunked Triton kernels (CUDA only). With documents they get ``cu_seqlens`` over one
 flattened row, except Based, whose kernel takes none: it runs on the per-document layout below. The kernels are
 wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recomputes the forward under
-autograd and whose vmap rule calls it once per run (``kernels.triton_utils.per_run_vmap``), so stacked runs in
-``runners.engine`` run the kernels as a run alone does. "torch" runs fla's plain-torch ``naive`` functions:
+autograd and whose vmap rule folds stacked runs' rows into the kernels' batch (``_fold_runs``; with documents
+it calls the op once per run, ``kernels.triton_utils.per_run_vmap``), so stacked runs in ``runners.engine``
+launch each kernel once, every row computed as in a run alone. "torch" runs fla's plain-torch ``naive`` functions:
 the recurrence for GLA, the chunked forms for simple_gla, retention and the gated delta rule, the quadratic
 form for Based. They take no ``cu_seqlens``: every document is copied into its own zero-padded row
 (``per_document``), so a document's outputs are exactly independent of the others.
@@ -49,7 +50,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from mixlab import kernels
-from mixlab.kernels.triton_utils import per_run_vmap
+from mixlab.kernels.triton_utils import per_run_vmap, run_rows
 from mixlab.models.mixers.attention import document_slots
 
 OPS = ("gla", "simple_gla", "retention", "gated_delta_rule", "based")
@@ -277,8 +278,21 @@ def _backward(ctx, grad: torch.Tensor) -> tuple:
     return (*(None if t is None else next(grads) for t in leaves), None, None, None)
 
 
+def _fold_runs(info, in_dims: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+               beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, op: str, scale: float):
+    """vmap rule: the op has no weights of its own and treats every row alone, so the runs' rows fold into its
+    batch, one launch for all (stacked runs: q [R, B, T, H, K] -> [R * B, T, H, K]); with documents (offsets
+    into one run's B*T tokens) one launch per run. Small stacked models are launch-bound on fla's chunked
+    kernels (a GLA stack of 6 ran 1.9x one run with a launch per run, BENCHMARKS.md)."""
+    if cu_seqlens is not None:
+        return per_run_vmap(fla_linear_attention)(info, in_dims, q, k, v, g, beta, cu_seqlens, op, scale)
+    n = info.batch_size
+    rows = [None if t is None else run_rows(t, d, n) for t, d in zip((q, k, v, g, beta), in_dims)]
+    return fla_linear_attention(*rows, None, op, scale).unflatten(0, (n, -1)), 0
+
+
 fla_linear_attention.register_autograd(_backward, setup_context=_setup_context)
-fla_linear_attention.register_vmap(per_run_vmap(fla_linear_attention))
+fla_linear_attention.register_vmap(_fold_runs)
 
 
 def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor | None = None,

@@ -211,6 +211,45 @@ def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap(
 
 
 @needs_fla
+@pytest.mark.parametrize("with_docs", [False, True], ids=["folded", "documents-per-run"])
+def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(monkeypatch, with_docs):
+    """Under vmap (the batched engine's stacks) the op's rows of all runs go to fla's kernel as one batch, run
+    after run; with documents, one call per run. The fake kernel runs the explicit recurrence on what it is
+    given, so outputs and the gradients of every input (q, k, v and the per-run gate; runs may share none)
+    must equal each run alone's."""
+    fla_ops._fla()
+    seen = []
+
+    def fake_gla(q, k, v, g, scale=None, cu_seqlens=None):
+        seen.append(q.shape[0])
+        if cu_seqlens is not None:  # [1, B*T, ...] rows of one run; the documents do not matter here
+            q, k, v, g = (t.view(B, T, *t.shape[2:]) for t in (q, k, v, g))
+        # the op hands the kernel heads zero-padded to MIN_KERNEL_DIM: the recurrence takes the real channels
+        out = recurrence("gla", q[..., :K], k[..., :K], v[..., :V], g=g[..., :K], scale=scale).to(q.dtype)
+        out = F.pad(out, (0, v.shape[-1] - V))
+        return (out.reshape(1, B * T, *out.shape[2:]) if cu_seqlens is not None else out), None
+
+    monkeypatch.setitem(fla_ops._fla()["kernels"], "gla", fake_gla)
+    runs = [op_inputs("gla", seed=10 + n) for n in range(3)]
+    stacked = [torch.stack([r[i] if i < 3 else r[3]["g"] for r in runs]).requires_grad_() for i in range(4)]
+    cu = torch.tensor([0, 4, T, 2 * T], dtype=torch.int32) if with_docs else None
+
+    def op(q, k, v, g):
+        return fla_ops.fla_linear_attention(q, k, v, g, None, cu, "gla", K ** -0.5)
+
+    batched = torch.func.vmap(op)(*stacked)  # [3, B, T, H, V]
+    assert seen == ([1, 1, 1] if with_docs else [3 * B])
+    upstream = torch.randn(batched.shape, generator=torch.Generator().manual_seed(5))
+    grads = torch.autograd.grad(batched, stacked, upstream)
+    for n in range(3):
+        leaves = [t[n].detach().clone().requires_grad_() for t in stacked]
+        alone = op(*leaves)
+        torch.testing.assert_close(batched[n], alone, rtol=0, atol=0)
+        for got, want in zip(grads, torch.autograd.grad(alone, leaves, upstream[n])):
+            torch.testing.assert_close(got[n], want, rtol=1e-6, atol=1e-6)
+
+
+@needs_fla
 def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_and_the_delta_rule_on_torch(
         monkeypatch):
     """fla-core 0.6 raises in the backward of simple_gla and the gated delta rule on Hopper GPUs with Triton
