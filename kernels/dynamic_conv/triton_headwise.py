@@ -45,6 +45,10 @@ HW_BWD_DW_TILE = True
 # for the H200: 12 -> 4 layout moves). Timed by the tune script. The forward written the same way ran 2.8x
 # slower than the default kernel on the H200 (383 against 135 µs, BENCHMARKS.md) and was removed.
 HW_HS1_BWD_TAPS_AXIS = False
+# Its own tile (a [BT, NH, WP] tile holds W times the elements of the default kernel's): about HW_HS1_BWD_TILE
+# elements of HW_HS1_BWD_CHANNELS channels before the taps axis. Compiled for the H200 (scripts/kernel_resources,
+# BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents).
+HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 128
 
 
 # fmt: off
@@ -297,7 +301,9 @@ def _headwise_bwd(
     runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
-    BT, NH, HSP = _head_tiles(T, H, D // H, HW_BWD_TILE, HW_BWD_CHANNELS)
+    taps_axis = HW_HS1_BWD_TAPS_AXIS and H == D
+    tile, channels = (HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS) if taps_axis else (HW_BWD_TILE, HW_BWD_CHANNELS)
+    BT, NH, HSP = _head_tiles(T, H, D // H, tile, channels)
     n_tb, n_hb = tu.cdiv(T, BT), tu.cdiv(H, NH)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_hb, HW_BWD_PROGRAMS)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
@@ -305,7 +311,7 @@ def _headwise_bwd(
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
-    if HW_HS1_BWD_TAPS_AXIS and H == D:
+    if taps_axis:
         _headwise_hs1_bwd_kernel[(n_hb, runs * n_chunks)](
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), ND=NH, BT=BT, HAS_CU=cu_seqlens is not None,

@@ -131,14 +131,24 @@ def test_dynamic_conv_headwise_hs1_taps_axis(B, T, D, hs, W, rows, residual, sta
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
-@pytest.mark.parametrize(("hs", "D", "other_way"), [(1, 26, False), (1, 26, True), (8, 24, True)],
-                         ids=["hs1-D26-four-heads-a-tile", "hs1-D26-taps-the-other-way", "hs8-one-head-a-tile"])
+@pytest.mark.parametrize(("hs", "D", "other_way"),
+                         [(1, 26, False), (1, 26, True), (1, 26, "taps axis"), (8, 24, True)],
+                         ids=["hs1-D26-four-heads-a-tile", "hs1-D26-taps-the-other-way", "hs1-D26-taps-axis-bwd",
+                              "hs8-one-head-a-tile"])
 def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_rel_rms):
     """The tune script's knobs, forward and backward: tiles of 4 channels (at head size 1, 7 head blocks, the
     last one half full; at head size 8, heads wider than the block, one a tile); the weights read and dweight
-    stored tap by tap or as one tile."""
+    stored tap by tap or as one tile; at head size 1 the taps-axis backward on its own tile of 4 channels."""
     monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
+    if other_way == "taps axis":
+        monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
+        monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 16)
+        monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
+        other_way = False
+    tiles = []  # (tile, channels) of every launch
+    head_tiles = triton_headwise._head_tiles
+    monkeypatch.setattr(triton_headwise, "_head_tiles", lambda *a: tiles.append(a[3:]) or head_tiles(*a))
     monkeypatch.setattr(triton_headwise, "HW_FWD_TAP_LOADS", other_way)
     monkeypatch.setattr(triton_headwise, "HW_BWD_DW_TILE", other_way)
     gen = torch.Generator().manual_seed(12)
@@ -150,6 +160,8 @@ def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_
     }
     _check_against_reference(kernels.dynamic_conv_headwise, inputs, gen, assert_rel_rms, FP32,
                              cu_seqlens=_cu([[5, 28], [33]], T), residual=True)
+    backward_tile = (16, 4) if triton_headwise.HW_HS1_BWD_TAPS_AXIS else (triton_headwise.HW_BWD_TILE, 4)
+    assert set(tiles) == {(triton_headwise.HW_FWD_TILE, 4), backward_tile}
 
 
 LOWRANK_CASES = [
