@@ -42,8 +42,9 @@ HW_BWD_DW_TILE = True
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
 # every tap summed in one reduction, no tap picked out of a tile or moved between layouts one by one (compiled
-# for the H200: 12 -> 4 layout moves). Timed by the tune script. The forward written the same way ran 2.8x
-# slower than the default kernel on the H200 (383 against 135 µs, BENCHMARKS.md) and was removed.
+# for the H200: 4 layout moves against the default kernel's 9). Timed by the tune script. The forward written
+# the same way ran 2.8x slower than the default kernel on the H200 (383 against 135 µs, BENCHMARKS.md) and was
+# removed.
 HW_HS1_BWD_TAPS_AXIS = False
 # Its own tile (a [BT, NH, WP] tile holds W times the elements of the default kernel's): about HW_HS1_BWD_TILE
 # elements of HW_HS1_BWD_CHANNELS channels before the taps axis. Compiled for the H200 (scripts/kernel_resources,
