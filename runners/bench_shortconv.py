@@ -51,8 +51,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RMS_BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
+# The kernels' short names (``kernels=`` picks some): static, head-wise at head size 1 and 16, low-rank R=16.
+KERNEL_KEYS = ("static", "hs1", "hs16", "lowrank")
+
+
 @dataclasses.dataclass
 class _Kernel:
+    key: str  # one of KERNEL_KEYS
     name: str
     kind: str  # static, headwise or lowrank: which anchors apply
     op: Callable  # the public op, kernels.*
@@ -76,6 +81,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
         _Kernel(
             "static",
             "static",
+            "static",
             kernels.short_conv,
             short_conv_ref,
             static,
@@ -91,7 +97,8 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
         fwd, fwd_bwd = 2 * N * D * s + N * H * W * s + params, 5 * N * D * s + 3 * N * H * W * s + params
         name = f"head-wise, head size {hs}"
         out.append(
-            _Kernel(name, "headwise", kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs, fwd, fwd_bwd)
+            _Kernel(f"hs{hs}", name, "headwise", kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs,
+                    fwd, fwd_bwd)
         )
     R = 16
     inputs = {"x": x, "z": randn(B, T, R), "U": randn(R, W * D, scale=(R * W) ** -0.5), "static_w": static_w}
@@ -99,7 +106,8 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
     fwd, fwd_bwd = 2 * N * D * s + N * R * s + params, 5 * N * D * s + 3 * N * R * s + params
     out.append(
         _Kernel(
-            f"low-rank, R={R}", "lowrank", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs, fwd, fwd_bwd
+            "lowrank", f"low-rank, R={R}", "lowrank", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs,
+            fwd, fwd_bwd,
         )
     )
     return out
@@ -198,18 +206,23 @@ def bench_shortconv(
     repeats: int = 100,
     device: str | None = None,
     progress: bool = False,
+    only: tuple[str, ...] = KERNEL_KEYS,
 ) -> str:
     """Benchmark the short convolutions at ``shape`` = (B, T, D, W); returns a markdown report.
 
     ``dtype``: fp32, bf16 or fp16 for activations and weights. ``n_docs``: documents of the packed variant.
     ``repeats``: do_bench's rep, milliseconds of timed runs per measurement. ``device``: default CUDA when
     available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little). ``progress``: also
-    write each kernel's section to stderr as soon as it is done.
+    write the header and then each kernel's section to stderr as soon as it is done. ``only``: the kernels to time,
+    of ``KERNEL_KEYS``.
     """
     check("dtype", dtype, Literal[tuple(DTYPES)])
     if len(check("shape", shape, tuple[PositiveInt, ...])) != 4:
         raise ValueError(f"shape must be four positive integers B,T,D,W, got {shape!r}")
     check("repeats", repeats, PositiveInt)
+    bad = [key for key in check("only", only, tuple[str, ...]) if key not in KERNEL_KEYS]
+    if bad or not only:
+        raise ValueError(f"unknown kernel {bad[0] if bad else ''!r}; choose from {', '.join(KERNEL_KEYS)}")
     B, T, D, W = shape
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = DTYPES[dtype]
@@ -227,7 +240,9 @@ def bench_shortconv(
         "the byte floor's denominator",
         "",
     ]
-    for kernel in _kernels(B, T, D, W, torch_dtype, dev):
+    if progress:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    for kernel in [k for k in _kernels(B, T, D, W, torch_dtype, dev) if k.key in only]:
         done = len(lines)
         x = kernel.inputs["x"]
         upstream = torch.randn(x.shape, generator=torch.Generator(device=dev).manual_seed(2), device=dev)

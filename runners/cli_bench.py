@@ -30,12 +30,15 @@ def bench_shortconv_cmd(
     dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
     n_docs: int = typer.Option(64, help="Documents in the packed variant."),
     repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    only: str = typer.Option("static,hs1,hs16,lowrank", "--kernels",
+                             help="Comma-separated kernels to time: static, hs1, hs16 (head-wise at head size 1, 16), "
+                                  "lowrank."),
 ) -> None:
     """Static, head-wise and low-rank short convs: fwd and fwd+bwd medians, bandwidth, byte floor, vs torch."""
     from mixlab.runners.bench_shortconv import bench_shortconv
 
     typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats,
-                               progress=True))
+                               progress=True, only=tuple(k.strip() for k in only.split(",") if k.strip())))
 
 
 @bench_app.command("rubiconv")

@@ -42,14 +42,15 @@ HW_BWD_DW_TILE = True
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
 # every tap summed in one reduction, no tap picked out of a tile or moved between layouts one by one (compiled
-# for the H200: 4 layout moves against the default kernel's 9). Timed by the tune script. The forward written
-# the same way ran 2.8x slower than the default kernel on the H200 (383 against 135 µs, BENCHMARKS.md) and was
-# removed.
-HW_HS1_BWD_TAPS_AXIS = False
+# for the H200: 4 layout moves against the default kernel's 9). The tune script timed it on the H200 at 819 µs
+# (tile 512 x 64) against the default kernel's 899 (B=4, T=4096, D=2048, W=4, bf16; BENCHMARKS.md). The forward
+# written the same way ran 2.8x slower than the default kernel there (383 against 135 µs) and was removed.
+HW_HS1_BWD_TAPS_AXIS = True
 # Its own tile (a [BT, NH, WP] tile holds W times the elements of the default kernel's): about HW_HS1_BWD_TILE
 # elements of HW_HS1_BWD_CHANNELS channels before the taps axis. Compiled for the H200 (scripts/kernel_resources,
-# BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents).
-HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 128
+# BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents). Timed there: 512 x
+# 64 fastest, 512 x 128 861 µs, 1024 x 128 976, 256 x 64 or 128 about 1,480.
+HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 64
 
 
 # fmt: off

@@ -60,6 +60,9 @@ NAIVE_CHUNK = 16
 INSTALL_HINT = "pip install 'mixlab[baselines]'"
 # smallest head size handed to fla's kernels (Triton's dot products take blocks of at least 16)
 MIN_KERNEL_DIM = 16
+# most rows x heads in one launch: fla's chunked kernels put B * H on a grid axis that CUDA caps at 65,535
+# blocks (a folded stack of 18 runs evaluating 256 rows of 16 heads failed with "invalid argument")
+MAX_GRID_ROWS = 65535
 # MIXLAB_FLA_AUTOTUNE: what fla's autotuners try (module docstring), the default first
 AUTOTUNE_MODES = ("first", "full")
 
@@ -230,6 +233,11 @@ def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
                    beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
+    B, H = q.shape[0], q.shape[2]
+    if cu_seqlens is None and B * H > MAX_GRID_ROWS:  # rows are independent: launch them in slices
+        step = max(1, MAX_GRID_ROWS // H)
+        return torch.cat([_padded_kernel(op, *(None if t is None else t[i:i + step] for t in (q, k, v, g, beta)),
+                                         None, scale) for i in range(0, B, step)])
     fn = _fla()["kernels"][op]
     if op == "based":
         if cu_seqlens is not None:

@@ -124,10 +124,11 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
 
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
                          [case for case in HEADWISE_CASES if case.values[3] == 1])
-def test_dynamic_conv_headwise_hs1_taps_axis(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
-                                             assert_rel_rms):
-    """The head size 1 backward with the taps as a tile axis (a tune knob), on the head size 1 cases."""
-    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
+def test_dynamic_conv_headwise_hs1_other_backward(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
+                                                  assert_rel_rms):
+    """Head size 1 has two backward kernels (a tune knob: the taps as a tile axis, or the kernel of every other
+    head size): the one not shipped, on the head size 1 cases."""
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", not triton_headwise.HW_HS1_BWD_TAPS_AXIS)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
@@ -141,8 +142,8 @@ def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_
     stored tap by tap or as one tile; at head size 1 the taps-axis backward on its own tile of 4 channels."""
     monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", other_way == "taps axis")
     if other_way == "taps axis":
-        monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
         monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 16)
         monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
         other_way = False

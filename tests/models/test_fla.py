@@ -211,13 +211,18 @@ def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap(
 
 
 @needs_fla
-@pytest.mark.parametrize("with_docs", [False, True], ids=["folded", "documents-per-run"])
-def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(monkeypatch, with_docs):
+@pytest.mark.parametrize(("with_docs", "grid_rows", "launches"), [(False, None, [3 * B]), (True, None, [1, 1, 1]),
+                                                                  (False, 2 * H, [2] * (3 * B // 2))],
+                         ids=["folded", "documents-per-run", "folded-sliced-at-grid-cap"])
+def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(monkeypatch, with_docs, grid_rows,
+                                                                            launches):
     """Under vmap (the batched engine's stacks) the op's rows of all runs go to fla's kernel as one batch, run
-    after run; with documents, one call per run. The fake kernel runs the explicit recurrence on what it is
-    given, so outputs and the gradients of every input (q, k, v and the per-run gate; runs may share none)
-    must equal each run alone's."""
+    after run; with documents, one call per run; past the grid cap (rows x heads), in slices of rows. The fake
+    kernel runs the explicit recurrence on what it is given, so outputs and the gradients of every input (q, k,
+    v and the per-run gate; runs may share none) must equal each run alone's."""
     fla_ops._fla()
+    if grid_rows is not None:
+        monkeypatch.setattr(fla_ops, "MAX_GRID_ROWS", grid_rows)
     seen = []
 
     def fake_gla(q, k, v, g, scale=None, cu_seqlens=None):
@@ -238,7 +243,7 @@ def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(mon
         return fla_ops.fla_linear_attention(q, k, v, g, None, cu, "gla", K ** -0.5)
 
     batched = torch.func.vmap(op)(*stacked)  # [3, B, T, H, V]
-    assert seen == ([1, 1, 1] if with_docs else [3 * B])
+    assert seen == launches
     upstream = torch.randn(batched.shape, generator=torch.Generator().manual_seed(5))
     grads = torch.autograd.grad(batched, stacked, upstream)
     for n in range(3):

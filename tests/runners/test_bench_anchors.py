@@ -168,3 +168,20 @@ def test_error_line_keeps_the_first_line_of_a_message():
     from mixlab.runners.bench_utils import error_line
 
     assert error_line(RuntimeError("out of memory\nmore detail"), 3) == "RuntimeError: out"
+
+
+def test_bench_shortconv_times_only_the_kernels_asked_and_shows_its_header_first(monkeypatch, capsys):
+    """A capped GPU call may time a subset (``--kernels``); the header (GPU, versions, shape) goes to stderr before
+    the first section, so output cut short by a timeout still says where it was measured."""
+    _modules(monkeypatch)
+    monkeypatch.setattr(bench_shortconv_module, "copy_bandwidth", lambda device, repeats: 1e12)
+    monkeypatch.setattr(bench_shortconv_module, "_gate", lambda kernel, cu, upstream: 0.0)
+    monkeypatch.setattr(bench_shortconv_module, "measure_pair", lambda fwd, total, repeats, device: (10.0, 20.0, ""))
+    report = bench_shortconv_module.bench_shortconv((1, 8, 16, 2), dtype="fp32", n_docs=2, repeats=1,
+                                                    device="cpu", progress=True, only=("hs16", "static"))
+    assert [line for line in report.splitlines() if line.startswith("## ")] == [
+        "## static", "## head-wise, head size 16"]
+    err = capsys.readouterr().err
+    assert err.startswith("# Short-convolution kernels") and err.index("- device: ") < err.index("## static")
+    with pytest.raises(ValueError, match="unknown kernel 'hs2'; choose from static, hs1, hs16, lowrank"):
+        bench_shortconv_module.bench_shortconv((1, 8, 16, 2), device="cpu", only=("hs2",))
