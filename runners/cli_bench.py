@@ -73,6 +73,25 @@ def bench_attention_cmd(
     typer.echo(bench_attention(lens, n_heads=heads, head_dim=head_dim, tokens=tokens, dtype=dtype, repeats=repeats))
 
 
+@bench_app.command("fla")
+def bench_fla_cmd(
+    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each per op."),
+    ops: str = typer.Option("gla,simple_gla,retention", help="fla ops with both kernel forms, comma-separated."),
+    heads: int = typer.Option(16, help="Heads H."),
+    head_dim: int = typer.Option(8, help="Key size per head."),
+    value_dim: int = typer.Option(16, help="Value size per head."),
+    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T rows."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16 (q, k, v; gates fp32)."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+) -> None:
+    """fla's chunked against its fused recurrent kernels (GLA, simple_gla, retention): fwd and fwd+bwd."""
+    from mixlab.runners.bench_fla import bench_fla
+
+    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    typer.echo(bench_fla(lens, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), n_heads=heads,
+                         head_dim=head_dim, value_dim=value_dim, tokens=tokens, dtype=dtype, repeats=repeats))
+
+
 @bench_app.command("train")
 def bench_train_cmd(
     task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),

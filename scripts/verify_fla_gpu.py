@@ -2,12 +2,14 @@
 
     python scripts/verify_fla_gpu.py             # every check, about a minute on an H200
     python scripts/verify_fla_gpu.py --only ops  # ops | stack | mixers | leakage
+    python scripts/verify_fla_gpu.py --recurrent-max-t 1024   # stack, mixers, leakage on the recurrent kernels
 
 ops:     every op of ``models.mixers.fla_ops`` forward and backward (random upstream gradient) through fla's
-         kernels and through the torch path (fla's naive functions, per document), with and without
-         ``cu_seqlens``, at the lab's small head sizes (padded for the kernels) and at head size 64; fp32 and bf16
-         inputs. Relative RMS error of the output and of every input gradient against the torch path on the
-         same inputs in fp32, PASS below 5e-3 (fp32: the kernels' dot products may run in tf32) or 2e-2 (bf16).
+         kernels (chunked, and fused recurrent where the op has that form) and through the torch path (fla's
+         naive functions, per document), with and without ``cu_seqlens``, at the lab's small head sizes (padded
+         for the kernels) and at head size 64; fp32 and bf16 inputs. Relative RMS error of the output and of
+         every input gradient against the torch path on the same inputs in fp32, PASS below 5e-3 (fp32: the
+         kernels' dot products may run in tf32) or 2e-2 (bf16).
 stack:   the op under ``torch.func.vmap`` (its per-run rule) equals the op run once per run, bitwise.
 mixers:  every baseline mixer (MAD width 128 with 16 heads, and width 64 with 4) with kernel_backend "triton"
          against the same weights on "torch", forward and parameter gradients, with and without documents.
@@ -119,10 +121,12 @@ def refused(op: str) -> bool:
 
 
 def check_ops() -> bool:
-    ok = True
-    for op in fla_ops.OPS:
-        if refused(op):
+    shipped, ok = fla_ops.RECURRENT_MAX_T, True
+    for op, form in [(op, form) for op in fla_ops.OPS for form in fla_ops.FORMS
+                     if form == "chunk" or op in fla_ops.RECURRENT_OPS]:
+        if form == "chunk" and refused(op):
             continue
+        fla_ops.RECURRENT_MAX_T = 0 if form == "chunk" else max(shape[1] for shape in OP_SHAPES)
         for shape in OP_SHAPES:
             for dtype in BOUND:
                 for docs in ("none", "varlen", "varlen+empty"):
@@ -131,7 +135,7 @@ def check_ops() -> bool:
                     inputs = op_inputs(op, shape, dtype, gen)
                     cu = None if docs == "none" else random_layout(shape[0], shape[1], 1, empty=docs.endswith("empty"))
                     upstream = torch.randn(*shape[:3], shape[4], generator=gen, device=DEVICE).to(dtype)
-                    label = f"op {op} B,T,H,K,V={shape} {str(dtype)[6:]} docs={docs}"
+                    label = f"op {op} {form} B,T,H,K,V={shape} {str(dtype)[6:]} docs={docs}"
                     try:
                         got = op_fwd_bwd(op, inputs, upstream, cu, "triton")
                     except Exception as error:  # noqa: BLE001 - one line per failed case, then the next case
@@ -142,6 +146,7 @@ def check_ops() -> bool:
                     want = op_fwd_bwd(op, as32, upstream.float(), cu, "torch")
                     names = ["o"] + [f"d{n}" for n in inputs]  # q, k, v, then the gates
                     ok &= report(label, names, got, want, BOUND[dtype], started)
+    fla_ops.RECURRENT_MAX_T = shipped
     return ok
 
 
@@ -218,6 +223,8 @@ def main() -> None:
                         help="as MIXLAB_FLA_AUTOTUNE (default: it, else first): first keeps every fla autotuner's "
                              "first config only, full lets fla tune")
     parser.add_argument("--stack-every", type=float, default=120.0, help="dump the Python stack every N seconds")
+    parser.add_argument("--recurrent-max-t", type=int, default=None,
+                        help="fla_ops.RECURRENT_MAX_T for the stack, mixer and leakage checks (default: shipped)")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     if not torch.cuda.is_available():
@@ -229,6 +236,9 @@ def main() -> None:
     print(f"fla refuses its gated chunk_bwd_dqkwg here: {fla_ops.gated_backward_refused()}", flush=True)
     if args.autotune is not None:
         os.environ["MIXLAB_FLA_AUTOTUNE"] = args.autotune
+    if args.recurrent_max_t is not None:
+        fla_ops.RECURRENT_MAX_T = args.recurrent_max_t
+    print(f"rows of at most {fla_ops.RECURRENT_MAX_T} tokens on fla's fused recurrent kernels", flush=True)
     fla_ops.load_fla()
     print(f"fla autotune {fla_ops.autotune_mode()}: {len(fla_ops.fla_autotuners())} autotuners", flush=True)
     results = [check() for name, check in CHECKS.items() if args.only in (None, name)]

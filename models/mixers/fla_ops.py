@@ -12,7 +12,8 @@
     and o_t = scale * q_t^T S_t for the recurrent ops; scale None is K^-0.5.
 
 Backends (``kernels.utils.resolve_backend``; every op is in ``kernels.utils.TRITON_OPS`` once fla-core imports):
-"triton" runs fla's chunked Triton kernels (CUDA only). With documents they get ``cu_seqlens`` over one
+"triton" runs fla's chunked Triton kernels (CUDA only), or for rows of at most ``RECURRENT_MAX_T`` tokens its
+fused recurrent ones (gla, simple_gla, retention; ``kernel_form``). With documents they get ``cu_seqlens`` over one
 flattened row, except Based, whose kernel takes none: it runs on the per-document layout below. The kernels are
 wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recomputes the forward under
 autograd and whose vmap rule folds stacked runs' rows into the kernels' batch (``_fold_runs``; with documents
@@ -63,6 +64,14 @@ MIN_KERNEL_DIM = 16
 # most rows x heads in one launch: fla's chunked kernels put B * H on a grid axis that CUDA caps at 65,535
 # blocks (a folded stack of 18 runs evaluating 256 rows of 16 heads failed with "invalid argument")
 MAX_GRID_ROWS = 65535
+# Rows of at most RECURRENT_MAX_T tokens take fla's fused recurrent kernels (one launch each way, a loop over the
+# tokens with each head's [K, V] state on chip) instead of its chunked ones (about ten launches each way, built
+# for long rows and wide heads), for the ops that have both (RECURRENT_OPS: the gated delta rule's recurrent
+# kernel has no backward, Based has no recurrent form). 0: chunked always, until `mixlab bench fla` has timed
+# both forms on the GPU.
+FORMS = ("chunk", "recurrent")
+RECURRENT_OPS = ("gla", "simple_gla", "retention")
+RECURRENT_MAX_T = 0
 # MIXLAB_FLA_AUTOTUNE: what fla's autotuners try (module docstring), the default first
 AUTOTUNE_MODES = ("first", "full")
 
@@ -127,7 +136,7 @@ def _fla():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
         warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated")
-        from fla.ops import based, gated_delta_rule, gla, retention, simple_gla
+        from fla.ops import based, gated_delta_rule, gla, retention, simple_gla  # with their recurrent modules
         from fla.ops.based.naive import naive_parallel_based
         from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
@@ -142,6 +151,11 @@ def _fla():
             "retention": retention.chunk_retention,
             "gated_delta_rule": gated_delta_rule.chunk_gated_delta_rule,
             "based": based.parallel_based,
+        },
+        "recurrent": {
+            "gla": gla.fused_recurrent_gla,
+            "simple_gla": simple_gla.fused_recurrent_simple_gla,
+            "retention": retention.fused_recurrent_retention,
         },
         "naive": {
             "gla": naive_recurrent_gla,
@@ -217,33 +231,45 @@ def _pad_last(t: torch.Tensor | None, size: int) -> torch.Tensor | None:
     return t if t is None or t.shape[-1] >= size else F.pad(t, (0, size - t.shape[-1]))
 
 
+def kernel_form(op: str, T: int) -> str:
+    """Which of fla's kernels (``FORMS``) runs ``op`` on rows of T tokens: ``RECURRENT_MAX_T`` decides."""
+    return "recurrent" if op in RECURRENT_OPS and T <= RECURRENT_MAX_T else "chunk"
+
+
 def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
-            beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """fla's Triton kernel of ``op``: o [B, T, H, V]. With cu_seqlens the rows are flattened into one.
+            beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float,
+            form: str | None = None) -> torch.Tensor:
+    """fla's Triton kernel of ``op`` in ``form`` (None: ``kernel_form``): o [B, T, H, V]. With cu_seqlens the rows
+    are flattened into one.
 
     Head sizes below ``MIN_KERNEL_DIM`` (the lab's heads are small: 4 to 16) are zero-padded up to it: zero key
     channels add nothing to q.k (nor to the delta rule's S^T k), zero value channels give outputs that are cut
     off, and the scale is passed explicitly, so the result is the unpadded op's."""
+    form = kernel_form(op, q.shape[1]) if form is None else form
+    if form not in FORMS or (form == "recurrent" and op not in RECURRENT_OPS):
+        raise ValueError(f"op {op!r} has no {form!r} kernel; forms: chunk for every op, recurrent for "
+                         f"{', '.join(RECURRENT_OPS)}")
     V = v.shape[-1]
     q, k, v = _pad_last(q, MIN_KERNEL_DIM), _pad_last(k, MIN_KERNEL_DIM), _pad_last(v, MIN_KERNEL_DIM)
     if op == "gla":
         g = _pad_last(g, MIN_KERNEL_DIM)
-    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale)[..., :V].to(q.dtype)
+    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale, form)[..., :V].to(q.dtype)
 
 
 def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
-                   beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float) -> torch.Tensor:
+                   beta: torch.Tensor | None, cu_seqlens: torch.Tensor | None, scale: float,
+                   form: str = "chunk") -> torch.Tensor:
     B, H = q.shape[0], q.shape[2]
-    if cu_seqlens is None and B * H > MAX_GRID_ROWS:  # rows are independent: launch them in slices
+    if form == "chunk" and cu_seqlens is None and B * H > MAX_GRID_ROWS:  # rows are independent: slice them
         step = max(1, MAX_GRID_ROWS // H)
         return torch.cat([_padded_kernel(op, *(None if t is None else t[i:i + step] for t in (q, k, v, g, beta)),
-                                         None, scale) for i in range(0, B, step)])
-    fn = _fla()["kernels"][op]
+                                         None, scale, form) for i in range(0, B, step)])
+    fn = _fla()[{"chunk": "kernels", "recurrent": "recurrent"}[form]][op]
     if op == "based":
         if cu_seqlens is not None:
             return per_document(lambda *t: fn(*t, scale=scale, use_norm=True), cu_seqlens, q, k, v)
         return fn(q, k, v, scale=scale, use_norm=True)
-    if op == "simple_gla" and gated_backward_refused():
+    if op == "simple_gla" and form == "chunk" and gated_backward_refused():  # the recurrent kernel is not refused
         op, fn = "gla", _fla()["kernels"]["gla"]
         g = g[..., None].expand(*g.shape, q.shape[-1]).contiguous()  # [B, T, H] -> [B, T, H, K]
     B, T = q.shape[:2]
@@ -254,6 +280,16 @@ def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     gates = {"gla": (g,), "simple_gla": (g,), "retention": (), "gated_delta_rule": (g, beta)}[op]
     o, _ = fn(q, k, v, *gates, scale=scale, **extra)
     return o.reshape(B, T, *o.shape[2:])
+
+
+def fla_kernel(op: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               g: torch.Tensor | None = None, beta: torch.Tensor | None = None,
+               cu_seqlens: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """fla's kernel of ``op`` in ``form`` (``FORMS``), CUDA tensors as ``linear_attention``'s -> o [B, T, H, V];
+    differentiable through fla's own backward, outside the custom op (no vmap rule): what ``mixlab bench fla``
+    and the GPU checks time and compare form against form."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _kernel(op, q, k, v, g, beta, cu_seqlens, scale, form)
 
 
 @torch.library.custom_op("mixlab::fla_linear_attention", mutates_args=())

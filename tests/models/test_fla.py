@@ -211,6 +211,43 @@ def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap(
 
 
 @needs_fla
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs fla's fused recurrent kernels on CPU tensors in the "
+                    "Triton interpreter, set only without CUDA; on a GPU scripts/verify_fla_gpu.py --form recurrent")
+@pytest.mark.parametrize("op", fla_ops.RECURRENT_OPS)
+@pytest.mark.parametrize("cu", [None, [0, 0, 1, 4, T, T, 2 * T]], ids=["rows", "docs-empty-and-one-token"])
+def test_rows_up_to_the_recurrent_limit_take_fla_recurrent_kernel_and_match_the_torch_path(monkeypatch, op, cu):
+    """Rows of at most RECURRENT_MAX_T tokens run fla's fused recurrent kernel (never the chunked one), forward
+    and backward through the custom op, equal to the torch path (per document) to rounding; longer rows go back
+    to the chunked kernel."""
+    fla_ops._fla()
+    monkeypatch.setattr(fla_ops, "RECURRENT_MAX_T", T)
+    assert [fla_ops.kernel_form(op, t) for t in (1, T, T + 1)] == ["recurrent", "recurrent", "chunk"]
+    assert fla_ops.kernel_form("based", 1) == fla_ops.kernel_form("gated_delta_rule", 1) == "chunk"
+
+    def chunked(*args, **kwargs):
+        raise AssertionError("the chunked kernel ran")
+
+    monkeypatch.setitem(fla_ops._fla()["kernels"], op, chunked)
+    monkeypatch.setitem(fla_ops._fla()["kernels"], "gla", chunked)  # simple_gla's stand-in where fla refuses
+    q, k, v, extra = op_inputs(op, seed=6)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    names = ["q", "k", "v", *extra]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, *extra.values())]
+    gate = leaves[3] if extra else None
+    out = fla_ops.fla_linear_attention(*leaves[:3], gate, None, cu, op, K ** -0.5)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    grads = torch.autograd.grad(out, leaves, upstream)
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v, *extra.values())]
+    ref = fla_ops.linear_attention(op, *ref_leaves[:3], cu_seqlens=cu, backend="torch",
+                                   **dict(zip(extra, ref_leaves[3:])))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(names, grads, torch.autograd.grad(ref, ref_leaves, upstream)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d{name}: {m}")
+    with pytest.raises(ValueError, match="op 'based' has no 'recurrent' kernel"):
+        fla_ops.fla_kernel("based", "recurrent", q, k, v)
+
+
+@needs_fla
 @pytest.mark.parametrize(("with_docs", "grid_rows", "launches"), [(False, None, [3 * B]), (True, None, [1, 1, 1]),
                                                                   (False, 2 * H, [2] * (3 * B // 2))],
                          ids=["folded", "documents-per-run", "folded-sliced-at-grid-cap"])
