@@ -3,13 +3,14 @@
 fla ships GLA, simple_gla (the ``mamba2`` mixer's op) and retention as chunked kernels (about ten launches each
 way, built for long rows and wide heads) and as fused recurrent ones (one launch each way, a loop over the
 tokens); ``models.mixers.fla_ops`` runs rows of at most ``RECURRENT_MAX_T`` tokens on the recurrent one. This
-benchmark times both at the MAD models' shape: 16 heads of key size 8 and value size 16 (GLA's and RetNet's
-value width is twice the model's), padded to 16 for fla as the mixers do, rows of T tokens, stacked runs folded
-into the batch. For each T the batch B is chosen so that a call holds about ``tokens`` tokens (default 18
-stacked runs of batch 128 at T=128). One markdown table per op and T: forward and forward+backward medians of
-``triton.testing.do_bench``, eager and with each call captured once as a CUDA graph and replayed (the kernels
-alone, without the host's launches), tokens per second and achieved bandwidth of the graphed call (of the eager
-one where no graph was captured: off CUDA). The GPU name and versions go on top.
+benchmark times both at the MAD models' shape: 16 heads of key size 8 and value size 16 (RetNet at the MAD
+width; GLA's 4 and 8 and Mamba-2's 16 and 16 reach fla as the same 16 and 16: the mixers pad heads to
+``fla_ops.MIN_KERNEL_DIM``), rows of T tokens, stacked runs folded into the batch. For each T the batch B is
+chosen so that a call holds about ``tokens`` tokens (default 18 stacked runs of batch 128 at T=128). One
+markdown table per op and T: forward and forward+backward medians of ``triton.testing.do_bench``, eager and
+with each call captured once as a CUDA graph and replayed (the kernels alone, without the host's launches),
+tokens per second and achieved bandwidth of the graphed call (of the eager one where no graph was captured:
+off CUDA). The GPU name and versions go on top.
 
 Bytes (for the bandwidth column): with N = B*T tokens and s the bytes of an activation element, the forward
 reads q, k, v and the gate (fp32: H K per token for GLA, H for simple_gla, none for retention) and writes o; the

@@ -47,8 +47,8 @@ are trained one at a time by ``train_run``, in the same call:
 - mixers from outside the registry (import paths, entry points): nothing says their forward runs under vmap;
   a hybrid stack (per-layer pattern) stacks only when every mixer of it does.
 Every mixer batches otherwise: attention with every ``qkv_conv``, the short-conv mixers, rubiconv,
-fft_conv_leaky, hyena, hyena_leaky, none, the fla-core baselines (their Triton op's vmap rule runs it once per
-run), and the compression autoencoder.
+fft_conv_leaky, hyena, hyena_leaky, none, the fla-core baselines (their Triton op's vmap rule folds the runs'
+rows into one launch), and the compression autoencoder.
 
 Time: runs of a stack step together, so the time of the shared steps is split among them. The training
 time between two evaluations is measured once (after a device sync) and divided evenly among the runs

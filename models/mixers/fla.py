@@ -82,7 +82,7 @@ class GatedHeadNorm(nn.Module):
 
 class FlaMixer(Mixer):
     """Base of the fla baselines: the op ``op``, heads from config.n_heads; stacks on every backend (the
-    Triton op's vmap rule runs it once per run)."""
+    Triton op's vmap rule folds the runs into one launch, one per run with documents)."""
 
     name: str  # its registry name, for messages
     op: str
