@@ -24,11 +24,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import triton
 from mixlab import kernels
 from mixlab.kernels.attention.naive import causal_attention_ref
 from mixlab.runners.bench_shortconv import DTYPES, RMS_BOUND
-from mixlab.runners.bench_utils import copy_bandwidth, fwd_bwd_call, fwd_call, measure_pair, rel_rms
+from mixlab.runners.bench_utils import copy_bandwidth, device_line, fwd_bwd_call, fwd_call, measure_pair, rel_rms
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 MAD_TOKENS = 18 * 128 * 128  # 18 stacked runs of batch 128 at T=128
@@ -124,13 +123,11 @@ def bench_attention(
     size = torch.tensor([], dtype=torch_dtype).element_size()
     bw = copy_bandwidth(dev, repeats)
     on_cuda = dev.type == "cuda"
-    gpu = torch.cuda.get_device_name(dev) if on_cuda else "CPU (Triton interpreter)"
     sdpa = SDPA_BACKENDS if on_cuda else {"math": SDPBackend.MATH}
     lines = [
         f"# Causal attention, {datetime.date.today().isoformat()}",
         "",
-        f"- device: {gpu}; torch {torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}, "
-        f"cuDNN {torch.backends.cudnn.version() if on_cuda else None}",
+        device_line(dev, f", cuDNN {torch.backends.cudnn.version() if on_cuda else None}"),
         f"- H={n_heads} heads of size {head_dim}, {dtype}, causal; about {tokens:,} tokens a call (B = tokens // T "
         "sequences); tokens/s count the B*T tokens of a call, all heads",
         f"- median of do_bench (rep {repeats} ms); copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "

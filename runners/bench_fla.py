@@ -27,11 +27,18 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-import triton
 from mixlab.models.mixers import fla_ops
 from mixlab.runners.bench_attention import CPU_MAX_TOKENS, GATE_ROWS, MAD_TOKENS
 from mixlab.runners.bench_shortconv import DTYPES, RMS_BOUND
-from mixlab.runners.bench_utils import error_line, fwd_bwd_call, fwd_call, measure_graphed, measure_pair, rel_rms
+from mixlab.runners.bench_utils import (
+    device_line,
+    error_line,
+    fwd_bwd_call,
+    fwd_call,
+    measure_graphed,
+    measure_pair,
+    rel_rms,
+)
 from mixlab.tasks.fields import PositiveInt, check
 
 
@@ -109,14 +116,13 @@ def bench_fla(
     fla_ops.load_fla()
     torch_dtype = DTYPES[dtype]
     size = torch.tensor([], dtype=torch_dtype).element_size()
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     import fla
 
     lines = [
         f"# fla kernels: chunked against fused recurrent, {datetime.date.today().isoformat()}",
         "",
-        f"- device: {gpu}; torch {torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}, "
-        f"fla-core {fla.__version__}; fla autotune {fla_ops.autotune_mode()} (MIXLAB_FLA_AUTOTUNE)",
+        device_line(dev, f", fla-core {fla.__version__}; fla autotune {fla_ops.autotune_mode()} "
+                         "(MIXLAB_FLA_AUTOTUNE)"),
         f"- H={n_heads} heads, keys of {head_dim}, values of {value_dim} (padded to at least "
         f"{fla_ops.MIN_KERNEL_DIM} for fla), q, k, v {dtype}, gates fp32; about {tokens:,} tokens a call "
         "(B = tokens // T rows)",

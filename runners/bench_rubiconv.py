@@ -21,13 +21,12 @@ from typing import Literal
 
 import numpy as np
 import torch
-import triton
 from mixlab import kernels
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
 from mixlab.runners.bench_anchors import Anchor, long_conv_anchors
-from mixlab.runners.bench_utils import median_time_ms, rel_rms
+from mixlab.runners.bench_utils import device_line, median_time_ms, rel_rms
 from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -130,12 +129,11 @@ def bench_rubiconv(
 
                 methods.append((label, run, BOUND[precision]))
 
-    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     lengths = (cu[1:] - cu[:-1]).cpu()
     lines = [
         f"# RubiConv, {datetime.date.today().isoformat()}",
         "",
-        f"- device: {gpu}; torch {torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}",
+        device_line(dev, cpu_name="CPU"),
         f"- one packed row of {n_tokens:,} tokens, {len(lengths)} lognormal documents (seed {seed}, longest "
         f"{int(lengths.max()):,}), D={d}, L_F={n_tokens:,}, {dtype} activations and filter",
         f"- automatic block k={plan.k}: {plan.n_groups} column counts m, padded tokens "

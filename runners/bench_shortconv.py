@@ -30,13 +30,13 @@ from typing import Literal
 
 import numpy as np
 import torch
-import triton
 from mixlab import kernels
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_anchors import Anchor, short_conv_anchors
 from mixlab.runners.bench_utils import (
     copy_bandwidth,
+    device_line,
     error_line,
     fwd_bwd_call,
     fwd_call,
@@ -228,12 +228,10 @@ def bench_shortconv(
     torch_dtype = DTYPES[dtype]
     cu = _doc_layout(B, T, n_docs, dev)
     bw = copy_bandwidth(dev, repeats)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (Triton interpreter)"
     lines = [
         f"# Short-convolution kernels, {datetime.date.today().isoformat()}",
         "",
-        f"- device: {name}; torch {torch.__version__}, Triton {triton.__version__}, "
-        f"CUDA {torch.version.cuda}",
+        device_line(dev),
         f"- shape B={B}, T={T}, D={D}, W={W}, {dtype}; packed variant: {n_docs} documents of random length; "
         f"residual on, static_w on for the dynamic kernels",
         f"- median of do_bench (rep {repeats} ms); copy bandwidth {bw / 1e12:.2f} TB/s (read + write), "

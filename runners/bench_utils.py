@@ -63,6 +63,13 @@ def median_time_ms(fn: Callable[[], object], repeats: int, device: torch.device)
     return 1e3 * statistics.median(times)
 
 
+def device_line(device: torch.device, extra: str = "", cpu_name: str = "CPU (Triton interpreter)") -> str:
+    """The kernel benchmarks' header line: ``- device: NAME; torch V, Triton V, CUDA V`` and ``extra``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name
+    version = triton.__version__ if HAS_TRITON else "not installed"
+    return f"- device: {name}; torch {torch.__version__}, Triton {version}, CUDA {torch.version.cuda}{extra}"
+
+
 def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Relative RMS error in float64; inf when ``actual`` is not finite."""
     actual, expected = actual.double(), expected.double()
