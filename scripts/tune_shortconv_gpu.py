@@ -57,11 +57,11 @@ GROUPS = [
       (1024, 4, 1, 4096, None, 32, True), (1024, 4, 1, 4096, None, 64, False), (512, 4, 1, 4096, None, 32, False),
       (512, 4, 1, 4096, None, 32, True), (2048, 8, 1, 4096, None, 64, False), (1024, 8, 1, 4096, None, 32, False),
       (1024, 4, 1, 4096, 128, 64, False)]),
-    # head size 1 only: the backward with the taps as the tile's third axis, on its own tile (scripts/
-    # kernel_resources.py, Triton 3.9: 4 layout moves against the shipped kernel's 9; 80-128 registers, 164 at
-    # 1024 x 128 with documents)
+    # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
+    # every head size (False); shipped after the H200 timed 512 x 64 fastest (819 µs, the other kernel 899; 512 x
+    # 128 861, 1024 x 128 976, 256 x 64 or 128 about 1,480), the tiles next to it
     ("head-wise bwd taps axis", ["hs1"], headwise, ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS"),
-     [(False, 512, 128), (True, 512, 128), (True, 256, 128), (True, 1024, 128), (True, 256, 64), (True, 512, 64)]),
+     [(True, 512, 64), (False, 512, 128), (True, 512, 128), (True, 512, 32), (True, 1024, 64), (True, 1024, 32)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
