@@ -269,7 +269,7 @@ def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         if cu_seqlens is not None:
             return per_document(lambda *t: fn(*t, scale=scale, use_norm=True), cu_seqlens, q, k, v)
         return fn(q, k, v, scale=scale, use_norm=True)
-    if op == "simple_gla" and form == "chunk" and gated_backward_refused():  # the recurrent kernel is not refused
+    if op == "simple_gla" and form == "chunk" and gated_backward_refused():  # fla refuses the chunked backward only
         op, fn = "gla", _fla()["kernels"]["gla"]
         g = g[..., None].expand(*g.shape, q.shape[-1]).contiguous()  # [B, T, H] -> [B, T, H, K]
     B, T = q.shape[:2]
@@ -285,8 +285,9 @@ def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
 def fla_kernel(op: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                g: torch.Tensor | None = None, beta: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
-    """fla's kernel of ``op`` in ``form`` (``FORMS``), CUDA tensors as ``linear_attention``'s -> o [B, T, H, V];
-    differentiable through fla's own backward, outside the custom op (no vmap rule): what ``mixlab bench fla``
+    """fla's kernel of ``op`` in ``form`` (``FORMS``) on tensors shaped as ``linear_attention``'s (CUDA, or the
+    CPU's under the Triton interpreter, where the recurrent kernels run and the chunked ones do not) -> o [B, T, H,
+    V]; differentiable through fla's own backward, outside the custom op (no vmap rule): what ``mixlab bench fla``
     and the GPU checks time and compare form against form."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return _kernel(op, q, k, v, g, beta, cu_seqlens, scale, form)
