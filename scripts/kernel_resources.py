@@ -2,6 +2,7 @@
 without a GPU.
 
     python scripts/kernel_resources.py [--ops shortconv,attention,rubiconv] [--arch 90]
+    python scripts/kernel_resources.py --ops shortconv --set triton_headwise.HW_HS1_BWD_DS_DEFER=True
 
 The launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py`` (short convs B=4, T=4096,
 D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
@@ -11,7 +12,9 @@ would specialise it (argument types, 16-byte divisibility, constants), compiled 
 by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs. "Layout moves"
 counts the ``convert_layout`` operations of the kernel's TritonGPU IR: each moves a tile between two register
 layouts, through shared memory with a barrier unless the two are close, and one inside a loop over taps or
-tiles runs at every iteration (a dot's operands and result are moves no kernel avoids).
+tiles runs at every iteration (a dot's operands and result are moves no kernel avoids). "In loops" counts the
+warp shuffles and barriers of the PTX inside its loops (a backward branch's span): a reduction across the
+threads of a tile there (shuffles, then shared memory behind barriers) runs at every tile.
 
 Occupancy follows from the registers: an SM holds 65,536 of them and at most 64 warps, so a kernel of ``r``
 registers and ``w`` warps a block fits ``min(64 // w, 65536 // (r * 32 * w))`` blocks (shared memory permitting).
@@ -22,6 +25,7 @@ kernels' timings need the GPU (``mixlab bench shortconv``); this says what a til
 """
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -47,6 +51,8 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 MAX_REGS, MAX_WARPS = 65536, 64  # per SM, sm_90
+CONSTANT_MODULES = {"triton_headwise": triton_headwise, "triton_lowrank": triton_lowrank, "short_conv": short_conv,
+                    "attention": attn, "rubiconv": rubi, "gemm": gemm}
 
 
 def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> dict:
@@ -68,7 +74,22 @@ def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> d
     return {"name": fn.__name__, "warps": kernel.metadata.num_warps,
             "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
             "spill": int(spill.group(1)) if spill else 0, "shared": kernel.metadata.shared,
-            "moves": kernel.asm["ttgir"].count("ttg.convert_layout")}
+            "moves": kernel.asm["ttgir"].count("ttg.convert_layout"), **_in_loops(kernel.asm["ptx"])}
+
+
+def _in_loops(ptx: str) -> dict:
+    """Warp shuffles and barriers inside the PTX's loops: lines between a label and a later branch back to it
+    (nested loops counted once)."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\$L__\w+):", line))}
+    inside = set()
+    for i, line in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if m and labels.get(m.group(1), i) < i:
+            inside.update(range(labels[m.group(1)], i))
+    body = [lines[i] for i in sorted(inside)]
+    return {"loop_shuffles": sum("shfl.sync" in line for line in body),
+            "loop_barriers": sum(bool(re.search(r"\b(bar|barrier)\.sync", line)) for line in body)}
 
 
 @contextmanager
@@ -133,7 +154,17 @@ def main() -> int:
     parser.add_argument("--ops", default="shortconv,attention,rubiconv",
                         help="comma-separated: shortconv, attention, rubiconv")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="a tile constant to compile with (a Python literal), e.g. "
+                             f"triton_headwise.HW_FWD_TILE=1024; modules: {', '.join(CONSTANT_MODULES)}")
     args = parser.parse_args()
+    for assignment in args.set:
+        name, _, value = assignment.partition("=")
+        module, _, constant = name.partition(".")
+        if module not in CONSTANT_MODULES or not hasattr(CONSTANT_MODULES[module], constant):
+            print(f"unknown constant {name!r}; modules: {', '.join(CONSTANT_MODULES)}", file=sys.stderr)
+            return 2
+        setattr(CONSTANT_MODULES[module], constant, ast.literal_eval(value))
     groups = {"shortconv": shortconv_cases, "attention": attention_cases, "rubiconv": rubiconv_cases}
     unknown = sorted(set(args.ops.split(",")) - set(groups))
     if unknown:
@@ -141,9 +172,9 @@ def main() -> int:
         return 2
     target = GPUTarget("cuda", args.arch, 32)
     print(f"# Triton {triton.__version__}, sm_{args.arch}a, torch {torch.__version__}")
-    print("| call | kernel | warps | registers | spilled bytes | shared bytes | layout moves | blocks an SM by "
-          "registers |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| call | kernel | warps | registers | spilled bytes | shared bytes | layout moves | in loops: shuffles / "
+          "barriers | blocks an SM by registers |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for group in args.ops.split(","):
         for label, call in groups[group]():
             reports: list[dict] = []
@@ -152,7 +183,8 @@ def main() -> int:
             for r in reports:
                 blocks = min(MAX_WARPS // r["warps"], MAX_REGS // (r["registers"] * 32 * r["warps"]))
                 print(f"| {label} | {r['name']} | {r['warps']} | {r['registers']} | {r['spill']} | {r['shared']} "
-                      f"| {r['moves']} | {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
+                      f"| {r['moves']} | {r['loop_shuffles']} / {r['loop_barriers']} "
+                      f"| {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
     return 0
 
 

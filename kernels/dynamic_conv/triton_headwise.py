@@ -51,6 +51,11 @@ HW_HS1_BWD_TAPS_AXIS = True
 # BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents). Timed there: 512 x
 # 64 fastest, 512 x 128 861 µs, 1024 x 128 976, 256 x 64 or 128 about 1,480.
 HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 64
+# Where that kernel sums dstatic_w over the tile's tokens: False, every tile (a reduction across threads: 48
+# shuffles and 18 barriers in its PTX for sm_90a, scripts/kernel_resources.py); True, once after its chunk of
+# tiles, the tiles added up token slot by token slot in a [BT, ND, WP] accumulator (registers). The same sums in
+# another order: rounding differs, each is repeatable. Timed by the tune script.
+HW_HS1_BWD_DS_DEFER = False
 
 
 # fmt: off
@@ -191,7 +196,7 @@ def _headwise_hs1_bwd_kernel(
     x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D: tl.constexpr, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, ND: tl.constexpr, BT: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DS_DEFER: tl.constexpr,  # flags
 ):
     """Head size 1, the taps an axis of the tile:
         dweight[t, d, k] = dy[t, d] * x[t - k, d]                          t - k in t's document
@@ -208,7 +213,10 @@ def _headwise_hs1_bwd_kernel(
     if HAS_STATIC:
         p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
         b_s = tl.load(p_s, mask=tl.broadcast_to(m_dk, [BT, ND, WP]), other=0.0).to(tl.float32)
-    b_ds = tl.zeros([ND, WP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    if DS_DEFER:
+        b_dsa = tl.zeros([BT, ND, WP], dtype=tl.float32)  # the chunk's dy[t] * x[t - k], per token slot
+    else:
+        b_ds = tl.zeros([ND, WP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -226,7 +234,10 @@ def _headwise_hs1_bwd_kernel(
         p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
         tl.store(p_dw, b_g.to(dw_ptr.dtype.element_ty), mask=m_3)
         if HAS_STATIC:
-            b_ds += tl.sum(b_g, axis=0)
+            if DS_DEFER:
+                b_dsa += b_g
+            else:
+                b_ds += tl.sum(b_g, axis=0)
         # dx: tap k of output t + k, which must lie in t's document
         o_u = o_g[:, None, None] + o_k[None, None, :]  # [BT, 1, WP] tokens whose tap k reads t
         m_u = m_3 & (o_tk < T)
@@ -245,6 +256,8 @@ def _headwise_hs1_bwd_kernel(
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
     if HAS_STATIC:
+        if DS_DEFER:
+            b_ds = tl.sum(b_dsa, axis=0)  # [ND, WP]
         p_ds = dsp_ptr + (i_c * W + o_k[None, :]).to(tl.int64) * D + o_d[:, None]
         tl.store(p_ds, b_ds, mask=m_d[:, None] & (o_k < W)[None, :])
 # fmt: on
@@ -317,7 +330,7 @@ def _headwise_bwd(
         _headwise_hs1_bwd_kernel[(n_hb, runs * n_chunks)](
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), ND=NH, BT=BT, HAS_CU=cu_seqlens is not None,
-            HAS_STATIC=static_w is not None, RESIDUAL=residual,
+            HAS_STATIC=static_w is not None, RESIDUAL=residual, DS_DEFER=HW_HS1_BWD_DS_DEFER,
             num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
         )
     else:
