@@ -133,14 +133,15 @@ def test_dynamic_conv_headwise_hs1_other_backward(B, T, D, hs, W, rows, residual
 
 
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
-                         [case for case in HEADWISE_CASES if case.values[3] == 1 and case.values[7]])
+                         [case for case in HEADWISE_CASES if case.id == "hs1-T65-D63-docs-static-residual"])
 def test_dynamic_conv_headwise_hs1_dstatic_summed_once_a_chunk(B, T, D, hs, W, rows, residual, static, dtype,
                                                                monkeypatch, assert_rel_rms):
     """The head size 1 taps-axis backward with its dstatic_w sums deferred to the end of each chunk (a tune
-    knob), on the head size 1 cases with static weights, several tiles a chunk (tiles of 4 tokens)."""
+    knob), with documents and static weights, several tiles a chunk (tiles of 8 tokens, 4 programs a head
+    block)."""
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_DS_DEFER", not triton_headwise.HW_HS1_BWD_DS_DEFER)
-    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 16)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 32)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
