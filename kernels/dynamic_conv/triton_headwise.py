@@ -51,10 +51,10 @@ HW_HS1_BWD_TAPS_AXIS = True
 # BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents). Timed there: 512 x
 # 64 fastest, 512 x 128 861 µs, 1024 x 128 976, 256 x 64 or 128 about 1,480.
 HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 64
-# Where that kernel sums dstatic_w over the tile's tokens: False, every tile (a reduction across threads: 48
-# shuffles and 18 barriers in its PTX for sm_90a, scripts/kernel_resources.py); True, once after its chunk of
-# tiles, the tiles added up token slot by token slot in a [BT, ND, WP] accumulator (registers). The same sums in
-# another order: rounding differs, each is repeatable. Timed by the tune script.
+# Where that kernel sums dstatic_w over the tile's tokens: False, every tile (a reduction across threads: its
+# loop's PTX for sm_90a holds 48 shuffles and 14 barriers, 32 and 6 with True; scripts/kernel_resources.py); True,
+# once after its chunk of tiles, the tiles added up token slot by token slot in a [BT, ND, WP] accumulator
+# (registers). The same sums in another order: rounding differs, each is repeatable. Timed by the tune script.
 HW_HS1_BWD_DS_DEFER = False
 
 
