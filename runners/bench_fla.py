@@ -39,6 +39,7 @@ from mixlab.runners.bench_utils import (
     measure_pair,
     rel_rms,
 )
+from mixlab.runners.provenance import package_versions
 from mixlab.tasks.fields import PositiveInt, check
 
 
@@ -116,12 +117,10 @@ def bench_fla(
     fla_ops.load_fla()
     torch_dtype = DTYPES[dtype]
     size = torch.tensor([], dtype=torch_dtype).element_size()
-    import fla
-
     lines = [
         f"# fla kernels: chunked against fused recurrent, {datetime.date.today().isoformat()}",
         "",
-        device_line(dev, f", fla-core {fla.__version__}; fla autotune {fla_ops.autotune_mode()} "
+        device_line(dev, f", fla-core {package_versions()['fla-core']}; fla autotune {fla_ops.autotune_mode()} "
                          "(MIXLAB_FLA_AUTOTUNE)"),
         f"- H={n_heads} heads, keys of {head_dim}, values of {value_dim} (padded to at least "
         f"{fla_ops.MIN_KERNEL_DIM} for fla), q, k, v {dtype}, gates fp32; about {tokens:,} tokens a call "
