@@ -163,8 +163,12 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
         for profile, verdicts in mad_verdicts(mads).items():
             sections += [f"### The paper's claims, {profile} profile", "", *verdict_lines(verdicts)]
 
-    for data in (d for d in datas if d.kind == "grid"):
-        written += _grid_section(data, out, sections)
+    grids = [d for d in datas if d.kind == "grid"]
+    # two folders of one sweep (e.g. the same preset run on the CPU and on a GPU) would write the same files:
+    # those are named by their folders instead
+    names = Counter(d.name for d in grids)
+    for data in grids:
+        written += _grid_section(data, out, sections, data.path.name if names[data.name] > 1 else data.name)
     for data in (d for d in datas if d.kind == "runs"):
         written += _runs_section(data, out, sections)
 
@@ -244,9 +248,9 @@ def _spec_argument(manifest: dict[str, Any]) -> str:
     return manifest.get("name", "?")
 
 
-def _grid_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]:
+def _grid_section(data: SweepData, out: Path, sections: list[str], name: str) -> list[Path]:
+    """The section of one grid sweep; ``name`` titles it and names its files."""
     table, summary = grid_table(data)
-    name = data.name
     written = [write_csv(out / f"{name}_summary.csv", summary)]
     description = data.spec.get("description", "")
     missing = f" ({data.missing} planned runs have no record yet)" if data.missing else ""

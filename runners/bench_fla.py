@@ -2,7 +2,7 @@
 
 fla ships GLA, simple_gla (the ``mamba2`` mixer's op) and retention as chunked kernels (about ten launches each
 way, built for long rows and wide heads) and as fused recurrent ones (one launch each way, a loop over the
-tokens); ``models.mixers.fla_ops`` runs rows of at most ``RECURRENT_MAX_T`` tokens on the recurrent one. This
+tokens); ``models.mixers.fla_ops`` runs rows of at most ``RECURRENT_MAX_T[op]`` tokens on the recurrent one. This
 benchmark times both at the MAD models' shape: 16 heads of key size 8 and value size 16 (RetNet at the MAD
 width; GLA's 4 and 8 and Mamba-2's 16 and 16 reach fla as the same 16 and 16: the mixers pad heads to
 ``fla_ops.MIN_KERNEL_DIM``), rows of T tokens, stacked runs folded into the batch. For each T the batch B is
@@ -125,8 +125,8 @@ def bench_fla(
         f"- H={n_heads} heads, keys of {head_dim}, values of {value_dim} (padded to at least "
         f"{fla_ops.MIN_KERNEL_DIM} for fla), q, k, v {dtype}, gates fp32; about {tokens:,} tokens a call "
         "(B = tokens // T rows)",
-        f"- median of do_bench (rep {repeats} ms); shipped: rows of at most {fla_ops.RECURRENT_MAX_T} tokens take "
-        "the recurrent form",
+        f"- median of do_bench (rep {repeats} ms); shipped: rows of at most these many tokens take the recurrent "
+        f"form: {', '.join(f'{op} {t}' for op, t in fla_ops.RECURRENT_MAX_T.items())}",
         "",
     ]
     gen = torch.Generator(device=dev).manual_seed(0)

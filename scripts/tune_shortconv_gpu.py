@@ -58,14 +58,13 @@ GROUPS = [
       (512, 4, 1, 4096, None, 32, True), (2048, 8, 1, 4096, None, 64, False), (1024, 8, 1, 4096, None, 32, False),
       (1024, 4, 1, 4096, 128, 64, False)]),
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
-    # every head size (False); shipped after the H200 timed 512 x 64 fastest (819 µs, the other kernel 899; 512 x
-    # 128 861, 1024 x 128 976, 256 x 64 or 128 about 1,480), the tiles next to it; its dstatic_w summed every tile
-    # or once a chunk (DS_DEFER: in the loop's PTX 48 -> 32 shuffles, 14 -> 6 barriers; 96 registers, 128 with
-    # documents)
+    # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
+    # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631
+    # µs; 512 x 64 668, every tile 821; the other kernel 906), shipped; the tiles next to it
     ("head-wise bwd taps axis", ["hs1"], headwise,
      ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER"),
-     [(True, 512, 64, False), (True, 512, 64, True), (False, 512, 128, False), (True, 512, 128, True),
-      (True, 512, 32, False), (True, 512, 32, True), (True, 1024, 64, False), (True, 1024, 32, True)]),
+     [(True, 512, 128, True), (True, 512, 64, True), (False, 512, 128, False), (True, 512, 256, True),
+      (True, 256, 128, True), (True, 1024, 128, True), (True, 256, 256, True), (True, 512, 128, False)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

@@ -126,7 +126,8 @@ def check_ops() -> bool:
                      if form == "chunk" or op in fla_ops.RECURRENT_OPS]:
         if form == "chunk" and refused(op):
             continue
-        fla_ops.RECURRENT_MAX_T = 0 if form == "chunk" else max(shape[1] for shape in OP_SHAPES)
+        limit = 0 if form == "chunk" else max(shape[1] for shape in OP_SHAPES)
+        fla_ops.RECURRENT_MAX_T = dict.fromkeys(fla_ops.RECURRENT_OPS, limit)
         for shape in OP_SHAPES:
             for dtype in BOUND:
                 for docs in ("none", "varlen", "varlen+empty"):
@@ -224,7 +225,8 @@ def main() -> None:
                              "first config only, full lets fla tune")
     parser.add_argument("--stack-every", type=float, default=120.0, help="dump the Python stack every N seconds")
     parser.add_argument("--recurrent-max-t", type=int, default=None,
-                        help="fla_ops.RECURRENT_MAX_T for the stack, mixer and leakage checks (default: shipped)")
+                        help="fla_ops.RECURRENT_MAX_T of every recurrent op for the stack, mixer and leakage checks "
+                             "(default: shipped)")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     if not torch.cuda.is_available():
@@ -237,8 +239,8 @@ def main() -> None:
     if args.autotune is not None:
         os.environ["MIXLAB_FLA_AUTOTUNE"] = args.autotune
     if args.recurrent_max_t is not None:
-        fla_ops.RECURRENT_MAX_T = args.recurrent_max_t
-    print(f"rows of at most {fla_ops.RECURRENT_MAX_T} tokens on fla's fused recurrent kernels", flush=True)
+        fla_ops.RECURRENT_MAX_T = dict.fromkeys(fla_ops.RECURRENT_OPS, args.recurrent_max_t)
+    print(f"rows of at most these many tokens on fla's fused recurrent kernels: {fla_ops.RECURRENT_MAX_T}", flush=True)
     fla_ops.load_fla()
     print(f"fla autotune {fla_ops.autotune_mode()}: {len(fla_ops.fla_autotuners())} autotuners", flush=True)
     results = [check() for name, check in CHECKS.items() if args.only in (None, name)]

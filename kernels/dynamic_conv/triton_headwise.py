@@ -48,14 +48,17 @@ HW_BWD_DW_TILE = True
 HW_HS1_BWD_TAPS_AXIS = True
 # Its own tile (a [BT, NH, WP] tile holds W times the elements of the default kernel's): about HW_HS1_BWD_TILE
 # elements of HW_HS1_BWD_CHANNELS channels before the taps axis. Compiled for the H200 (scripts/kernel_resources,
-# BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents). Timed there: 512 x
-# 64 fastest, 512 x 128 861 µs, 1024 x 128 976, 256 x 64 or 128 about 1,480.
-HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 64
+# BENCHMARKS.md): 512 x 128 95 registers, 256 x 128 80, 1024 x 128 128 (164 with documents). Timed there with
+# dstatic_w summed every tile: 512 x 64 fastest, 512 x 128 861 µs, 1024 x 128 976, 256 x 64 or 128 about 1,480;
+# summed once a chunk (below), 512 x 128 fastest (2026-12-03): 631 µs against 668 at 512 x 64, 875 at 512 x 32.
+HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 128
 # Where that kernel sums dstatic_w over the tile's tokens: False, every tile (a reduction across threads: its
 # loop's PTX for sm_90a holds 48 shuffles and 14 barriers, 32 and 6 with True; scripts/kernel_resources.py); True,
 # once after its chunk of tiles, the tiles added up token slot by token slot in a [BT, ND, WP] accumulator
-# (registers). The same sums in another order: rounding differs, each is repeatable. Timed by the tune script.
-HW_HS1_BWD_DS_DEFER = False
+# (registers). The same sums in another order: rounding differs, each is repeatable. The tune script timed it on
+# the H200 (2026-12-03, BENCHMARKS.md) at 631 µs (512 x 128) against 821 every tile (512 x 64); 681 against 864
+# with 64 documents.
+HW_HS1_BWD_DS_DEFER = True
 
 
 # fmt: off

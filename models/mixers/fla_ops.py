@@ -12,7 +12,7 @@
     and o_t = scale * q_t^T S_t for the recurrent ops; scale None is K^-0.5.
 
 Backends (``kernels.utils.resolve_backend``; every op is in ``kernels.utils.TRITON_OPS`` once fla-core imports):
-"triton" runs fla's chunked Triton kernels (CUDA only), or for rows of at most ``RECURRENT_MAX_T`` tokens its
+"triton" runs fla's chunked Triton kernels (CUDA only), or for rows of at most ``RECURRENT_MAX_T[op]`` tokens its
 fused recurrent ones (gla, simple_gla, retention; ``kernel_form``). With documents they get ``cu_seqlens`` over one
 flattened row, except Based, whose kernel takes none: it runs on the per-document layout below. The kernels are
 wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recomputes the forward under
@@ -64,14 +64,16 @@ MIN_KERNEL_DIM = 16
 # most rows x heads in one launch: fla's chunked kernels put B * H on a grid axis that CUDA caps at 65,535
 # blocks (a folded stack of 18 runs evaluating 256 rows of 16 heads failed with "invalid argument")
 MAX_GRID_ROWS = 65535
-# Rows of at most RECURRENT_MAX_T tokens take fla's fused recurrent kernels (one launch each way, a loop over the
-# tokens with each head's [K, V] state on chip) instead of its chunked ones (about ten launches each way, built
+# Rows of at most RECURRENT_MAX_T[op] tokens take fla's fused recurrent kernels (one launch each way, a loop over
+# the tokens with each head's [K, V] state on chip) instead of its chunked ones (about ten launches each way, built
 # for long rows and wide heads), for the ops that have both (RECURRENT_OPS: the gated delta rule's recurrent
-# kernel has no backward, Based has no recurrent form). 0: chunked always, until `mixlab bench fla` has timed
-# both forms on the GPU.
+# kernel has no backward, Based has no recurrent form). From `mixlab bench fla` on an H200 (2026-12-03,
+# BENCHMARKS.md: 16 heads, keys 8 and values 16 padded to 16, bf16, 294,912 tokens, fla autotune first), fwd+bwd
+# chunked against recurrent: GLA 45.5 ms against 9.5-11.0 at T = 128-1024, simple_gla (on GLA's chunked kernel
+# where fla refuses its own) 45.8-45.9 against 8.1-8.9, retention 2.9 against 7.0-9.0. Longer rows were not timed.
 FORMS = ("chunk", "recurrent")
 RECURRENT_OPS = ("gla", "simple_gla", "retention")
-RECURRENT_MAX_T = 0
+RECURRENT_MAX_T = {"gla": 1024, "simple_gla": 1024, "retention": 0}
 # MIXLAB_FLA_AUTOTUNE: what fla's autotuners try (module docstring), the default first
 AUTOTUNE_MODES = ("first", "full")
 
@@ -233,7 +235,7 @@ def _pad_last(t: torch.Tensor | None, size: int) -> torch.Tensor | None:
 
 def kernel_form(op: str, T: int) -> str:
     """Which of fla's kernels (``FORMS``) runs ``op`` on rows of T tokens: ``RECURRENT_MAX_T`` decides."""
-    return "recurrent" if op in RECURRENT_OPS and T <= RECURRENT_MAX_T else "chunk"
+    return "recurrent" if op in RECURRENT_OPS and RECURRENT_MAX_T.get(op, 0) >= T else "chunk"
 
 
 def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,

@@ -398,6 +398,18 @@ def test_two_folders_of_one_model_and_profile_get_their_folders_as_column_labels
     assert sorted(header[1::3]) == ["transformer-paper (paper, n=3)", "transformer-paper-v2 (paper, n=1)"]
 
 
+def test_two_folders_of_one_grid_sweep_get_their_folders_as_names(grid_dir, tmp_path):
+    collection = tmp_path / "collection"
+    shutil.copytree(grid_dir, collection / "widths")
+    gpu = shutil.copytree(grid_dir, collection / "widths_gpu")
+    (gpu / "runs" / sorted(p.name for p in (gpu / "runs").glob("*.json"))[0]).unlink()
+    written = {p.name for p in write_report([collection])}
+    assert {"widths_summary.csv", "widths_gpu_summary.csv", "widths_acc_vs_width.png",
+            "widths_gpu_acc_vs_width.png"} <= written
+    report = (collection / "report.md").read_text()
+    assert "## widths\n" in report and "## widths_gpu\n" in report and "1 planned runs have no record" in report
+
+
 def test_grid_table_shows_score_groups_and_the_papers_values(grid_dir):
     for path in (grid_dir / "runs").glob("*.json"):
         rec = json.loads(path.read_text())

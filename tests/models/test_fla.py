@@ -220,7 +220,9 @@ def test_rows_up_to_the_recurrent_limit_take_fla_recurrent_kernel_and_match_the_
     and backward through the custom op, equal to the torch path (per document) to rounding; longer rows go back
     to the chunked kernel."""
     fla_ops._fla()
-    monkeypatch.setattr(fla_ops, "RECURRENT_MAX_T", T)
+    monkeypatch.setattr(fla_ops, "RECURRENT_MAX_T", dict.fromkeys(fla_ops.RECURRENT_OPS, 0) | {op: T})
+    others = [other for other in fla_ops.RECURRENT_OPS if other != op]
+    assert [fla_ops.kernel_form(other, 1) for other in others] == ["chunk"] * len(others)
     assert [fla_ops.kernel_form(op, t) for t in (1, T, T + 1)] == ["recurrent", "recurrent", "chunk"]
     assert fla_ops.kernel_form("based", 1) == fla_ops.kernel_form("gated_delta_rule", 1) == "chunk"
 
@@ -248,16 +250,21 @@ def test_rows_up_to_the_recurrent_limit_take_fla_recurrent_kernel_and_match_the_
 
 
 @needs_fla
-@pytest.mark.parametrize(("with_docs", "grid_rows", "launches"), [(False, None, [3 * B]), (True, None, [1, 1, 1]),
-                                                                  (False, 2 * H, [2] * (3 * B // 2))],
-                         ids=["folded", "documents-per-run", "folded-sliced-at-grid-cap"])
-def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(monkeypatch, with_docs, grid_rows,
-                                                                            launches):
+@pytest.mark.parametrize(("form", "with_docs", "grid_rows", "launches"),
+                         [("chunk", False, None, [3 * B]), ("chunk", True, None, [1, 1, 1]),
+                          ("chunk", False, 2 * H, [2] * (3 * B // 2)), ("recurrent", False, 2 * H, [3 * B]),
+                          ("recurrent", True, None, [1, 1, 1])],
+                         ids=["folded", "documents-per-run", "folded-sliced-at-grid-cap",
+                              "recurrent-folded-past-the-cap", "recurrent-documents-per-run"])
+def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(monkeypatch, form, with_docs,
+                                                                            grid_rows, launches):
     """Under vmap (the batched engine's stacks) the op's rows of all runs go to fla's kernel as one batch, run
-    after run; with documents, one call per run; past the grid cap (rows x heads), in slices of rows. The fake
+    after run; with documents, one call per run; past the grid cap (rows x heads), the chunked kernel in slices
+    of rows (the recurrent one puts rows x heads on the grid's first axis, which has no such cap). The fake
     kernel runs the explicit recurrence on what it is given, so outputs and the gradients of every input (q, k,
     v and the per-run gate; runs may share none) must equal each run alone's."""
     fla_ops._fla()
+    monkeypatch.setattr(fla_ops, "RECURRENT_MAX_T", {"gla": T if form == "recurrent" else 0})
     if grid_rows is not None:
         monkeypatch.setattr(fla_ops, "MAX_GRID_ROWS", grid_rows)
     seen = []
@@ -271,7 +278,7 @@ def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(mon
         out = F.pad(out, (0, v.shape[-1] - V))
         return (out.reshape(1, B * T, *out.shape[2:]) if cu_seqlens is not None else out), None
 
-    monkeypatch.setitem(fla_ops._fla()["kernels"], "gla", fake_gla)
+    monkeypatch.setitem(fla_ops._fla()["kernels" if form == "chunk" else "recurrent"], "gla", fake_gla)
     runs = [op_inputs("gla", seed=10 + n) for n in range(3)]
     stacked = [torch.stack([r[i] if i < 3 else r[3]["g"] for r in runs]).requires_grad_() for i in range(4)]
     cu = torch.tensor([0, 4, T, 2 * T], dtype=torch.int32) if with_docs else None
