@@ -40,6 +40,8 @@ class Mixer(nn.Module):
             batched under vmap: its ops with a host-side layout go once per run, ``kernels.triton_utils.per_run``).
         takes_qkv_conv: it reads ``ModelConfig.qkv_conv`` (attention); the config refuses a qkv conv for any
             other mixer.
+        auto_compiles: ``--speed auto`` compiles the stacks of models that use it on CUDA (``runners.speed``);
+            False where compiling was timed not to help, so auto leaves those stacks eager.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
             (attention's head count).
         available(): False when an optional dependency it needs is not installed (the fla-core baselines);
@@ -54,6 +56,7 @@ class Mixer(nn.Module):
     stacks_on: tuple[str | None, ...] = (None, *BACKENDS)
     stacks_with_documents = True
     takes_qkv_conv = False
+    auto_compiles = True
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:

@@ -51,7 +51,7 @@ from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
 from mixlab.runners.bench_utils import exp2_rate, median_time_ms
 from mixlab.runners.config import RunConfig, config_hash, resolve
-from mixlab.runners.engine import train_runs_batched
+from mixlab.runners.engine import auto_compiles, train_runs_batched
 from mixlab.runners.local_backend import _init_worker
 from mixlab.runners.mad import get_profile, mad_plan
 from mixlab.runners.manifest import RUNS
@@ -189,7 +189,8 @@ def _warm_configs(configs: Sequence[RunConfig], steps: int, warmup_steps: int) -
 
 def _shape_mode(shape: StepShape, configs: Sequence[RunConfig], speed: str) -> str:
     """The mode (not auto) the shape's stack runs in."""
-    return mode_name(*stack_modes(speed, pick_device(configs[0].train.device), shape.seq_len))
+    return mode_name(*stack_modes(speed, pick_device(configs[0].train.device), shape.seq_len,
+                                  auto_compiles(configs[0])))
 
 
 def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps: int = WARMUP_STEPS) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from mixlab import kernels, models
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
-from mixlab.runners.engine import row_tokens, train_runs_batched
+from mixlab.runners.engine import auto_compiles, row_tokens, train_runs_batched
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.speed import LABELS, check_speed, mode_name, stack_modes
@@ -129,7 +129,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
 
     modes = [("batched", "eager")]
     for speed in dict.fromkeys(check_speed(s) for s in speeds if s != "eager"):
-        picked = mode_name(*stack_modes(speed, dev, seq_len))
+        picked = mode_name(*stack_modes(speed, dev, seq_len, auto_compiles(configs[0])))
         label = f"auto ({LABELS[picked]})" if speed == "auto" else LABELS[speed]
         modes.append((f"batched, {label}", speed))
 
@@ -142,7 +142,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         train_runs_batched(warm, progress=progress, speed=speed)
         batched, total = timed(lambda s=speed: train_runs_batched(configs, progress=progress, speed=s))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
-        gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len)[0])
+        gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len, auto_compiles(configs[0]))[0])
         loop = max(r["wall_time_s"] for r in batched)
         rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
                          None if gate.startswith("FAILED") else base_rate, gate))

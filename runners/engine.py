@@ -155,6 +155,12 @@ def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
     return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
+def auto_compiles(config: RunConfig) -> bool:
+    """False when a layer's mixer asks ``auto`` to leave its stacks eager (``Mixer.auto_compiles``)."""
+    _, model_config = resolve(config)
+    return all(mixer.auto_compiles for mixer in models.pattern_classes(model_config.mixer).values())
+
+
 def unbatchable_reason(config: RunConfig) -> str | None:
     """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
     _, model_config = resolve(config)
@@ -204,7 +210,8 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
         # auto leaves packed stacks eager: their layouts are read on the host every step, which neither a compiled
         # graph nor a captured one can do
         compile, cuda_graph = ((False, False) if packed and speed == "auto"
-                               else stack_modes(speed, device, row_tokens(configs[members[0]])))
+                               else stack_modes(speed, device, row_tokens(configs[members[0]]),
+                                                auto_compiles(configs[members[0]])))
         if packed and (compile or cuda_graph):
             raise ValueError(f"speed={speed!r} cannot serve runs of a packed task: each step's document layout is "
                              "read on the host")

@@ -2,7 +2,8 @@
 
 A speed mode changes no result beyond rounding (docs/engine.md "Speed options"). ``auto`` picks for each stack
 from its device and row length: eager on the CPU; on CUDA ``torch.compile``, with the compiled step also captured
-as a CUDA graph for rows of at most ``GRAPH_MAX_ROW`` tokens, whose steps are too short to hide their launches.
+as a CUDA graph for rows of at most ``GRAPH_MAX_ROW`` tokens, whose steps are too short to hide their launches;
+eager for models with a mixer that says compiling does not help it (``Mixer.auto_compiles``: the fla baselines).
 The command-line flags ``--compile`` and ``--cuda-graph`` name the same modes (``from_flags``).
 """
 
@@ -23,8 +24,8 @@ MODES = {"eager": (False, False), "compile": (True, False), "cuda-graph": (False
 LABELS = {"eager": "eager", "compile": "compiled", "cuda-graph": "CUDA graph", "compile+graph": "compiled + CUDA graph",
           "auto": "auto"}
 SPEED_HELP = (f"How stacks run: {', '.join(SPEEDS)} (auto: on CUDA compile, and capture rows of at most "
-              f"{GRAPH_MAX_ROW} tokens as CUDA graphs too; eager on the CPU). Default: eager, or as "
-              "--compile/--cuda-graph.")
+              f"{GRAPH_MAX_ROW} tokens as CUDA graphs too; eager on the CPU and for the fla baselines). Default: "
+              "eager, or as --compile/--cuda-graph.")
 
 
 def check_speed(speed: str) -> str:
@@ -45,11 +46,12 @@ def from_flags(speed: str | None, compile: bool = False, cuda_graph: bool = Fals
     return check_speed(speed)
 
 
-def stack_modes(speed: str, device: torch.device, row_tokens: int) -> tuple[bool, bool]:
-    """(compile, cuda_graph) of a stack on ``device`` whose rows hold ``row_tokens`` tokens."""
+def stack_modes(speed: str, device: torch.device, row_tokens: int, compiles: bool = True) -> tuple[bool, bool]:
+    """(compile, cuda_graph) of a stack on ``device`` whose rows hold ``row_tokens`` tokens; ``compiles`` False:
+    a model auto leaves eager (``runners.engine.auto_compiles``)."""
     if check_speed(speed) != "auto":
         return MODES[speed]
-    if device.type != "cuda":
+    if device.type != "cuda" or not compiles:
         return MODES["eager"]
     return MODES["compile+graph" if row_tokens <= GRAPH_MAX_ROW else "compile"]
 

@@ -14,7 +14,10 @@ counts the ``convert_layout`` operations of the kernel's TritonGPU IR: each move
 layouts, through shared memory with a barrier unless the two are close, and one inside a loop over taps or
 tiles runs at every iteration (a dot's operands and result are moves no kernel avoids). "In loops" counts the
 warp shuffles and barriers of the PTX inside its loops (a backward branch's span): a reduction across the
-threads of a tile there (shuffles, then shared memory behind barriers) runs at every tile.
+threads of a tile there (shuffles, then shared memory behind barriers) runs at every tile. "Loads in loops"
+counts the global load instructions there by the bytes each thread reads: a gather whose addresses are not
+contiguous within a thread compiles to one 2-byte load per bf16 element, each warp's request spanning several
+cache lines, where contiguous ones take one 8- or 16-byte load.
 
 Occupancy follows from the registers: an SM holds 65,536 of them and at most 64 warps, so a kernel of ``r``
 registers and ``w`` warps a block fits ``min(64 // w, 65536 // (r * 32 * w))`` blocks (shared memory permitting).
@@ -88,8 +91,17 @@ def _in_loops(ptx: str) -> dict:
         if m and labels.get(m.group(1), i) < i:
             inside.update(range(labels[m.group(1)], i))
     body = [lines[i] for i in sorted(inside)]
+    # global loads by bytes a thread: ld.global[.v2|.v4].b16/b32/... ; a narrow load per element where a wide one
+    # would do (addresses not contiguous in a thread) multiplies the L1 requests a tile makes
+    widths: dict[int, int] = {}
+    for line in body:
+        m = re.search(r"\bld\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", line)
+        if m:
+            size = int(m.group(1) or 1) * int(m.group(2)) // 8
+            widths[size] = widths.get(size, 0) + 1
     return {"loop_shuffles": sum("shfl.sync" in line for line in body),
-            "loop_barriers": sum(bool(re.search(r"\b(bar|barrier)\.sync", line)) for line in body)}
+            "loop_barriers": sum(bool(re.search(r"\b(bar|barrier)\.sync", line)) for line in body),
+            "loop_loads": ", ".join(f"{n} x {size} B" for size, n in sorted(widths.items())) or "-"}
 
 
 @contextmanager
@@ -173,8 +185,8 @@ def main() -> int:
     target = GPUTarget("cuda", args.arch, 32)
     print(f"# Triton {triton.__version__}, sm_{args.arch}a, torch {torch.__version__}")
     print("| call | kernel | warps | registers | spilled bytes | shared bytes | layout moves | in loops: shuffles / "
-          "barriers | blocks an SM by registers |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "barriers | loads in loops | blocks an SM by registers |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for group in args.ops.split(","):
         for label, call in groups[group]():
             reports: list[dict] = []
@@ -183,7 +195,7 @@ def main() -> int:
             for r in reports:
                 blocks = min(MAX_WARPS // r["warps"], MAX_REGS // (r["registers"] * 32 * r["warps"]))
                 print(f"| {label} | {r['name']} | {r['warps']} | {r['registers']} | {r['spill']} | {r['shared']} "
-                      f"| {r['moves']} | {r['loop_shuffles']} / {r['loop_barriers']} "
+                      f"| {r['moves']} | {r['loop_shuffles']} / {r['loop_barriers']} | {r['loop_loads']} "
                       f"| {blocks} ({100 * blocks * r['warps'] / MAX_WARPS:.1f}% occupancy) |")
     return 0
 

@@ -60,11 +60,15 @@ GROUPS = [
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
     # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
     # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631
-    # µs; 512 x 64 668, every tile 821; the other kernel 906), shipped; the tiles next to it
+    # µs; 512 x 64 668, every tile 821; the other kernel 906), shipped. GATHER (not yet timed): weight and dy rows
+    # read as stored, each output's taps gathered in the tile; compiled for sm_90a (scripts/kernel_resources.py)
+    # its loop has no 2-byte loads (16 before) and at 512 x 64 128 registers, 32 shuffles and 10 barriers
     ("head-wise bwd taps axis", ["hs1"], headwise,
-     ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER"),
-     [(True, 512, 128, True), (True, 512, 64, True), (False, 512, 128, False), (True, 512, 256, True),
-      (True, 256, 128, True), (True, 1024, 128, True), (True, 256, 256, True), (True, 512, 128, False)]),
+     ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER", "HW_HS1_BWD_GATHER"),
+     [(True, 512, 128, True, False), (True, 512, 64, True, True), (True, 512, 32, True, True),
+      (True, 256, 64, True, True), (True, 256, 32, True, True), (True, 512, 128, True, True),
+      (True, 1024, 64, True, True), (True, 512, 256, True, False), (True, 256, 128, True, False),
+      (False, 512, 128, False, False)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

@@ -59,6 +59,13 @@ HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS = 512, 128
 # the H200 (2026-12-03, BENCHMARKS.md) at 631 µs (512 x 128) against 821 every tile (512 x 64); 681 against 864
 # with 64 documents.
 HW_HS1_BWD_DS_DEFER = True
+# How that kernel reads weight[t + k, d, k] for dx: False, gathered where used (the tap axis crosses rows, so each
+# thread loads one 2-byte element at a time: 16 narrow loads a tile, each warp's request spanning four times the
+# bytes it uses; Nsight Compute put the kernel at 94% of L1 throughput, 19% of DRAM's); True, the rows t0 ..
+# t0 + 2 BT - 1 of weight and dy loaded as stored (contiguous taps: one wide load a row) and each output's taps
+# picked out of them in the tile (tl.gather along the token axis). Needs W - 1 <= BT (else False is used).
+# Not yet timed on a GPU.
+HW_HS1_BWD_GATHER = False
 
 
 # fmt: off
@@ -200,6 +207,7 @@ def _headwise_hs1_bwd_kernel(
     T, D: tl.constexpr, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, ND: tl.constexpr, BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DS_DEFER: tl.constexpr,  # flags
+    GATHER: tl.constexpr,
 ):
     """Head size 1, the taps an axis of the tile:
         dweight[t, d, k] = dy[t, d] * x[t - k, d]                          t - k in t's document
@@ -216,6 +224,8 @@ def _headwise_hs1_bwd_kernel(
     if HAS_STATIC:
         p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
         b_s = tl.load(p_s, mask=tl.broadcast_to(m_dk, [BT, ND, WP]), other=0.0).to(tl.float32)
+        if GATHER:
+            b_s1 = tl.load(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], mask=m_dk, other=0.0).to(tl.float32)
     if DS_DEFER:
         b_dsa = tl.zeros([BT, ND, WP], dtype=tl.float32)  # the chunk's dy[t] * x[t - k], per token slot
     else:
@@ -244,15 +254,33 @@ def _headwise_hs1_bwd_kernel(
         # dx: tap k of output t + k, which must lie in t's document
         o_u = o_g[:, None, None] + o_k[None, None, :]  # [BT, 1, WP] tokens whose tap k reads t
         m_u = m_3 & (o_tk < T)
-        p_wu = w_ptr + (o_u.to(tl.int64) * D + o_d[None, :, None]) * W + o_k[None, None, :]
-        b_wu = tl.load(p_wu, mask=m_u, other=0.0).to(tl.float32)
-        if HAS_STATIC:
-            b_wu += b_s
-        if RESIDUAL:
-            b_wu += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
-        p_dyu = dy_ptr + o_u.to(tl.int64) * D + o_d[None, :, None]
-        b_dyu = tl.load(p_dyu, mask=m_u, other=0.0).to(tl.float32)
-        b_gu = b_wu * b_dyu
+        if GATHER:
+            # rows u = t0 .. t0 + 2 BT - 1 of this row as stored, then b_gu[i, d, k] = b_pu[i + k, d, k]
+            q = (i_c % N_CH) * TPC + j
+            o_t2 = (q % N_TB) * BT + tl.arange(0, 2 * BT)  # [2BT] positions in the row
+            o_g2 = i_b * T + o_t2  # [2BT] on the B*T axis (i_b counts the stacked rows)
+            m_2 = ((o_t2 < T) & ((q // N_TB) * T + o_t2 < RPW * T))[:, None, None] & m_dk  # [2BT, ND, WP]
+            p_w2 = w_ptr + (o_g2.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
+            b_w2 = tl.load(p_w2, mask=m_2, other=0.0).to(tl.float32)
+            if HAS_STATIC:
+                b_w2 += b_s1
+            if RESIDUAL:
+                b_w2 += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
+            p_dy2 = dy_ptr + o_g2.to(tl.int64)[:, None, None] * D + o_d[None, :, None]
+            b_dy2 = tl.load(p_dy2, mask=m_2, other=0.0).to(tl.float32)
+            o_i = tl.broadcast_to(tl.arange(0, BT)[:, None, None] + o_k[None, None, :], [BT, ND, WP])
+            b_gu = tl.gather(b_w2 * b_dy2, o_i, 0)  # [BT, ND, WP]
+            b_gu = tl.where(m_u, b_gu, 0.0)
+        else:
+            p_wu = w_ptr + (o_u.to(tl.int64) * D + o_d[None, :, None]) * W + o_k[None, None, :]
+            b_wu = tl.load(p_wu, mask=m_u, other=0.0).to(tl.float32)
+            if HAS_STATIC:
+                b_wu += b_s
+            if RESIDUAL:
+                b_wu += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
+            p_dyu = dy_ptr + o_u.to(tl.int64) * D + o_d[None, :, None]
+            b_dyu = tl.load(p_dyu, mask=m_u, other=0.0).to(tl.float32)
+            b_gu = b_wu * b_dyu
         if HAS_CU:
             b_gu = tl.where(o_u < end[:, None, None], b_gu, 0.0)
         b_dx = tl.sum(b_gu, axis=2)  # [BT, ND]
@@ -334,7 +362,8 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), ND=NH, BT=BT, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DS_DEFER=HW_HS1_BWD_DS_DEFER,
-            num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
+            GATHER=HW_HS1_BWD_GATHER and W - 1 <= BT, num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
+            maxnreg=HW_BWD_MAXNREG,
         )
     else:
         _dynamic_conv_headwise_bwd_kernel[(n_hb, runs * n_chunks)](

@@ -90,6 +90,10 @@ class FlaMixer(Mixer):
     # with documents the op reads the layout on the host (per_document's padded layout, fla's varlen chunks)
     # in code with no per-run rule
     stacks_with_documents = False
+    # fla's kernels are opaque to torch.compile. On an H200 (BENCHMARKS.md, `mixlab bench train --model gla`, MAD
+    # in-context recall) compiled GLA stacks trained no faster than eager ones: 2.29M against 2.30M tokens/s (6
+    # runs) and 2.38M against 2.38M (18) on the chunked kernels, 3.78M against 4.57M (6) on the recurrent ones
+    auto_compiles = False
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:

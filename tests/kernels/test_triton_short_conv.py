@@ -5,6 +5,8 @@ Without CUDA they run in the Triton interpreter (tests/kernels/conftest.py sets 
 input, driven by a random upstream gradient, and every buffer the launchers allocate starts full of NaN.
 """
 
+import functools
+
 import pytest
 import torch
 import triton
@@ -145,6 +147,32 @@ def test_dynamic_conv_headwise_hs1_dstatic_summed_once_a_chunk(B, T, D, hs, W, r
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
+                         [case for case in HEADWISE_CASES if case.values[3] == 1])
+def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D, hs, W, rows, residual, static,
+                                                                       dtype, monkeypatch, assert_rel_rms):
+    """The head size 1 taps-axis backward reading weight and dy rows as stored and picking each output's taps out
+    of the tile (a tune knob), on the head size 1 cases with several tiles a chunk (tiles of 8 tokens); the
+    launches must have taken that path where W - 1 <= 8."""
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_GATHER", True)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 32)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
+    kernel, flags = triton_headwise._headwise_hs1_bwd_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                flags.append(kwargs["GATHER"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_headwise, "_headwise_hs1_bwd_kernel", Spy())
+    test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+    assert flags and all(flags)  # every case here has W - 1 <= its tile's tokens
 
 
 @pytest.mark.parametrize(("hs", "D", "other_way"),
@@ -664,6 +692,10 @@ FOLDED = [
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
                  {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, id="headwise"),
+    pytest.param(functools.partial(_headwise, H=8), triton_headwise,
+                 ("_dynamic_conv_headwise_fwd_kernel", "_headwise_hs1_bwd_kernel"),
+                 {"HW_HS1_BWD_TAPS_AXIS": True, "HW_HS1_BWD_GATHER": True, "HW_HS1_BWD_TILE": 64,
+                  "HW_HS1_BWD_CHANNELS": 8, "HW_BWD_PROGRAMS": 4}, id="headwise-hs1-gathered"),
 ]
 
 

@@ -31,6 +31,18 @@ def test_stack_modes(speed, device, row, modes):
     assert stack_modes(speed, device, row) == modes
 
 
+@pytest.mark.parametrize(("mixer", "compiles"), [("attention", True), ("hyena", True), ("gla", False),
+                                                  ("mamba2", False), ("hyena,retnet", False)])
+def test_auto_leaves_stacks_of_fla_baselines_eager(mixer, compiles):
+    """A model with an fla mixer in any layer: auto runs its stacks eager on CUDA (compiling them was timed not
+    to help); what was asked explicitly stays as asked."""
+    config = RunConfig(task="mad/in_context_recall", model={"mixer": mixer, "n_layers": 2})
+    assert engine.auto_compiles(config) is compiles
+    modes = stack_modes("auto", CUDA, 127, engine.auto_compiles(config))
+    assert modes == ((True, False) if compiles else (False, False))
+    assert stack_modes("compile", CUDA, 127, engine.auto_compiles(config)) == (True, False)
+
+
 @pytest.mark.parametrize(("speed", "compile", "cuda_graph", "want"), [
     (None, False, False, "eager"),
     (None, True, False, "compile"),
