@@ -30,6 +30,12 @@ BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 # 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
 # (137.7 against 142.0 µs, 150.0 against 164.0 with 64 documents; BENCHMARKS.md).
 BWD_MAXNREG = 128
+# Where the backward sums dw over a tile's tokens: False, at every tap of every tile (a reduction across the
+# tile's threads: its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a tile, scripts/kernel_resources.py);
+# True, once after its chunk of tiles, each tap's products added up token slot by token slot in a [BT, WP, BD]
+# accumulator (registers; then smaller tiles). The same sums in another order: rounding differs, each is
+# repeatable. Not yet timed on a GPU.
+BWD_DW_DEFER = False
 
 
 # fmt: off
@@ -73,7 +79,7 @@ def _short_conv_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
     T, D, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, DW_DEFER: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     i_r = i_c // N_CH  # the run (weight set) whose N_CH chunks this is one of
@@ -81,7 +87,10 @@ def _short_conv_bwd_kernel(
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     m_d = o_d < D
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    if DW_DEFER:
+        b_dwa = tl.zeros([BT, WP, BD], dtype=tl.float32)  # the chunk's dy[t + k] * x[t], per token slot
+    else:
+        b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -103,10 +112,15 @@ def _short_conv_bwd_kernel(
                 if HAS_CU:
                     b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
             b_dx += b_dyk * b_w[None, :]
-            b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
-            b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
+            if DW_DEFER:
+                b_dwa = tl.where((o_k == k)[None, :, None], b_dwa + (b_dyk * b_x)[:, None, :], b_dwa)
+            else:
+                b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
+                b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
+    if DW_DEFER:
+        b_dw = tl.sum(b_dwa, axis=0)  # [WP, BD]
     p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
     tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
 # fmt: on
@@ -151,7 +165,7 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
+        DW_DEFER=BWD_DW_DEFER, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)

@@ -85,6 +85,19 @@ def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
     )
 
 
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype",
+                         [c for c in SHORT_CASES if c.id in ("T63-D127-W4", "W8-docs-shorter-than-W-empty",
+                                                             "bf16-T127-D65-docs")])
+def test_short_conv_dw_summed_once_a_chunk(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
+    """The backward with dw's sums deferred to the end of each chunk (a tune knob), tiles of 8 tokens and 16
+    channels, 4 programs a channel block (several tiles a chunk)."""
+    monkeypatch.setattr(short_triton, "BWD_DW_DEFER", not short_triton.BWD_DW_DEFER)
+    monkeypatch.setattr(short_triton, "BWD_BT", 8)
+    monkeypatch.setattr(short_triton, "BWD_BD", 16)
+    monkeypatch.setattr(short_triton, "BWD_PROGRAMS", 4)
+    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("W", range(1, 9), ids=lambda w: f"W{w}")
 def test_short_conv_every_width(W, assert_rel_rms):
     gen = torch.Generator().manual_seed(W)
@@ -688,6 +701,8 @@ def _headwise(gen, N, B, T, D, W, H=2):
 FOLDED = [
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
                  {"BWD_BT": 16, "BWD_PROGRAMS": 4}, id="static"),
+    pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
+                 {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": True}, id="static-dw-summed-once-a-chunk"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
