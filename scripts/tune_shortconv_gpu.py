@@ -53,14 +53,17 @@ GROUPS = [
     ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS", "HW_FWD_TAP_LOADS"),
      [(512, 4, 128, False), (1024, 4, 128, False), (1024, 4, 128, True), (2048, 4, 32, False), (2048, 4, 32, True),
       (2048, 4, 64, False), (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False)]),
-    # dweight as one tile (last value True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118
+    # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
+    # DS_DEFER (last value; not yet timed): dstatic_w summed once a chunk; compiled for sm_90a (Triton 3.9) at head
+    # size 16, 512x128: 40 -> 8 shuffles and 16 -> 8 barriers in the loop, 72 -> 80 registers; 256x128 56
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
-      "HW_BWD_DW_TILE"),
-     [(512, 4, 1, 4096, None, 128, True), (512, 4, 1, 4096, None, 128, False), (1024, 4, 1, 4096, None, 32, False),
-      (1024, 4, 1, 4096, None, 32, True), (1024, 4, 1, 4096, None, 64, False), (512, 4, 1, 4096, None, 32, False),
-      (512, 4, 1, 4096, None, 32, True), (2048, 8, 1, 4096, None, 64, False), (1024, 8, 1, 4096, None, 32, False),
-      (1024, 4, 1, 4096, 128, 64, False)]),
+      "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),
+     [(512, 4, 1, 4096, None, 128, True, False), (512, 4, 1, 4096, None, 128, True, True),
+      (256, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 64, True, True),
+      (1024, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 128, False, False),
+      (1024, 4, 1, 4096, None, 32, False, False), (1024, 4, 1, 4096, None, 64, False, False),
+      (2048, 8, 1, 4096, None, 64, False, False), (1024, 4, 1, 4096, 128, 64, False, False)]),
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
     # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
     # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631

@@ -39,6 +39,10 @@ HW_BWD_MAXNREG = None
 # of a tile assembled in registers and stored as one [BT, NH, W] tile (contiguous, but the assembly costs
 # registers and a layout change through shared memory). True timed faster on the H200 (BENCHMARKS.md).
 HW_BWD_DW_TILE = True
+# Where the backward of every head size sums dstatic_w over a tile's tokens: False, at every tap of every tile (a
+# reduction across the tile's threads); True, once after its chunk of tiles, from a [WP, BT, NH, HSP] accumulator
+# (registers), as HW_HS1_BWD_DS_DEFER does at head size 1. Not yet timed on a GPU.
+HW_BWD_DS_DEFER = False
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
 # every tap summed in one reduction, no tap picked out of a tile or moved between layouts one by one (compiled
@@ -133,6 +137,7 @@ def _dynamic_conv_headwise_bwd_kernel(
     W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr,
     BT: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
+    DS_DEFER: tl.constexpr,
 ):
     i_h, i_c = tl.program_id(0), tl.program_id(1)
     i_r = i_c // N_CH  # the run whose N_CH chunks this is one of
@@ -144,7 +149,10 @@ def _dynamic_conv_headwise_bwd_kernel(
     o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
     m_hc = m_h[:, None] & (o_c < HS)[None, :]
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    if DS_DEFER:
+        b_dsa = tl.zeros([WP, BT, NH, HSP], dtype=tl.float32)  # the chunk's dy[t] * x[t - k], per token slot
+    else:
+        b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -186,8 +194,11 @@ def _dynamic_conv_headwise_bwd_kernel(
                 p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
                 tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
             if HAS_STATIC:
-                b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
-                b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
+                if DS_DEFER:
+                    b_dsa = tl.where(o_k[:, None, None, None] == k, b_dsa + b_g[None, :, :, :], b_dsa)
+                else:
+                    b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
+                    b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
         if DW_TILE:
             p_dw = dw_ptr + (o_g.to(tl.int64)[:, None, None] * H + o_h[None, :, None]) * W + o_k[None, None, :]
             m_dw = m_t[:, None, None] & m_h[None, :, None] & (o_k < W)[None, None, :]
@@ -195,6 +206,8 @@ def _dynamic_conv_headwise_bwd_kernel(
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
     if HAS_STATIC:
+        if DS_DEFER:
+            b_ds = tl.sum(b_dsa, axis=1)  # [WP, NH, HSP]
         p_ds = dsp_ptr + (i_c * W + o_k[:, None, None]).to(tl.int64) * D + o_d[None, :, :]
         tl.store(p_ds, b_ds, mask=(o_k < W)[:, None, None] & m_hc[None, :, :])
 # fmt: on
@@ -370,7 +383,8 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
             HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-            DW_TILE=HW_BWD_DW_TILE, num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
+            DW_TILE=HW_BWD_DW_TILE, DS_DEFER=HW_BWD_DS_DEFER, num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
+            maxnreg=HW_BWD_MAXNREG,
         )
     # fmt: on
     if static_w is None:

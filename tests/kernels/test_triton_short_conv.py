@@ -163,6 +163,17 @@ def test_dynamic_conv_headwise_hs1_dstatic_summed_once_a_chunk(B, T, D, hs, W, r
 
 
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
+                         [case for case in HEADWISE_CASES if case.values[3] > 1 and case.values[7]])
+def test_dynamic_conv_headwise_dstatic_summed_once_a_chunk(B, T, D, hs, W, rows, residual, static, dtype,
+                                                           monkeypatch, assert_rel_rms):
+    """The backward of every head size with its dstatic_w sums deferred to the end of each chunk (a tune knob),
+    on the cases with static weights, several tiles a chunk (4 programs a head block)."""
+    monkeypatch.setattr(triton_headwise, "HW_BWD_DS_DEFER", not triton_headwise.HW_BWD_DS_DEFER)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
+    test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
                          [case for case in HEADWISE_CASES if case.values[3] == 1])
 def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D, hs, W, rows, residual, static,
                                                                        dtype, monkeypatch, assert_rel_rms):
@@ -707,6 +718,9 @@ FOLDED = [
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
                  {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, id="headwise"),
+    pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
+                 {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4, "HW_BWD_DS_DEFER": True},
+                 id="headwise-dstatic-summed-once-a-chunk"),
     pytest.param(functools.partial(_headwise, H=8), triton_headwise,
                  ("_dynamic_conv_headwise_fwd_kernel", "_headwise_hs1_bwd_kernel"),
                  {"HW_HS1_BWD_TAPS_AXIS": True, "HW_HS1_BWD_GATHER": True, "HW_HS1_BWD_TILE": 64,
