@@ -268,7 +268,7 @@ def _headwise_hs1_bwd_kernel(
         o_u = o_g[:, None, None] + o_k[None, None, :]  # [BT, 1, WP] tokens whose tap k reads t
         m_u = m_3 & (o_tk < T)
         if GATHER:
-            # rows u = t0 .. t0 + 2 BT - 1 of this row as stored, then b_gu[i, d, k] = b_pu[i + k, d, k]
+            # rows u = t0 .. t0 + 2 BT - 1 of this row as stored; output i takes tap k from row i + k of the product
             q = (i_c % N_CH) * TPC + j
             o_t2 = (q % N_TB) * BT + tl.arange(0, 2 * BT)  # [2BT] positions in the row
             o_g2 = i_b * T + o_t2  # [2BT] on the B*T axis (i_b counts the stacked rows)
