@@ -37,9 +37,10 @@ GROUPS = [
     ("static fwd", ["static"], short, ("FWD_BT", "FWD_BD", "FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (8, 256, 4)]),
     # registers (scripts/kernel_resources.py, Triton 3.6): 64x64 4 warps 168 (18.75% occupancy), 32x64 4 warps
-    # 128 (25%), 32x64 and 64x32 8 warps 100-109 (25%), 16x128 8 warps 99-108 (25%). DW_DEFER (last value; not
-    # yet timed): dw summed once a chunk; compiled for sm_90a (Triton 3.9) at 16x64 its loop holds no shuffles and
-    # 8 barriers (the shipped kernel 128 and 16, 256 spilled bytes), 128 registers, no spills
+    # 128 (25%), 32x64 and 64x32 8 warps 100-109 (25%), 16x128 8 warps 99-108 (25%). DW_DEFER (True): dw summed
+    # once a chunk; compiled for sm_90a (Triton 3.9) at 16x64 its loop holds no shuffles and 8 barriers (the
+    # shipped kernel 128 and 16, 256 spilled bytes), 128 registers, no spills; timed on the H200 (2026-12-03) at
+    # 173 µs at best against the shipped 140
     ("static bwd", ["static"], short,
      ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
      [(64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True), (32, 32, 4, 1, 4096, None, True),
@@ -54,8 +55,9 @@ GROUPS = [
      [(512, 4, 128, False), (1024, 4, 128, False), (1024, 4, 128, True), (2048, 4, 32, False), (2048, 4, 32, True),
       (2048, 4, 64, False), (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False)]),
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
-    # DS_DEFER (last value; not yet timed): dstatic_w summed once a chunk; compiled for sm_90a (Triton 3.9) at head
-    # size 16, 512x128: 40 -> 8 shuffles and 16 -> 8 barriers in the loop, 72 -> 80 registers; 256x128 56
+    # DS_DEFER (True): dstatic_w summed once a chunk; compiled for sm_90a (Triton 3.9) at head size 16, 512x128:
+    # 40 -> 8 shuffles and 16 -> 8 barriers in the loop, 72 -> 80 registers; 256x128 56; timed on the H200
+    # (2026-12-03) at head size 16 280 µs against the shipped 197
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
       "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),
@@ -67,15 +69,15 @@ GROUPS = [
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
     # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
     # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631
-    # µs; 512 x 64 668, every tile 821; the other kernel 906), shipped. GATHER (not yet timed): weight and dy rows
-    # read as stored, each output's taps gathered in the tile; compiled for sm_90a (scripts/kernel_resources.py)
-    # its loop has no 2-byte loads (16 before) and at 512 x 64 128 registers, 32 shuffles and 10 barriers
+    # µs; 512 x 64 668, every tile 821; the other kernel 906). GATHER: weight and dy rows read as stored, each
+    # output's taps gathered in the tile; compiled for sm_90a (scripts/kernel_resources.py) its loop has no 2-byte
+    # loads (16 before) and at 512 x 64 128 registers, 32 shuffles and 10 barriers. Timed on the H200 (2026-12-03):
+    # 512 x 128 with GATHER 492 µs (537 with documents), 512 x 64 617, 512 x 32 703, 256 x 64 854; shipped
     ("head-wise bwd taps axis", ["hs1"], headwise,
      ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER", "HW_HS1_BWD_GATHER"),
-     [(True, 512, 128, True, False), (True, 512, 64, True, True), (True, 512, 32, True, True),
-      (True, 256, 64, True, True), (True, 256, 32, True, True), (True, 512, 128, True, True),
-      (True, 1024, 64, True, True), (True, 512, 256, True, False), (True, 256, 128, True, False),
-      (False, 512, 128, False, False)]),
+     [(True, 512, 128, True, True), (True, 512, 128, True, False), (True, 512, 64, True, True),
+      (True, 512, 32, True, True), (True, 1024, 64, True, True), (True, 1024, 128, True, True),
+      (True, 512, 256, True, True), (True, 256, 128, True, True), (False, 512, 128, False, False)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

@@ -2,6 +2,7 @@
 
     python scripts/verify_fla_gpu.py             # every check, about a minute on an H200
     python scripts/verify_fla_gpu.py --only ops  # ops | stack | mixers | leakage
+    python scripts/verify_fla_gpu.py --only ops --forms recurrent   # the fused recurrent kernels only
     python scripts/verify_fla_gpu.py --recurrent-max-t 1024   # stack, mixers, leakage on the recurrent kernels
 
 ops:     every op of ``models.mixers.fla_ops`` forward and backward (random upstream gradient) through fla's
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
 import os
 import sys
 import time
@@ -120,9 +122,9 @@ def refused(op: str) -> bool:
     return True
 
 
-def check_ops() -> bool:
+def check_ops(forms: tuple[str, ...] = fla_ops.FORMS) -> bool:
     shipped, ok = fla_ops.RECURRENT_MAX_T, True
-    for op, form in [(op, form) for op in fla_ops.OPS for form in fla_ops.FORMS
+    for op, form in [(op, form) for op in fla_ops.OPS for form in forms
                      if form == "chunk" or op in fla_ops.RECURRENT_OPS]:
         if form == "chunk" and refused(op):
             continue
@@ -224,10 +226,16 @@ def main() -> None:
                         help="as MIXLAB_FLA_AUTOTUNE (default: it, else first): first keeps every fla autotuner's "
                              "first config only, full lets fla tune")
     parser.add_argument("--stack-every", type=float, default=120.0, help="dump the Python stack every N seconds")
+    parser.add_argument("--forms", default=",".join(fla_ops.FORMS),
+                        help="comma-separated kernel forms the ops check covers (default: every form)")
     parser.add_argument("--recurrent-max-t", type=int, default=None,
                         help="fla_ops.RECURRENT_MAX_T of every recurrent op for the stack, mixer and leakage checks "
                              "(default: shipped)")
     args = parser.parse_args()
+    forms = tuple(f.strip() for f in args.forms.split(","))
+    if not set(forms) <= set(fla_ops.FORMS):
+        parser.error(f"unknown form in --forms {args.forms!r}; choose from {', '.join(fla_ops.FORMS)}")
+    CHECKS["ops"] = functools.partial(check_ops, forms)
     faulthandler.dump_traceback_later(args.stack_every, repeat=True)
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)

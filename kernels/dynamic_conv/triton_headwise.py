@@ -41,7 +41,8 @@ HW_BWD_MAXNREG = None
 HW_BWD_DW_TILE = True
 # Where the backward of every head size sums dstatic_w over a tile's tokens: False, at every tap of every tile (a
 # reduction across the tile's threads); True, once after its chunk of tiles, from a [WP, BT, NH, HSP] accumulator
-# (registers), as HW_HS1_BWD_DS_DEFER does at head size 1. Not yet timed on a GPU.
+# (registers), as HW_HS1_BWD_DS_DEFER does at head size 1. Timed slower on the H200 (2026-12-03, BENCHMARKS.md):
+# head size 16 at 512 x 128 280 µs against 197 (302 against 221 with 64 documents).
 HW_BWD_DS_DEFER = False
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
@@ -68,8 +69,9 @@ HW_HS1_BWD_DS_DEFER = True
 # bytes it uses; Nsight Compute put the kernel at 94% of L1 throughput, 19% of DRAM's); True, the rows t0 ..
 # t0 + 2 BT - 1 of weight and dy loaded as stored (contiguous taps: one wide load a row) and each output's taps
 # picked out of them in the tile (tl.gather along the token axis). Needs W - 1 <= BT (else False is used).
-# Not yet timed on a GPU.
-HW_HS1_BWD_GATHER = False
+# The tune script timed it on the H200 (2026-12-03, BENCHMARKS.md) at 492 µs against 631 (512 x 128), 537 against
+# 682 with 64 documents.
+HW_HS1_BWD_GATHER = True
 
 
 # fmt: off

@@ -34,7 +34,8 @@ BWD_MAXNREG = 128
 # tile's threads: its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a tile, scripts/kernel_resources.py);
 # True, once after its chunk of tiles, each tap's products added up token slot by token slot in a [BT, WP, BD]
 # accumulator (registers; then smaller tiles). The same sums in another order: rounding differs, each is
-# repeatable. Not yet timed on a GPU.
+# repeatable. Timed slower on the H200 (2026-12-03, BENCHMARKS.md): 173 µs at its best tile (16 x 64 or 8 x 64)
+# against 140.
 BWD_DW_DEFER = False
 
 

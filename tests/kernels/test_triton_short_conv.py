@@ -173,15 +173,17 @@ def test_dynamic_conv_headwise_dstatic_summed_once_a_chunk(B, T, D, hs, W, rows,
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered", "loaded-where-used"])
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
                          [case for case in HEADWISE_CASES if case.values[3] == 1])
 def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D, hs, W, rows, residual, static,
-                                                                       dtype, monkeypatch, assert_rel_rms):
-    """The head size 1 taps-axis backward reading weight and dy rows as stored and picking each output's taps out
-    of the tile (a tune knob), on the head size 1 cases with several tiles a chunk (tiles of 8 tokens); the
-    launches must have taken that path where W - 1 <= 8."""
+                                                                       dtype, gather, monkeypatch, assert_rel_rms):
+    """The head size 1 taps-axis backward both ways of reading weight[t + k, d, k] (a tune knob): rows of weight
+    and dy read as stored and each output's taps picked out of the tile, or each element loaded where used; on
+    the head size 1 cases with several tiles a chunk (tiles of 8 tokens). The launches must have taken the path
+    asked for (gathering needs W - 1 <= 8, which every case here has)."""
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
-    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_GATHER", True)
+    monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_GATHER", gather)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 32)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
@@ -196,7 +198,7 @@ def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D,
 
     monkeypatch.setattr(triton_headwise, "_headwise_hs1_bwd_kernel", Spy())
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
-    assert flags and all(flags)  # every case here has W - 1 <= its tile's tokens
+    assert flags and all(flag == gather for flag in flags)
 
 
 @pytest.mark.parametrize(("hs", "D", "other_way"),
