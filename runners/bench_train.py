@@ -126,10 +126,11 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     seq_len = row_tokens(configs[0])
     bf16 = uses_bf16(tc.precision, dev)
     full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
+    compiles = auto_compiles(configs[0])
 
     modes = [("batched", "eager")]
     for speed in dict.fromkeys(check_speed(s) for s in speeds if s != "eager"):
-        picked = mode_name(*stack_modes(speed, dev, seq_len, auto_compiles(configs[0])))
+        picked = mode_name(*stack_modes(speed, dev, seq_len, compiles))
         label = f"auto ({LABELS[picked]})" if speed == "auto" else LABELS[speed]
         modes.append((f"batched, {label}", speed))
 
@@ -142,7 +143,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         train_runs_batched(warm, progress=progress, speed=speed)
         batched, total = timed(lambda s=speed: train_runs_batched(configs, progress=progress, speed=s))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
-        gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len, auto_compiles(configs[0]))[0])
+        gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len, compiles)[0])
         loop = max(r["wall_time_s"] for r in batched)
         rows.append(_row(label, batched, total, loop, steps, tc.batch_size, seq_len, full_steps,
                          None if gate.startswith("FAILED") else base_rate, gate))
