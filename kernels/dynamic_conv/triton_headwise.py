@@ -237,10 +237,12 @@ def _headwise_hs1_bwd_kernel(
     m_d = o_d < D
     m_dk = m_d[None, :, None] & (o_k < W)[None, None, :]  # [1, ND, WP]
     if HAS_STATIC:
-        p_s = tl.broadcast_to(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], [BT, ND, WP])
-        b_s = tl.load(p_s, mask=tl.broadcast_to(m_dk, [BT, ND, WP]), other=0.0).to(tl.float32)
-        if GATHER:
-            b_s1 = tl.load(s_ptr + o_k[None, None, :] * D + o_d[None, :, None], mask=m_dk, other=0.0).to(tl.float32)
+        p_s = s_ptr + o_k[None, None, :] * D + o_d[None, :, None]  # [1, ND, WP]
+        if GATHER:  # added to the [2BT, ND, WP] rows as stored
+            b_s = tl.load(p_s, mask=m_dk, other=0.0).to(tl.float32)
+        else:  # [BT, ND, WP], loaded at the tile's shape
+            b_s = tl.load(tl.broadcast_to(p_s, [BT, ND, WP]), mask=tl.broadcast_to(m_dk, [BT, ND, WP]),
+                          other=0.0).to(tl.float32)
     if DS_DEFER:
         b_dsa = tl.zeros([BT, ND, WP], dtype=tl.float32)  # the chunk's dy[t] * x[t - k], per token slot
     else:
@@ -278,7 +280,7 @@ def _headwise_hs1_bwd_kernel(
             p_w2 = w_ptr + (o_g2.to(tl.int64)[:, None, None] * D + o_d[None, :, None]) * W + o_k[None, None, :]
             b_w2 = tl.load(p_w2, mask=m_2, other=0.0).to(tl.float32)
             if HAS_STATIC:
-                b_w2 += b_s1
+                b_w2 += b_s
             if RESIDUAL:
                 b_w2 += tl.where(o_k == 0, 1.0, 0.0)[None, None, :]
             p_dy2 = dy_ptr + o_g2.to(tl.int64)[:, None, None] * D + o_d[None, :, None]
