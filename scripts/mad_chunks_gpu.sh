@@ -16,8 +16,9 @@
 # Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
 # (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
-# PACK gets records.tgz (every finished record, the manifests and the logs) and partial.tgz.* (checkpoints, in
-# 15 MiB pieces, at most PARTIAL_MB MiB together); on a fresh machine, pieces in RESTORE are unpacked into WORK first.
+# PACK gets gpu_util.csv (nvidia-smi every 10 s), records.tgz (every finished record, the manifests and the
+# logs) and partial.tgz.* (checkpoints, in 15 MiB pieces, at most PARTIAL_MB MiB together); on a fresh machine,
+# pieces in RESTORE are unpacked into WORK first.
 # WHEELS (default .gpu/wheels): wheels installed without dependencies first, for what the GPU image lacks (it has
 # no network and no fla-core: `pip download fla-core==0.6.0 --no-deps -d .gpu/wheels` here, then carry
 # .gpu/wheels and RESTORE; one carry of all of .gpu can pass the 64 MiB a call carries).
@@ -51,6 +52,7 @@ fi
 touch "$WORK/.restored"
 # After SIGINT the sweep gives its workers 60 s to checkpoint (runners/local_backend.py) before it kills them;
 # timeout's SIGKILL comes 15 s after that, and 20 s are left to pack.
+pids=()
 left=$(( CAP - ($(date +%s) - start) - 95 ))
 for arg in "$@"; do
   m=${arg%%|*}
@@ -78,8 +80,16 @@ for arg in "$@"; do
       echo "=== $m rc=$? $(date +%T)"
     done
   ) > "$WORK/${m#sweep:}.log" 2>&1 &
+  pids+=($!)
 done
-wait
+# The GPU's busy share and memory every 10 s while the sweeps run: is the GPU saturated, or would more workers help?
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 10 \
+  > "$PACK/gpu_util.csv" 2>/dev/null &
+smi=$!
+wait "${pids[@]}"
+kill "$smi" 2>/dev/null
+awk -F', ' '{n++; u+=$2; if ($3 > m) m = $3} END {if (n) printf "GPU busy %.0f%% on average over %d samples, memory up to %d MiB\n", u / n, n, m}' \
+  "$PACK/gpu_util.csv"
 cd "$WORK" || exit 1
 for arg in "$@"; do
   m=${arg%%|*}
