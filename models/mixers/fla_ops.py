@@ -19,9 +19,11 @@ wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recom
 autograd and whose vmap rule folds stacked runs' rows into the kernels' batch (``_fold_runs``; with documents
 it calls the op once per run, ``kernels.triton_utils.per_run_vmap``), so stacked runs in ``runners.engine``
 launch each kernel once, every row computed as in a run alone. "torch" runs fla's plain-torch ``naive`` functions:
-the recurrence for GLA, the chunked forms for simple_gla, retention and the gated delta rule, the quadratic
-form for Based. They take no ``cu_seqlens``: every document is copied into its own zero-padded row
-(``per_document``), so a document's outputs are exactly independent of the others.
+the recurrence for GLA, the chunked forms for simple_gla and retention, the quadratic form for Based; the gated
+delta rule runs the lab's own chunked form (``chunked_gated_delta_rule``), which solves each chunk's writes as one
+triangular system where fla's naive form loops over the chunk's positions. They take no ``cu_seqlens``: every
+document is copied into its own zero-padded row (``per_document``), so a document's outputs are exactly
+independent of the others.
 
 fla-core 0.6 refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`` with a per-token gate) on
 Hopper GPUs with Triton 3.4 to 3.7.0, which compute it wrongly there (fla's issue #640), unless tilelang is
@@ -55,9 +57,15 @@ from mixlab.kernels.triton_utils import per_run_vmap, run_rows
 from mixlab.models.mixers.attention import document_slots
 
 OPS = ("gla", "simple_gla", "retention", "gated_delta_rule", "based")
-# chunk length of fla's naive chunked forms on the torch path: short, since the lab's sequences are short and
-# the gated delta rule's naive form loops over the chunk's positions
+# chunk length of fla's naive chunked forms on the torch path (simple_gla, retention): short, as the lab's rows are
 NAIVE_CHUNK = 16
+# chunk length of the gated delta rule's torch form (``chunked_gated_delta_rule``) by device type: its steps are
+# a loop over chunks, so longer chunks mean fewer ops but more arithmetic (a chunk's [C, C] products). On CUDA,
+# where fla refuses this op's kernel, steps this small are bound by their launches; on the CPU by arithmetic.
+# Fwd+bwd of 16 heads (keys 8, values 16), non-view aten ops dispatched (under a TorchDispatchMode, 2026-12-03):
+# B=32 T=128 143 at chunks of 64, 197 at 32, against 999 for fla's naive chunked form at chunks of 16 (which
+# also loops over a chunk's positions); B=4 T=1024 521, 953 and 5,255.
+GDR_CHUNK = {"cuda": 64, "cpu": 32}
 INSTALL_HINT = "pip install 'mixlab[baselines]'"
 # smallest head size handed to fla's kernels (Triton's dot products take blocks of at least 16)
 MIN_KERNEL_DIM = 16
@@ -140,7 +148,6 @@ def _fla():
         warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated")
         from fla.ops import based, gated_delta_rule, gla, retention, simple_gla  # with their recurrent modules
         from fla.ops.based.naive import naive_parallel_based
-        from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
         from fla.ops.gla.naive import naive_recurrent_gla
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
     if autotune_mode() == "first":
@@ -162,7 +169,7 @@ def _fla():
         "naive": {
             "gla": naive_recurrent_gla,
             "simple_gla": naive_chunk_simple_gla,
-            "gated_delta_rule": naive_chunk_gated_delta_rule,
+            "gated_delta_rule": chunked_gated_delta_rule,
             "based": naive_parallel_based,
         },
     }
@@ -222,10 +229,65 @@ def naive(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
             g = retention_log_decay(q.shape[2], q.device).expand(q.shape[:3])
         o, _ = fns["simple_gla"](q, k, v, g, chunk_size=NAIVE_CHUNK, scale=scale)
     elif op == "gated_delta_rule":
-        o, _ = fns["gated_delta_rule"](q, k, v, g, beta, chunk_size=NAIVE_CHUNK, scale=scale)
+        o = fns["gated_delta_rule"](q, k, v, g, beta, scale)
     else:  # fla's naive Based takes [B, H, T, K]
         o = fns["based"](*(t.transpose(1, 2) for t in (q, k, v)), scale=scale, use_norm=True).transpose(1, 2)
     return o.to(q.dtype)
+
+
+def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, scale: float, chunk_size: int | None = None) -> torch.Tensor:
+    """The gated delta rule (module docstring) in plain torch on rows that are one document each, in fp32 (also
+    under autocast):
+    q, k [B, T, H, K], v [B, T, H, V], g, beta [B, T, H] -> o [B, T, H, V] (fp32).
+
+    Rows are cut into chunks of C = min(chunk_size, T) tokens (the last zero-padded: beta 0 writes nothing);
+    chunk_size None: ``GDR_CHUNK`` of q's device type (32 for one not named there).
+    With G the log decay summed within the chunk and L[i, j] = exp(G_i - G_j) for j <= i (0 above), the writes
+    e_i = beta_i (v_i - k_i^T S_before_i) of a chunk entered with state S [K, V] solve
+        (I + A) E = beta V - (beta K exp(G)) S,   A[i, j] = beta_i (k_i . k_j) L[i, j] for j < i,
+    so E = U - W S with U, W one triangular solve per chunk, independent of S (the WY form of the Gated DeltaNet
+    paper). Then o = scale (q exp(G)) S + scale ((q k^T) * L) E and S <- exp(G_C) S + (k exp(G_C - G))^T E,
+    the only steps left in the loop over chunks."""
+    with torch.autocast(q.device.type, enabled=False):  # fp32 under bf16 autocast too: the state crosses chunks
+        return _chunked_gated_delta_rule(q, k, v, g, beta, scale, chunk_size)
+
+
+def _chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                              beta: torch.Tensor, scale: float, chunk_size: int | None) -> torch.Tensor:
+    B, T, H, K = q.shape
+    C = min(chunk_size or GDR_CHUNK.get(q.device.type, GDR_CHUNK["cpu"]), T)
+    n = -(-T // C)
+    pad = n * C - T
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # [B, T, H, ...] -> [B, H, n, C, ...] in fp32, zero-padded
+        t = F.pad(t.float(), (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.transpose(1, 2).unflatten(2, (n, C))
+
+    q, k, v, g, beta = (chunks(t) for t in (q, k, v, g, beta))
+    G = g.cumsum(-1)  # [B, H, n, C]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # exp of -inf above the diagonal: 0 there, with a zero gradient (not inf * 0)
+    L = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # [B, H, n, C, C]
+    k_beta = k * beta[..., None]
+    # unit lower-triangular I + A: solve_triangular reads only the strict lower part and takes the diagonal as 1
+    A = (k_beta @ k.transpose(-1, -2)) * L  # [B, H, n, C, C]
+    rhs = torch.cat([v * beta[..., None], k_beta * G.exp()[..., None]], -1)  # [B, H, n, C, V + K]
+    u, w = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([v.shape[-1], K], -1)
+    # u [B, H, n, C, V]: the writes were the entering state zero; w [B, H, n, C, K]: how that state lowers them
+    last = G[..., -1:]  # [B, H, n, 1]
+    k_out = k * (last - G).exp()[..., None]  # [B, H, n, C, K]: each key's decay to the chunk's end
+    state = q.new_zeros(B, H, K, v.shape[-1])
+    states, writes = [], []
+    for i in range(n):
+        states.append(state)
+        e = u[:, :, i] - w[:, :, i] @ state  # [B, H, C, V]
+        writes.append(e)
+        state = state * last[:, :, i, :, None].exp() + k_out[:, :, i].transpose(-1, -2) @ e
+    S, E = torch.stack(states, 2), torch.stack(writes, 2)  # [B, H, n, K, V], [B, H, n, C, V]
+    q = q * scale
+    o = (q * G.exp()[..., None]) @ S + ((q @ k.transpose(-1, -2)) * L) @ E  # [B, H, n, C, V]
+    return o.flatten(2, 3)[:, :, :T].transpose(1, 2)
 
 
 def _pad_last(t: torch.Tensor | None, size: int) -> torch.Tensor | None:

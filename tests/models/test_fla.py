@@ -93,6 +93,41 @@ def test_torch_path_with_documents_is_the_recurrence_per_document(op):
         torch.testing.assert_close(out[lo:hi].double(), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("length", [1, 63, 65, 127])
+def test_chunked_gated_delta_rule_matches_the_recurrence_forward_and_backward(length, chunk):
+    """The lab's torch form of the gated delta rule (one triangular solve a chunk, a loop over chunks; no fla
+    needed) against the token-by-token recurrence in float64: output and the gradients of q, k, v, g and beta
+    under a random upstream gradient, at lengths that end mid-chunk, fill one chunk short of a token or span
+    several."""
+    gen = torch.Generator().manual_seed(length)
+    q, k = torch.randn(2, length, H, K, generator=gen), F.normalize(torch.randn(2, length, H, K, generator=gen), dim=-1)
+    v = torch.randn(2, length, H, V, generator=gen)
+    g, beta = F.logsigmoid(torch.randn(2, length, H, generator=gen)), torch.rand(2, length, H, generator=gen)
+    upstream = torch.randn(2, length, H, V, generator=gen)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, g, beta)]
+    want = recurrence("gated_delta_rule", *leaves[:3], g=leaves[3], beta=leaves[4], scale=0.7)
+    want_grads = torch.autograd.grad(want, leaves, upstream.double())
+    inputs = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+    got = fla_ops.chunked_gated_delta_rule(*inputs, scale=0.7, chunk_size=chunk)
+    assert got.shape == (2, length, H, V) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    for name, a, b in zip(["q", "k", "v", "g", "beta"], torch.autograd.grad(got, inputs, upstream), want_grads):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_chunked_gated_delta_rule_keeps_fp32_under_autocast():
+    """bf16 autocast would round its matmuls, and the state carried from chunk to chunk with them: the form
+    computes in fp32 under autocast, to the bit of the form without it."""
+    q, k, v, extra = op_inputs("gated_delta_rule", seed=2)
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    want = fla_ops.chunked_gated_delta_rule(q, k, v, extra["g"], extra["beta"], scale=0.5, chunk_size=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fla_ops.chunked_gated_delta_rule(q, k, v, extra["g"], extra["beta"], scale=0.5, chunk_size=4)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, want)
+
+
 @needs_fla
 def test_retention_agrees_with_flas_naive_retention():
     from fla.ops.retention.naive import naive_retention

@@ -209,7 +209,7 @@ def test_every_mixer_batches(label, task, model):
     assert unbatchable_reason(configs[0]) is None
     # batched FFTs (rubiconv, fft_conv_leaky, hyena, hyena_leaky) round differently from one-row FFTs; so does
     # the head-wise generator's batched matmul (test logits differ in the last bits, which the loss sum may or
-    # may not show), and fla's naive chunked delta rule its batched matmuls
+    # may not show), and the chunked delta rule its batched matmuls and triangular solves
     exact = model.get("mixer") not in ("rubiconv", "fft_conv_leaky", "hyena", "hyena_leaky", "dynamic_conv_headwise",
                                        "gated_delta_net")
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
