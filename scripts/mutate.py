@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = "tests/runners/test_engine.py"
 TRAIN = "tests/runners/test_train.py"
 REFERENCES = "tests/models/test_mixer_references.py"
+FLA = "tests/models/test_fla.py"
 SCHEDULE = "tests/runners/test_schedule.py"
 EARLY_STOP = (f"{ENGINE}::test_early_stop_needs_macro_accuracy_strictly_above_the_threshold_in_both_loops",
               f"{TRAIN}::test_early_stop_at_accuracy_threshold")
@@ -136,6 +137,12 @@ MUTANTS = [
     Mutant("fla-state-not-reset-per-document", "models/mixers/fla_ops.py",
            "return per_document(lambda *t: naive(op, *t, scale), cu_seqlens, q, k, v, g, beta)",
            "return naive(op, q, k, v, g, beta, scale)", (REFERENCES,)),
+    Mutant("gdr-state-not-decayed-across-chunks", "models/mixers/fla_ops.py",
+           "state = state * last[:, :, i, :, None].exp() + k_out[:, :, i].transpose(-1, -2) @ e",
+           "state = state + k_out[:, :, i].transpose(-1, -2) @ e", (FLA,)),
+    Mutant("gdr-writes-blind-to-the-chunk", "models/mixers/fla_ops.py",
+           "A = (k_beta @ k.transpose(-1, -2)) * L  # [B, H, n, C, C]",
+           "A = torch.zeros_like(L)  # [B, H, n, C, C]", (FLA,)),
 ]
 
 
