@@ -169,7 +169,6 @@ def _fla():
         "naive": {
             "gla": naive_recurrent_gla,
             "simple_gla": naive_chunk_simple_gla,
-            "gated_delta_rule": chunked_gated_delta_rule,
             "based": naive_parallel_based,
         },
     }
@@ -229,7 +228,7 @@ def naive(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
             g = retention_log_decay(q.shape[2], q.device).expand(q.shape[:3])
         o, _ = fns["simple_gla"](q, k, v, g, chunk_size=NAIVE_CHUNK, scale=scale)
     elif op == "gated_delta_rule":
-        o = fns["gated_delta_rule"](q, k, v, g, beta, scale)
+        o = chunked_gated_delta_rule(q, k, v, g, beta, scale)
     else:  # fla's naive Based takes [B, H, T, K]
         o = fns["based"](*(t.transpose(1, 2) for t in (q, k, v)), scale=scale, use_norm=True).transpose(1, 2)
     return o.to(q.dtype)
