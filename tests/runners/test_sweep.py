@@ -212,6 +212,18 @@ def test_packaged_presets_load():
     assert {r.hash for r in third} == {r.hash for r in runs if r.config.train.lr == 1e-3}
 
 
+
+def test_baselines_mqar_mid_is_part_of_baselines_mqar():
+    """The GPU cut: lengths 64 and 128, widths 64-256, lr 3e-3, every mixer, 3 seeds; each of its runs is a run of
+    the full preset (same record name), so its records count there."""
+    mid = load_spec("baselines_mqar_mid").plan().runs
+    assert len(mid) == 11 * 2 * 3 * 3
+    assert sorted({r.config.task_params["seq_len"] for r in mid}) == [64, 128]
+    assert sorted({r.config.model["d_model"] for r in mid}) == [64, 128, 256]
+    assert {r.config.train.lr for r in mid} == {3e-3}
+    full = {r.hash for r in load_spec("baselines_mqar").plan().runs}
+    assert {r.hash for r in mid} <= full
+
 def test_mad_init_ab_preset_is_the_protocol_with_three_inits():
     """mad_init_ab: 3 settings x 3 inits x 6 grid points x 3 seeds; its mad-lab-init runs are the paper
     profile's runs of those settings (same hashes, so records serve both); the other two arms are the same runs
