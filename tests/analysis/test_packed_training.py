@@ -48,24 +48,26 @@ def test_mixlab_run_trains_a_packed_task(capsys, tmp_path, task, params, groups,
 
 
 # Absent queries ask the previous document's key shown nearest the boundary ("previous_last"), so a leaky filter
-# cannot separate them from present keys by distance; one value, so the task is presence detection.
+# cannot separate them from present keys by distance; one value, so the task is presence detection. 8 keys (4 a
+# document), so the exact conv learns presence within a few hundred steps; absent queries are a minority (0.3),
+# so a layer that cannot tell a neighbour's key from its own leans to answering the value.
 GAP_PARAMS = {"seq_len": 128, "min_doc_len": 8, "doc_len_median": 24, "max_doc_len": 64, "doc_len_sigma": 0.8,
-              "num_keys": 16, "keys_per_doc": 4, "num_values": 1, "absent_prob": 0.5,
+              "num_keys": 8, "keys_per_doc": 4, "num_values": 1, "absent_prob": 0.3,
               "absent_key": "previous_last"}
 
 
 def test_rubiconv_beats_the_leaky_fft_conv_on_absent_keys(one_torch_thread):
     """RubiConv's claim at CPU size: the exact per-document conv answers NONE for a neighbour's key far more often than
-    the same layer with one FFT over the row. Measured (2 seeds, 1,200 steps): absent accuracy .941 / .923
-    against .818 / .775; the test takes about a minute on one core."""
+    the same layer with one FFT over the row. Measured (400 steps, data and init seeds 0..7): absent accuracy .81 to
+    .95 against .56 to .76, a gap of .18 to .37 (seed 0, the test's: .915 against .642); about 45 s on one core."""
     absent = {}
     for mixer in ("rubiconv", "fft_conv_leaky"):
         config = RunConfig(task="packed/associative_retrieval", task_params=GAP_PARAMS,
                            model={"mixer": mixer, "d_model": 64, "n_layers": 1, "mlp_hidden": 64},
-                           train=TrainConfig(steps=1200, epochs=None, batch_size=32, num_train=2048,
+                           train=TrainConfig(steps=400, epochs=None, batch_size=32, num_train=2048,
                                              num_test=256, lr=3e-3, device="cpu"))
         final = train_run(config, progress=False)["final"]
         assert final["n_absent"] > 80 and final["n_present"] > 80
         absent[mixer] = final["acc_absent"]
-    assert absent["rubiconv"] > 0.85
-    assert absent["rubiconv"] - absent["fft_conv_leaky"] > 0.08, absent
+    assert absent["rubiconv"] > 0.75
+    assert absent["rubiconv"] - absent["fft_conv_leaky"] > 0.12, absent

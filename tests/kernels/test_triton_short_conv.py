@@ -49,6 +49,13 @@ def _check_against_reference(op, inputs: dict, gen, assert_rel_rms, bound_dtype,
     x = inputs["x"]
     upstream = _randn(gen, *x.shape).to(x.dtype)
     y, grads = _fwd_bwd(op, inputs, upstream, "triton", **kwargs)
+    _assert_matches_reference(op, inputs, upstream, y, grads, assert_rel_rms, bound_dtype, **kwargs)
+
+
+def _assert_matches_reference(op, inputs: dict, upstream: torch.Tensor, y: torch.Tensor, grads: dict,
+                              assert_rel_rms, bound_dtype, **kwargs) -> None:
+    """Triton's (y, grads) of op at inputs and upstream against the float64 reference."""
+    x = inputs["x"]
     assert y.dtype == x.dtype
     as64 = {k: None if v is None else v.double() for k, v in inputs.items()}
     y_ref, grads_ref = _fwd_bwd(op, as64, upstream.double(), "torch", **kwargs)
@@ -333,6 +340,10 @@ def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
     chunk part empty (the test shapes would otherwise give one tile per chunk). The low-rank dz walks 3
     channel blocks of 16 in 2 splits, the second one past D for its last block."""
+    _set_small_chunks(monkeypatch)
+
+
+def _set_small_chunks(monkeypatch) -> None:
     monkeypatch.setattr(short_triton, "BWD_PROGRAMS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
     monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
@@ -361,26 +372,39 @@ def _chunk_inputs(gen) -> list[tuple]:
     ]
 
 
-def test_chunks_of_several_tiles(small_chunks, assert_rel_rms):
+@pytest.fixture(scope="module")
+def chunk_runs() -> list[tuple]:
+    """(op, inputs, upstream, Triton's (y, grads)) of each op of _chunk_inputs, with documents and a residual,
+    under small_chunks and poisoned buffers. The two tests below share these runs: one Triton pass of the three
+    ops takes about ten seconds in the interpreter."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
+        _set_small_chunks(monkeypatch)
+        gen = torch.Generator().manual_seed(16)
+        cu = _cu(CHUNK_ROWS, CHUNK_T)
+        runs = []
+        for op, inputs in _chunk_inputs(gen):
+            upstream = _randn(gen, CHUNK_B, CHUNK_T, CHUNK_D).float()
+            runs.append((op, inputs, upstream, _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu, residual=True)))
+        return runs
+
+
+def test_chunks_of_several_tiles(small_chunks, chunk_runs, assert_rel_rms):
     BT, BD = tu.tiles(CHUNK_T, CHUNK_D, short_triton.BWD_BT, short_triton.BWD_BD)
     n_tiles = CHUNK_B * triton.cdiv(CHUNK_T, BT)
     per_chunk, n_chunks = tu.chunk_plan(n_tiles, triton.cdiv(CHUNK_D, BD), short_triton.BWD_PROGRAMS)
     assert per_chunk > 1 and per_chunk * n_chunks > n_tiles, "the case needs long chunks with a ragged tail"
-    gen = torch.Generator().manual_seed(16)
-    for op, inputs in _chunk_inputs(gen):
-        cu = _cu(CHUNK_ROWS, CHUNK_T)
-        _check_against_reference(op, inputs, gen, assert_rel_rms, FP32, cu_seqlens=cu, residual=True)
-
-
-def test_backward_is_bitwise_deterministic(small_chunks):
-    """Weight gradients sum fp32 partials of several chunks in a fixed order: two runs agree bit for bit."""
     cu = _cu(CHUNK_ROWS, CHUNK_T)
-    for op, inputs in _chunk_inputs(torch.Generator().manual_seed(16)):
-        upstream = torch.randn(CHUNK_B, CHUNK_T, CHUNK_D, generator=torch.Generator().manual_seed(0)).to(
-            DEVICE
-        )
-        first = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
-        second = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu)
+    for op, inputs, upstream, (y, grads) in chunk_runs:
+        _assert_matches_reference(op, inputs, upstream, y, grads, assert_rel_rms, FP32, cu_seqlens=cu, residual=True)
+
+
+def test_backward_is_bitwise_deterministic(small_chunks, chunk_runs):
+    """Weight gradients sum fp32 partials of several chunks in a fixed order: a second run agrees bit for bit
+    with the first (chunk_runs)."""
+    cu = _cu(CHUNK_ROWS, CHUNK_T)
+    for op, inputs, upstream, first in chunk_runs:
+        second = _fwd_bwd(op, inputs, upstream, "triton", cu_seqlens=cu, residual=True)
         assert torch.equal(first[0], second[0])
         for name, grad in first[1].items():
             assert torch.equal(grad, second[1][name]), f"d{name} differs between runs"

@@ -227,9 +227,11 @@ TRITON_CASES = [("static", {"qkv_conv": "static"}, {}), ("dynamic_lowrank", {"qk
 @pytest.mark.parametrize(("label", "model", "knobs"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
 def test_short_convs_stack_on_their_triton_kernels(label, model, knobs, monkeypatch):
     # the ops' vmap rules fold the runs into one launch of the kernels (on the CPU in the Triton interpreter),
-    # each run's rows as a run alone computes them; rubiconv's Triton path has no rule and trains alone
-    configs = [tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16),
-               tiny(model={**model, "kernel_backend": "triton"}, epochs=1, num_train=16, init_seed=1)]
+    # each run's rows as a run alone computes them; rubiconv's Triton path has no rule and trains alone. The
+    # interpreter's time grows with the rows of every launch: two steps of 4 rows and one evaluation batch of 4
+    sizes = {"epochs": 1, "num_train": 8, "batch_size": 4, "num_test": 4, "eval_batch_size": 4}
+    configs = [tiny(model={**model, "kernel_backend": "triton"}, **sizes),
+               tiny(model={**model, "kernel_backend": "triton"}, init_seed=1, **sizes)]
     assert unbatchable_reason(configs[0]) is None
     for name, value in knobs.items():
         monkeypatch.setattr(triton_headwise, name, value)
