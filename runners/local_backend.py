@@ -140,36 +140,51 @@ def _stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+class _StopRequest:
+    """Whether a stop signal came: ``handle`` (a signal handler) sets ``requested``, nothing else. It takes no
+    lock, as ``threading.Event.set`` does: under load the second of ``timeout -s INT``'s two signals can land
+    while the handler of the first still runs, which runs the handler again inside itself, and the inner call
+    waited forever on the lock the outer one held. A hyena sweep on a busy H200 host so ignored the stop, its
+    workers still training, until timeout killed it 75 s later."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
 @contextlib.contextmanager
-def _stop_requests() -> Iterator[threading.Event]:
+def _stop_requests() -> Iterator[_StopRequest]:
     """Inside the block a stop signal whose handler raises KeyboardInterrupt (Ctrl-C's, and SIGTERM's under
-    ``runners.cli.main``) sets the event it yields instead, and ``_wait_first`` raises between two waits. Raised
+    ``runners.cli.main``) sets the request it yields instead, and ``_wait_first`` raises between two waits. Raised
     by the handler, a signal lands wherever the main thread is: a second one inside
     ``concurrent.futures.wait``'s re-taking of its condition's lock (``timeout -s INT`` signals the command and
     then its process group, so it sends two) left that lock released twice on an H200 run, and the sweep ended
     in ``RuntimeError: release unlocked lock`` instead of its one-line message."""
-    requested = threading.Event()
+    stop = _StopRequest()
     if threading.current_thread() is not threading.main_thread():  # handlers can only be set in the main thread
-        yield requested
+        yield stop
         return
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig, handler in previous.items():
         if handler is signal.default_int_handler:
-            signal.signal(sig, lambda *_: requested.set())
+            signal.signal(sig, stop.handle)
     try:
-        yield requested
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
 def _wait_first(futures: Iterable[concurrent.futures.Future],
-                stop: threading.Event) -> set[concurrent.futures.Future]:
-    """The futures of ``futures`` that are done, waiting until one is; KeyboardInterrupt once ``stop`` is set."""
+                stop: _StopRequest) -> set[concurrent.futures.Future]:
+    """The futures of ``futures`` that are done, waiting until one is; KeyboardInterrupt once ``stop`` is
+    requested."""
     while True:
         finished, _ = concurrent.futures.wait(futures, timeout=WAIT_POLL_S,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
-        if stop.is_set():
+        if stop.requested:
             raise KeyboardInterrupt
         if finished:
             return finished

@@ -185,9 +185,63 @@ def test_stop_signals_during_a_pool_wait_raise_once_between_waits():
         os.kill(os.getpid(), signal.SIGINT)
         with pytest.raises(KeyboardInterrupt):
             local_backend._wait_first([never], stop)
-        assert stop.is_set()
+        assert stop.requested
     assert {sig: signal.getsignal(sig) for sig in local_backend.STOP_SIGNALS} == before
     done = concurrent.futures.Future()
     done.set_result(0)
     with local_backend._stop_requests() as stop:
         assert local_backend._wait_first([never, done], stop) == {done}
+
+
+# Sends a second SIGINT at the n-th line the pool's stop handler runs (its callees' lines included), for each n:
+# under load, timeout's second signal can land while the handler of its first still runs, which runs the handler
+# again inside itself. Prints how many second signals were sent once every wait has raised.
+NESTED_STOP_SIGNAL = r"""
+import concurrent.futures, signal, sys
+from mixlab.runners import local_backend
+
+sent = 0
+for n in range(1, 9):
+    with local_backend._stop_requests() as stop:
+        handler = signal.getsignal(signal.SIGINT)
+        code, depth, lines = getattr(handler, "__func__", handler).__code__, 0, 0
+
+        def trace_line(frame, event, arg):
+            global depth, lines, sent
+            if event == "line":
+                lines += 1
+                if lines == n:
+                    sent += 1
+                    signal.raise_signal(signal.SIGINT)
+            elif event == "return":
+                depth -= 1
+            return trace_line
+
+        def trace_call(frame, event, arg):
+            global depth
+            if depth or frame.f_code is code:
+                depth += 1
+                return trace_line
+            return None
+
+        sys.settrace(trace_call)
+        signal.raise_signal(signal.SIGINT)
+        sys.settrace(None)
+        try:
+            local_backend._wait_first([concurrent.futures.Future()], stop)
+        except KeyboardInterrupt:
+            pass
+print(sent)
+"""
+
+
+def test_a_stop_signal_inside_the_stop_handler_does_not_hang_the_pool():
+    # the pool's stop handler ran again inside itself (a second stop signal landing mid-handler) must not block:
+    # a handler that took a lock (threading.Event.set) waited forever on the lock its first call held, so a
+    # sweep on a busy GPU host ignored `timeout -s INT` until timeout killed it, its workers still training
+    try:
+        proc = subprocess.run([sys.executable, "-c", NESTED_STOP_SIGNAL], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a second stop signal inside the stop handler hung the pool's wait")
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 1  # the handler ran at least one line, where the second signal landed
