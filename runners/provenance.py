@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from mixlab.models.mixers import fla_dqkwg
 
 
 def package_versions() -> dict[str, str]:
@@ -17,6 +18,8 @@ def package_versions() -> dict[str, str]:
             versions[name] = version(name)
         except Exception:  # noqa: BLE001 - a missing optional package is recorded as absent
             versions[name] = "absent"
+    if fla_dqkwg.registered():  # fla refuses its kernel on this GPU (models/mixers/fla_dqkwg.py)
+        versions["fla-core chunk_bwd_dqkwg"] = "mixlab plain torch"
     return versions
 
 

@@ -18,8 +18,8 @@ leakage: ``mixlab leakage`` on CUDA through the kernels: the perturbation, NaN a
          bitwise (a leak of an fla kernel across documents is a finding: the row names the mixer), packing
          invariance is printed.
 Where fla-core refuses its gated backward (``fla_ops.gated_backward_refused``: Hopper with Triton 3.4-3.7.0)
-simple_gla is checked on the GLA kernel it runs on there, and the gated delta rule prints SKIP once its one-line
-refusal and auto's torch path are checked; its mixer is left out of the mixer and leakage checks.
+simple_gla is checked on the GLA kernel it runs on there, and the gated delta rule on fla's kernels with the
+refused piece in the lab's plain torch (``models/mixers/fla_dqkwg.py``), which these checks cover end to end.
 Prints one line per case (with its seconds: the first call of an fla kernel at a new shape autotunes it, which
 can take minutes with ``--autotune full``; the default, the library's, keeps only the first config of every fla
 autotuner, ``models.mixers.fla_ops``).
@@ -101,33 +101,10 @@ def report(label: str, names: list[str], got: list[torch.Tensor], want: list[tor
     return ok
 
 
-def refused(op: str) -> bool:
-    """The op's kernel cannot train here (``fla_ops.kernel_refused``): an explicit "triton" must say so
-    in one line, and auto must run the torch path instead. Prints the outcome; True when refused."""
-    if not fla_ops.kernel_refused(op):
-        return False
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    inputs = op_inputs(op, OP_SHAPES[0], torch.float32, gen)
-    q, k, v = (inputs.pop(n) for n in QKV)
-    try:
-        fla_ops.linear_attention(op, q, k, v, backend="triton", **inputs)
-        said = None
-    except ValueError as error:
-        said = str(error)
-    auto = fla_ops.linear_attention(op, q, k, v, **inputs)
-    want = fla_ops.linear_attention(op, q, k, v, backend="torch", **inputs)
-    ok = said is not None and "tilelang" in said and torch.equal(auto, want)
-    print(f"{'SKIP' if ok else 'FAIL'}  op {op}: fla refuses its gated backward on this GPU; explicit triton said "
-          f"{said!r}; auto runs the torch path: {torch.equal(auto, want)}", flush=True)
-    return True
-
-
 def check_ops(forms: tuple[str, ...] = fla_ops.FORMS) -> bool:
     shipped, ok = fla_ops.RECURRENT_MAX_T, True
     for op, form in [(op, form) for op in fla_ops.OPS for form in forms
                      if form == "chunk" or op in fla_ops.RECURRENT_OPS]:
-        if form == "chunk" and refused(op):
-            continue
         limit = 0 if form == "chunk" else max(shape[1] for shape in OP_SHAPES)
         fla_ops.RECURRENT_MAX_T = dict.fromkeys(fla_ops.RECURRENT_OPS, limit)
         for shape in OP_SHAPES:
@@ -156,8 +133,6 @@ def check_ops(forms: tuple[str, ...] = fla_ops.FORMS) -> bool:
 def check_stack() -> bool:
     ok = True
     for op in fla_ops.OPS:
-        if fla_ops.kernel_refused(op):
-            continue
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         runs = [op_inputs(op, OP_SHAPES[0], torch.float32, gen) for _ in range(3)]
         stacked = {n: torch.stack([r[n] for r in runs]) for n in runs[0]}
@@ -184,7 +159,7 @@ def mixer_fwd_bwd(module: torch.nn.Module, x: torch.Tensor, cu: torch.Tensor | N
 
 def check_mixers() -> bool:
     ok = True
-    for name in trainable_mixers():
+    for name in FLA_MIXERS:
         for d_model, n_heads in MIXER_SHAPES:
             config = ModelConfig(vocab_size=16, d_model=d_model, n_heads=n_heads, max_seq_len=SEQ_LEN, mixer=name)
             torch.manual_seed(0)
@@ -204,14 +179,8 @@ def check_mixers() -> bool:
     return ok
 
 
-def trainable_mixers() -> list[str]:
-    """The fla mixers whose kernels can train here (gated_delta_net not where fla refuses its backward)."""
-    return [name for name in FLA_MIXERS
-            if not fla_ops.kernel_refused(MIXERS[name].op)]
-
-
 def check_leakage() -> bool:
-    reports = [leakage.probe_mixer(name, device=DEVICE, backend="triton") for name in trainable_mixers()]
+    reports = [leakage.probe_mixer(name, device=DEVICE, backend="triton") for name in FLA_MIXERS]
     print(leakage.format_table(reports), flush=True)
     return all(r.perturbation and r.nan and r.gradient for r in reports)
 
@@ -243,7 +212,9 @@ def main() -> None:
     if not fla_ops.fla_available():
         print(f"fla-core is not installed: {fla_ops.INSTALL_HINT}", file=sys.stderr)
         sys.exit(2)
-    print(f"fla refuses its gated chunk_bwd_dqkwg here: {fla_ops.gated_backward_refused()}", flush=True)
+    refused = fla_ops.gated_backward_refused()
+    print(f"fla refuses its gated chunk_bwd_dqkwg here: {refused}"
+          + (" (the lab's plain-torch one stands in, models/mixers/fla_dqkwg.py)" if refused else ""), flush=True)
     if args.autotune is not None:
         os.environ["MIXLAB_FLA_AUTOTUNE"] = args.autotune
     if args.recurrent_max_t is not None:

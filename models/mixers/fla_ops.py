@@ -29,8 +29,9 @@ fla-core 0.6 refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`
 Hopper GPUs with Triton 3.4 to 3.7.0, which compute it wrongly there (fla's issue #640), unless tilelang is
 installed (``gated_backward_refused``). Two ops need that kernel: simple_gla then runs on fla's GLA kernel with
 its scalar gate broadcast over the key channels (the same recurrence, and GLA's kernels do not use the refused
-one), and the gated delta rule, which has no such twin, takes the torch path on CUDA under auto (an explicit
-"triton" says why it cannot). Retention's fixed decay is not a per-token gate and keeps its kernel.
+one), and the gated delta rule, which has no such twin, keeps fla's kernels with the refused piece computed in
+plain torch (``fla_dqkwg``, registered as an fla backend on such a machine). Retention's fixed decay is not a
+per-token gate and keeps its kernel.
 
 fla's kernels are Triton autotuners: at the first call of each new shape every process times 4-48 configs per
 kernel, minutes on a fresh machine for the many shapes of a sweep, and the configs that win can differ between
@@ -54,14 +55,15 @@ import torch
 import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.triton_utils import per_run_vmap, run_rows
+from mixlab.models.mixers import fla_dqkwg
 from mixlab.models.mixers.attention import document_slots
 
 OPS = ("gla", "simple_gla", "retention", "gated_delta_rule", "based")
 # chunk length of fla's naive chunked forms on the torch path (simple_gla, retention): short, as the lab's rows are
 NAIVE_CHUNK = 16
 # chunk length of the gated delta rule's torch form (``chunked_gated_delta_rule``) by device type: its steps are
-# a loop over chunks, so longer chunks mean fewer ops but more arithmetic (a chunk's [C, C] products). On CUDA,
-# where fla refuses this op's kernel, steps this small are bound by their launches; on the CPU by arithmetic.
+# a loop over chunks, so longer chunks mean fewer ops but more arithmetic (a chunk's [C, C] products). On CUDA
+# (backend "torch") steps this small are bound by their launches; on the CPU by arithmetic.
 # Fwd+bwd of 16 heads (keys 8, values 16), non-view aten ops dispatched (under a TorchDispatchMode, 2026-12-03):
 # B=32 T=128 143 at chunks of 64, 197 at 32, against 999 for fla's naive chunked form at chunks of 16 (which
 # also loops over a chunk's positions); B=4 T=1024 521, 953 and 5,255.
@@ -152,7 +154,9 @@ def _fla():
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
     if autotune_mode() == "first":
         trim_autotuners()
-    kernels.utils.TRITON_OPS.update(kernel_op_name(op) for op in OPS if not kernel_refused(op))
+    if gated_backward_refused():
+        fla_dqkwg.register()
+    kernels.utils.TRITON_OPS.update(kernel_op_name(op) for op in OPS)
     return {
         "kernels": {
             "gla": gla.chunk_gla,
@@ -183,11 +187,6 @@ def gated_backward_refused() -> bool:
     flags = (getattr(fla.utils, name, False) for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0"))
     return all(flags) and not getattr(fla.utils, "TRITON_ABOVE_3_7_1", True) \
         and importlib.util.find_spec("tilelang") is None
-
-
-def kernel_refused(op: str) -> bool:
-    """Whether fla's kernel of ``op`` cannot train here: the gated delta rule where fla refuses its backward."""
-    return op == "gated_delta_rule" and gated_backward_refused()
 
 
 def load_fla() -> None:
@@ -414,9 +413,6 @@ def linear_attention(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     _fla()
     if kernels.resolve_backend(backend, q, kernel_op_name(op)) == "triton":
-        if kernel_refused(op):
-            raise ValueError("fla-core refuses the gated delta rule's backward on this GPU (Hopper with Triton "
-                             "3.4-3.7.0, fla issue #640): install tilelang or Triton >= 3.7.1, or use backend 'torch'")
         if not q.is_cuda:
             raise ValueError(f"fla's Triton kernel of {op!r} needs a CUDA tensor, got device {q.device.type!r}")
         return fla_linear_attention(q, k, v, g, beta, cu_seqlens, op, scale)

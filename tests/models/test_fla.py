@@ -334,12 +334,15 @@ def test_stacked_runs_fold_into_one_kernel_launch_unless_they_have_documents(mon
 
 
 @needs_fla
-def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_and_the_delta_rule_on_torch(
+def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_and_the_delta_rule_keeps_its_own(
         monkeypatch):
     """fla-core 0.6 raises in the backward of simple_gla and the gated delta rule on Hopper GPUs with Triton
     3.4-3.7.0. There simple_gla goes to GLA's kernel with its scalar gate broadcast over K (same recurrence:
     the fake kernel below runs the explicit recurrence on what it is given, including the scale), and the delta
-    rule refuses "triton" in one line and leaves auto's kernel registry."""
+    rule keeps its kernels, with the lab's torch chunk_bwd_dqkwg registered in fla's backend registry."""
+    from fla.backends import _get_operation_registry
+    from mixlab.models.mixers import fla_dqkwg
+
     fla_ops._fla()
     called = []
 
@@ -353,14 +356,15 @@ def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_
     got = fla_ops._padded_kernel("simple_gla", q, k, v, extra["g"], None, None, 0.7)
     assert called == [(B, T, H, K)]
     torch.testing.assert_close(got.double(), recurrence("simple_gla", q, k, v, g=extra["g"], scale=0.7))
-    q, k, v, extra = op_inputs("gated_delta_rule")
-    with pytest.raises(ValueError, match="tilelang"):
-        fla_ops.linear_attention("gated_delta_rule", q, k, v, backend="triton", **extra)
+    registry = _get_operation_registry("common")
+    monkeypatch.setattr(registry, "_backends", dict(registry._backends))  # the registration below is undone
     monkeypatch.setattr(fla_ops.kernels.utils, "TRITON_OPS", set())
+    monkeypatch.setattr(fla_dqkwg, "_registered", False)
     fla_ops._fla.cache_clear()
     try:
         fla_ops.load_fla()
         assert fla_ops.kernel_op_name("simple_gla") in fla_ops.kernels.utils.TRITON_OPS
-        assert fla_ops.kernel_op_name("gated_delta_rule") not in fla_ops.kernels.utils.TRITON_OPS
+        assert fla_ops.kernel_op_name("gated_delta_rule") in fla_ops.kernels.utils.TRITON_OPS
+        assert fla_dqkwg.BACKEND_TYPE in registry._backends
     finally:
         fla_ops._fla.cache_clear()
