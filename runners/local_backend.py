@@ -257,10 +257,15 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
                 for child in children:
                     child.terminate()
                 deadline = time.monotonic() + STOP_GRACE_S
+                killed = 0
                 for child in children:  # each writes its stack's checkpoint, then exits
                     child.join(max(0.0, deadline - time.monotonic()))
                     if child.is_alive():
                         child.kill()
+                        killed += 1
                 executor.shutdown(wait=True)  # reaps the ended workers and releases the pool's locks
+                if killed:
+                    tqdm.write(f"{killed} of {len(children)} workers had not stopped {STOP_GRACE_S:g} s after the stop "
+                               "and were killed: their stacks go on from their last periodic checkpoint, if any")
             raise
     executor.shutdown(wait=True)

@@ -110,8 +110,9 @@ def chunk_bwd_dqkwg_torch(
     dg_last = dg_last + (dk * kc).sum((-1, -2))
     causal = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril()
     pairs = causal & valid[:, None, :, None] & valid[:, None, None, :]  # [NC, 1, BT, BT]
-    # exp2 of g_i - g_j above the diagonal may overflow; where() drops it
-    ds = torch.where(pairs, ds * torch.exp2(gc[..., :, None] - gc[..., None, :]), 0.0) * scale
+    # in place: ds and its decay are the largest tensors here ([NC, H, BT, BT] fp32, 16 KiB a chunk and head at
+    # BT 64); exp2 of g_i - g_j above the diagonal may overflow, and the mask zeroes it
+    ds.mul_((gc[..., :, None] - gc[..., None, :]).exp2_()).masked_fill_(~pairs, 0.0).mul_(scale)
     ds = ds.to(k.dtype).float()
     dq = dq + ds @ kc
     dk = dk + ds.transpose(-1, -2) @ qc

@@ -384,6 +384,36 @@ def out_of_memory_once(job, runs_dir, engine):
     return local_backend.run_in_worker(job, runs_dir, engine)
 
 
+def stubborn_or_quick(job, runs_dir, engine):
+    """A worker whose target job (named in <out>/stubborn) ignores SIGTERM and sleeps, after saying so in
+    <out>/ignoring; the others wait for that, then return having trained nothing."""
+    out = Path(runs_dir).parent
+    if job.hashes[0] == (out / "stubborn").read_text():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        (out / "ignoring").touch()
+        time.sleep(60)
+    while not (out / "ignoring").exists():
+        time.sleep(0.05)
+    return 0
+
+
+def test_a_worker_that_does_not_stop_is_killed_after_the_grace_period_and_said_so(monkeypatch, tmp_path, capsys):
+    jobs = plan_jobs(tiny(seeds=1).plan().runs, 8)
+    (tmp_path / "stubborn").write_text(jobs[0].hashes[0])
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    monkeypatch.setattr(local_backend, "STOP_GRACE_S", 1.0)
+
+    def stop(job, trained):
+        raise KeyboardInterrupt  # as a Ctrl-C once the first job is done
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        local_backend.run_pool(jobs, runs_dir, 2, {}, stop, lambda: True, run=stubborn_or_quick)
+    assert time.monotonic() - started < 50, "the stubborn worker was not killed"
+    assert "1 of 2 workers had not stopped 1 s after the stop and were killed" in capsys.readouterr().out
+
+
 def test_a_worker_reports_out_of_memory_in_one_line(monkeypatch, tmp_path):
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.50 GiB.\nthe allocator's advice")
