@@ -322,7 +322,7 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     y = tu.empty((1, T, D), x.dtype, x.device)
     assert torch.isnan(y).all()
     short_triton._short_conv_fwd_kernel[(1, 1, 1)](
-        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
+        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False, AHEAD=False
     )
     assert torch.isfinite(y[:, :BT]).all()
     assert torch.isnan(y[:, BT:]).all()
