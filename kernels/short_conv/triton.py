@@ -25,6 +25,9 @@ from mixlab.kernels._triton import tl, triton
 # candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
 FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
+# The forward's tile in tokens with documents: compiled for sm_90a (Triton 3.9) it holds 140 registers at 32 tokens
+# (72 without documents) and 72 at 16 (BENCHMARKS.md, 2026-12-04); not yet timed, so it stays at FWD_BT's value.
+FWD_BT_DOCS = 32
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 # Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
 # 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
@@ -188,7 +191,7 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
+    BT, BD = tu.tiles(T, D, FWD_BT if cu_seqlens is None else FWD_BT_DOCS, FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off

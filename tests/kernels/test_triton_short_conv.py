@@ -107,12 +107,21 @@ def test_short_conv_dw_summed_once_a_chunk(B, T, D, W, rows, residual, dtype, mo
 
 @pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES)
 def test_short_conv_split_backward(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
-    """The backward as two kernels (a tune knob): dx by the forward kernel reaching ahead, dw alone in tiles of 8
+    """The backward as two kernels (a tune knob): dx by the forward kernel reaching ahead, dw alone in tiles of 16
     tokens and 16 channels, 4 programs a channel block (several tiles a chunk)."""
     monkeypatch.setattr(short_triton, "BWD_SPLIT", not short_triton.BWD_SPLIT)
-    monkeypatch.setattr(short_triton, "DW_BT", 8)
+    monkeypatch.setattr(short_triton, "DW_BT", 16)
     monkeypatch.setattr(short_triton, "DW_BD", 16)
     monkeypatch.setattr(short_triton, "DW_PROGRAMS", 4)
+    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", [c for c in SHORT_CASES if "docs" in c.id])
+def test_short_conv_forward_tile_of_its_own_with_documents(B, T, D, W, rows, residual, dtype, monkeypatch,
+                                                           assert_rel_rms):
+    """The forward (and the split backward's dx) on 16-token tiles where documents are given (a tune knob)."""
+    monkeypatch.setattr(short_triton, "FWD_BT_DOCS", 16)
+    monkeypatch.setattr(short_triton, "BWD_SPLIT", True)
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
