@@ -48,8 +48,10 @@ GROUPS = [
       (32, 64, 4, 1, 4096, None, False), (64, 32, 8, 1, 4096, None, False), (16, 128, 8, 1, 8192, None, False),
       (32, 64, 4, 1, 4096, 96, False)]),
     # the forward's tile with documents alone (the no-document times stay as they are, so the mean ranks these by
-    # their documents): compiled for sm_90a (Triton 3.9) 140 registers at 32 tokens, 72 at 16
-    ("static fwd docs", ["static"], short, ("FWD_BT_DOCS",), [(32,), (16,), (64,)]),
+    # their documents), and its loads masked by the document: compiled for sm_90a (Triton 3.9) 140 registers at 32
+    # tokens, 72 at 16, 72 at 32 with the loads masked so
+    ("static fwd docs", ["static"], short, ("FWD_BT_DOCS", "FWD_DOC_MASKED_LOADS"),
+     [(32, False), (16, False), (64, False), (32, True), (16, True), (64, True)]),
     # the backward as two kernels (BWD_SPLIT True: dx by the forward kernel reaching ahead, dw alone by
     # _short_conv_bwd_dw_kernel over DW_BT x DW_BD tiles). Compiled for sm_90a (Triton 3.9, 2026-12-04): the dw
     # kernel at 16x64 91 registers (94 with documents), no spills, no shuffles in its loop (the fused kernel 128,

@@ -28,6 +28,9 @@ FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
 # The forward's tile in tokens with documents: compiled for sm_90a (Triton 3.9) it holds 140 registers at 32 tokens
 # (72 without documents) and 72 at 16 (BENCHMARKS.md, 2026-12-04); not yet timed, so it stays at FWD_BT's value.
 FWD_BT_DOCS = 32
+# With documents, whether the forward's loads are masked by the document (waiting for its search) rather than the
+# row only: compiled so (sm_90a, Triton 3.9) it holds 72 registers at 32 tokens instead of 140; not yet timed.
+FWD_DOC_MASKED_LOADS = False
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 # Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
 # 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
@@ -55,9 +58,11 @@ def _short_conv_fwd_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
     T, D, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, AHEAD: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, AHEAD: tl.constexpr, DOC_MASKED_LOADS: tl.constexpr,  # flags
 ):
-    # AHEAD: tap k reads x[t + k] within t's document (the split backward's dx, x being dy), else x[t - k]
+    # AHEAD: tap k reads x[t + k] within t's document (the split backward's dx, x being dy), else x[t - k].
+    # DOC_MASKED_LOADS: the loads wait for the document search and skip other documents' tokens, else they are
+    # masked by the row only and the document mask is applied to the values (kernels.triton_utils)
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
@@ -73,9 +78,12 @@ def _short_conv_fwd_kernel(
         else:
             o_s, m_k = o_g - k, m_t & (o_t >= k)
         p_x = x_ptr + o_s.to(tl.int64)[:, None] * D + o_d[None, :]
-        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
         if HAS_CU:
             in_doc = (o_s < end) if AHEAD else (o_s >= start)  # [BT]
+            if DOC_MASKED_LOADS:
+                m_k = m_k & in_doc
+        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+        if HAS_CU and not DOC_MASKED_LOADS:
             b_x = tl.where(in_doc[:, None], b_x, 0.0)
         # read as a [BT, BD] tile (the same line BT times, from L1) so that it takes x's layout: a [BD] load
         # would be moved into it through shared memory at every tap
@@ -197,7 +205,8 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None
     # fmt: off
     _short_conv_fwd_kernel[grid](
         x, weight, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, BT=BT, BD=BD,
-        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, AHEAD=ahead, num_warps=FWD_WARPS,
+        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, AHEAD=ahead, DOC_MASKED_LOADS=FWD_DOC_MASKED_LOADS,
+        num_warps=FWD_WARPS,
     )
     # fmt: on
     return y

@@ -119,8 +119,10 @@ def test_short_conv_split_backward(B, T, D, W, rows, residual, dtype, monkeypatc
 @pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", [c for c in SHORT_CASES if "docs" in c.id])
 def test_short_conv_forward_tile_of_its_own_with_documents(B, T, D, W, rows, residual, dtype, monkeypatch,
                                                            assert_rel_rms):
-    """The forward (and the split backward's dx) on 16-token tiles where documents are given (a tune knob)."""
+    """The forward (and the split backward's dx) on 16-token tiles where documents are given, its loads masked by
+    the document (two tune knobs)."""
     monkeypatch.setattr(short_triton, "FWD_BT_DOCS", 16)
+    monkeypatch.setattr(short_triton, "FWD_DOC_MASKED_LOADS", True)
     monkeypatch.setattr(short_triton, "BWD_SPLIT", True)
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
@@ -331,7 +333,8 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     y = tu.empty((1, T, D), x.dtype, x.device)
     assert torch.isnan(y).all()
     short_triton._short_conv_fwd_kernel[(1, 1, 1)](
-        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False, AHEAD=False
+        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False, AHEAD=False,
+        DOC_MASKED_LOADS=False,
     )
     assert torch.isfinite(y[:, :BT]).all()
     assert torch.isnan(y[:, BT:]).all()
