@@ -9,7 +9,8 @@ block, chunk of token tiles):
                                               summed over the chunk into an fp32 partial [chunks, W, D]
 and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
 avoid waiting for the document search). A tile loads x once and dy at W shifts, W + 1 tiles rather than
-2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy).
+2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy). ``BWD_SPLIT``
+runs the same backward as two kernels instead: dx by the forward kernel with its taps reaching ahead, dw alone.
 
 Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
 [R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and the backward walks each run's
@@ -72,7 +73,7 @@ def _short_conv_fwd_kernel(
     start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(W):
-        # the load is masked by the row only; taps outside the document are zeroed after it
+        # taps outside the document read zero: masked in the load, or zeroed after a load masked by the row only
         if AHEAD:
             o_s, m_k = o_g + k, m_t & (o_t + k < T)
         else:
