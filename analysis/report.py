@@ -6,8 +6,9 @@ MAD table and one per-task bar chart; every grid folder gets its own summary tab
 accuracy-against-width figure (else bars per model), and when it varies seq_len or num_kv_pairs, an
 accuracy-against-length figure; every folder of single runs gets a table with one row per run. Files written::
 
-    report.md                     the tables (markdown) with links to the figures, and the verdicts of the
-                                  papers' claims (analysis.claims: the MAD table's, a grid's reference.claims)
+    report.md                     the tables (markdown) with links to the figures, the verdicts of the papers'
+                                  claims (analysis.claims: the MAD table's, a grid's reference.claims), and
+                                  where the records trained (devices and versions, ``provenance_section``)
     mad_tasks.csv                 model, task, median, q25, q75, iqr, n, reference, diff
     mad_settings.csv              best grid point per (model, task, setting, seed)
     mad_tasks.png                 per-task bars, median and IQR over seeds, one dot per seed
@@ -172,9 +173,33 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     for data in (d for d in datas if d.kind == "runs"):
         written += _runs_section(data, out, sections)
 
+    sections += provenance_section(datas)
     report = out / "report.md"
     report.write_text("\n".join(sections))
     return [report, *written]
+
+
+# what a record says it trained with (``runners.provenance``) that can change its numbers, as report columns
+PROVENANCE = ("torch", "triton", "fla-core", "fla-core chunk_bwd_dqkwg")
+
+
+def provenance_section(datas: Sequence[SweepData]) -> list[str]:
+    """report.md's last section: per folder, how many records trained on each device and set of versions."""
+    counts: Counter = Counter()
+    for data in datas:
+        for rec in data.records:
+            versions = rec.get("versions") or {}
+            device = (rec.get("device") or {}).get("name", "not recorded")
+            counts[(str(data.path), device, *(versions.get(k, "-") for k in PROVENANCE))] += 1
+    if not counts:
+        return []
+    return ["## Where the records trained", "",
+            "Records by folder, device and the versions that can change their numbers (`-`: not recorded; "
+            "`fla-core chunk_bwd_dqkwg` is recorded only where the lab's plain-torch stand-in ran because fla "
+            "refused its own kernel, docs/mixers.md).", "",
+            "| folder | device | " + " | ".join(PROVENANCE) + " | records |",
+            "|---" * (len(PROVENANCE) + 3) + "|",
+            *(f"| `{key[0]}` | " + " | ".join(key[1:]) + f" | {n} |" for key, n in sorted(counts.items())), ""]
 
 
 def unreadable_lines(datas: Sequence[SweepData]) -> list[str]:

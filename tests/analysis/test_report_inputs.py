@@ -124,6 +124,23 @@ def test_nothing_unreadable_adds_nothing(grid_dir, tmp_path):  # noqa: F811
         assert "records" not in next(csv.reader(f))
 
 
+def test_the_report_counts_records_by_device_and_versions(grid_dir, tmp_path):  # noqa: F811
+    folder = grid_dir  # this test's own copy (the fixture writes into its tmp_path)
+    records = sorted((folder / "runs").glob("*.json"))
+    for n, path in enumerate(records[:5]):
+        rec = json.loads(path.read_text())
+        rec["device"] = {"name": "NVIDIA H200", "type": "cuda"}
+        rec["versions"] = {"torch": "2.11.0", "triton": "3.6.0", "fla-core": "0.6.0"}
+        if n < 2:
+            rec["versions"]["fla-core chunk_bwd_dqkwg"] = "mixlab plain torch"
+        path.write_text(json.dumps(rec))
+    text = {p.name: p for p in write_report([folder], tmp_path / "report")}["report.md"].read_text()
+    section = text[text.index("## Where the records trained"):]
+    assert table_row(section, f"`{folder}`", "NVIDIA H200", "2.11.0", "3.6.0", "0.6.0", "mixlab plain torch")[-1] == "2"
+    assert table_row(section, f"`{folder}`", "NVIDIA H200", "2.11.0", "3.6.0", "0.6.0", "-")[-1] == "3"
+    assert table_row(section, f"`{folder}`", "not recorded", "-", "-", "-", "-")[-1] == str(len(records) - 5)
+
+
 # ---- a path that does not exist: one line, exit 2, nothing created
 
 
