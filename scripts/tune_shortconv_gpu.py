@@ -47,18 +47,6 @@ GROUPS = [
       (16, 32, 4, 1, 4096, None, True), (8, 64, 4, 1, 4096, None, True), (16, 64, 4, 1, 8192, None, True),
       (32, 64, 4, 1, 4096, None, False), (64, 32, 8, 1, 4096, None, False), (16, 128, 8, 1, 8192, None, False),
       (32, 64, 4, 1, 4096, 96, False)]),
-    # the forward's tile with documents alone (the no-document times stay as they are, so the mean ranks these by
-    # their documents), and its loads masked by the document: compiled for sm_90a (Triton 3.9) 140 registers at 32
-    # tokens, 72 at 16, 72 at 32 with the loads masked so
-    ("static fwd docs", ["static"], short, ("FWD_BT_DOCS", "FWD_DOC_MASKED_LOADS"),
-     [(32, False), (16, False), (64, False), (32, True), (16, True), (64, True)]),
-    # the backward as two kernels (BWD_SPLIT True: dx by the forward kernel reaching ahead, dw alone by
-    # _short_conv_bwd_dw_kernel over DW_BT x DW_BD tiles). Compiled for sm_90a (Triton 3.9, 2026-12-04): the dw
-    # kernel at 16x64 91 registers (94 with documents), no spills, no shuffles in its loop (the fused kernel 128,
-    # 256 spilled bytes, 128 shuffles); 32x64 and 16x128 161-168; dx 72 (140 with documents, as the forward)
-    ("static bwd split", ["static"], short, ("BWD_SPLIT", "DW_BT", "DW_BD", "DW_WARPS", "DW_PROGRAMS"),
-     [(False, 16, 64, 4, 4096), (True, 16, 64, 4, 4096), (True, 16, 32, 4, 4096), (True, 16, 64, 4, 8192),
-      (True, 16, 32, 4, 8192), (True, 16, 128, 8, 4096), (True, 32, 64, 8, 4096)]),
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
     # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112

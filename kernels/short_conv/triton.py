@@ -9,8 +9,7 @@ block, chunk of token tiles):
                                               summed over the chunk into an fp32 partial [chunks, W, D]
 and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
 avoid waiting for the document search). A tile loads x once and dy at W shifts, W + 1 tiles rather than
-2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy). ``BWD_SPLIT``
-runs the same backward as two kernels instead: dx by the forward kernel with its taps reaching ahead, dw alone.
+2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy).
 
 Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
 [R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and the backward walks each run's
@@ -26,12 +25,6 @@ from mixlab.kernels._triton import tl, triton
 # candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
 FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
-# The forward's tile in tokens with documents: compiled for sm_90a (Triton 3.9) it holds 140 registers at 32 tokens
-# (72 without documents) and 72 at 16 (BENCHMARKS.md, 2026-12-04); not yet timed, so it stays at FWD_BT's value.
-FWD_BT_DOCS = 32
-# With documents, whether the forward's loads are masked by the document (waiting for its search) rather than the
-# row only: compiled so (sm_90a, Triton 3.9) it holds 72 registers at 32 tokens instead of 140; not yet timed.
-FWD_DOC_MASKED_LOADS = False
 BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 # Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
 # 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
@@ -44,13 +37,6 @@ BWD_MAXNREG = 128
 # repeatable. Timed slower on the H200 (2026-12-03, BENCHMARKS.md): 173 µs at its best tile (16 x 64 or 8 x 64)
 # against 140.
 BWD_DW_DEFER = False
-# The backward as two kernels (BWD_SPLIT True): dx by the forward kernel with its taps reaching ahead (dx[t] =
-# sum_k w[k] dy[t + k]: the forward's loads, no reduction), and dw alone by ``_short_conv_bwd_dw_kernel`` over
-# DW_BT x DW_BD tiles in chunks, about DW_PROGRAMS programs. It moves dy twice (267 MB at the benchmark shape
-# against 201 MB fused) but neither kernel holds the other's registers. Not yet timed on a GPU (issue #25:
-# scripts/tune_shortconv_gpu.py), so the fused kernel stays the default.
-BWD_SPLIT = False
-DW_BT, DW_BD, DW_WARPS, DW_PROGRAMS = 16, 64, 4, 4096
 
 
 # fmt: off
@@ -59,33 +45,23 @@ def _short_conv_fwd_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
     T, D, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, AHEAD: tl.constexpr, DOC_MASKED_LOADS: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
-    # AHEAD: tap k reads x[t + k] within t's document (the split backward's dx, x being dy), else x[t - k].
-    # DOC_MASKED_LOADS: the loads wait for the document search and skip other documents' tokens, else they are
-    # masked by the row only and the document mask is applied to the values (kernels.triton_utils)
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)  # [BT] positions in the row
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     m_t, m_d = o_t < T, o_d < D
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
     w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
-    start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+    start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
     for k in tl.static_range(W):
-        # taps outside the document read zero: masked in the load, or zeroed after a load masked by the row only
-        if AHEAD:
-            o_s, m_k = o_g + k, m_t & (o_t + k < T)
-        else:
-            o_s, m_k = o_g - k, m_t & (o_t >= k)
-        p_x = x_ptr + o_s.to(tl.int64)[:, None] * D + o_d[None, :]
-        if HAS_CU:
-            in_doc = (o_s < end) if AHEAD else (o_s >= start)  # [BT]
-            if DOC_MASKED_LOADS:
-                m_k = m_k & in_doc
+        # the load is masked by the row only; taps before the document start are zeroed after it
+        m_k = m_t & (o_t >= k)
+        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
         b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
-        if HAS_CU and not DOC_MASKED_LOADS:
-            b_x = tl.where(in_doc[:, None], b_x, 0.0)
+        if HAS_CU:
+            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
         # read as a [BT, BD] tile (the same line BT times, from L1) so that it takes x's layout: a [BD] load
         # would be moved into it through shared memory at every tap
         p_w = tl.broadcast_to(w_ptr + k * D + o_d[None, :], [BT, BD])
@@ -151,63 +127,21 @@ def _short_conv_bwd_kernel(
 # fmt: on
 
 
-# fmt: off
-@triton.jit
-def _short_conv_bwd_dw_kernel(
-    x_ptr, dy_ptr, dwp_ptr, cu_ptr,  # pointers
-    T, D, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
-    W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr,  # flags
-):
-    # The split backward's weight gradient alone: per chunk of token tiles, dw[k] = sum_t dy[t + k] * x[t]
-    # (t + k in t's document), dy read as one [BT, WP, BD] tile of its W shifted rows (the same lines, from L1)
-    # and every product kept in its token slot until the chunk ends: one reduction a chunk, none a tap.
-    i_d, i_c = tl.program_id(0), tl.program_id(1)
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_d = o_d < D
-    o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    b_acc = tl.zeros([BT, WP, BD], dtype=tl.float32)
-    for j in range(TPC):
-        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
-        _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
-        p_x = x_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-        b_x = tl.load(p_x, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
-        o_s = o_g[:, None] + o_k[None, :]  # [BT, WP] the tokens tap k pairs with t
-        m_s = m_t[:, None] & (o_t[:, None] + o_k[None, :] < T) & (o_k < W)[None, :]
-        p_dy = dy_ptr + o_s.to(tl.int64)[:, :, None] * D + o_d[None, None, :]
-        b_dy = tl.load(p_dy, mask=m_s[:, :, None] & m_d[None, None, :], other=0.0).to(tl.float32)  # [BT, WP, BD]
-        if HAS_CU:
-            b_dy = tl.where((o_s < end[:, None])[:, :, None], b_dy, 0.0)
-        b_acc += b_dy * b_x[:, None, :]
-    b_dw = tl.sum(b_acc, axis=0)  # [WP, BD]
-    p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
-    tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
-# fmt: on
-
-
 def _short_conv_fwd(
     x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
 ) -> torch.Tensor:
     """x: [B, T, D], weight: [W, D] (or [R, W, D]: R runs of B / R rows each) -> y: [B, T, D] in x's dtype."""
-    return _conv(x, weight, cu_seqlens, residual, ahead=False)
-
-
-def _conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool,
-          ahead: bool) -> torch.Tensor:
-    """The forward kernel's launch, ``_short_conv_fwd``'s shapes; ``ahead``: tap k reads x[t + k] (the split
-    backward's dx from dy) instead of x[t - k]."""
     B, T, D = x.shape
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, BD = tu.tiles(T, D, FWD_BT if cu_seqlens is None else FWD_BT_DOCS, FWD_BD)
+    BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off
     _short_conv_fwd_kernel[grid](
         x, weight, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, BT=BT, BD=BD,
-        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, AHEAD=ahead, DOC_MASKED_LOADS=FWD_DOC_MASKED_LOADS,
-        num_warps=FWD_WARPS,
+        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=FWD_WARPS,
     )
     # fmt: on
     return y
@@ -222,8 +156,6 @@ def _short_conv_bwd(
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     rows = B // runs  # of each run
     dy, x, weight = tu.contiguous(dy, x, weight)
-    if BWD_SPLIT:
-        return _conv(dy, weight, cu_seqlens, residual, ahead=True), _short_conv_dw(dy, x, weight, cu_seqlens)
     BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
     n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, BWD_PROGRAMS)  # a run alone's plan
@@ -238,27 +170,6 @@ def _short_conv_bwd(
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
-
-
-def _short_conv_dw(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                   cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """The split backward's weight gradient: dy, x [B, T, D] contiguous, weight [W, D] (or [R, W, D]) -> dw shaped
-    as weight, in its dtype."""
-    B, T, D = x.shape
-    W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
-    rows = B // runs
-    BT, BD = tu.tiles(T, D, DW_BT, DW_BD)
-    n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, DW_PROGRAMS)  # a run alone's plan
-    dw_partial = tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
-    n_cu, n_search = tu.search_steps(cu_seqlens)
-    # fmt: off
-    _short_conv_bwd_dw_kernel[(n_db, runs * n_chunks)](
-        x, dy, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
-        WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, num_warps=DW_WARPS,
-    )
-    # fmt: on
-    return tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
 
 
 def _fold_runs(info, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None,

@@ -311,11 +311,14 @@ def _kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if form not in FORMS or (form == "recurrent" and op not in RECURRENT_OPS):
         raise ValueError(f"op {op!r} has no {form!r} kernel; forms: chunk for every op, recurrent for "
                          f"{', '.join(RECURRENT_OPS)}")
-    V = v.shape[-1]
+    V, out_dtype = v.shape[-1], q.dtype
+    # fla's kernels take q, k, v of one dtype (their dots assert it); under autocast they can differ (the gated
+    # delta rule's l2-normalised q, k come out fp32 beside a bf16 v), and the kernel runs at v's dtype
+    q, k = q.to(v.dtype), k.to(v.dtype)
     q, k, v = _pad_last(q, MIN_KERNEL_DIM), _pad_last(k, MIN_KERNEL_DIM), _pad_last(v, MIN_KERNEL_DIM)
     if op == "gla":
         g = _pad_last(g, MIN_KERNEL_DIM)
-    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale, form)[..., :V].to(q.dtype)
+    return _padded_kernel(op, q, k, v, g, beta, cu_seqlens, scale, form)[..., :V].to(out_dtype)
 
 
 def _padded_kernel(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,

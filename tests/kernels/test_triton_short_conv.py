@@ -105,28 +105,6 @@ def test_short_conv_dw_summed_once_a_chunk(B, T, D, W, rows, residual, dtype, mo
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
-@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES)
-def test_short_conv_split_backward(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
-    """The backward as two kernels (a tune knob): dx by the forward kernel reaching ahead, dw alone in tiles of 16
-    tokens and 16 channels, 4 programs a channel block (several tiles a chunk)."""
-    monkeypatch.setattr(short_triton, "BWD_SPLIT", not short_triton.BWD_SPLIT)
-    monkeypatch.setattr(short_triton, "DW_BT", 16)
-    monkeypatch.setattr(short_triton, "DW_BD", 16)
-    monkeypatch.setattr(short_triton, "DW_PROGRAMS", 4)
-    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
-
-
-@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", [c for c in SHORT_CASES if "docs" in c.id])
-def test_short_conv_forward_tile_of_its_own_with_documents(B, T, D, W, rows, residual, dtype, monkeypatch,
-                                                           assert_rel_rms):
-    """The forward (and the split backward's dx) on 16-token tiles where documents are given, its loads masked by
-    the document (two tune knobs)."""
-    monkeypatch.setattr(short_triton, "FWD_BT_DOCS", 16)
-    monkeypatch.setattr(short_triton, "FWD_DOC_MASKED_LOADS", True)
-    monkeypatch.setattr(short_triton, "BWD_SPLIT", True)
-    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
-
-
 @pytest.mark.parametrize("W", range(1, 9), ids=lambda w: f"W{w}")
 def test_short_conv_every_width(W, assert_rel_rms):
     gen = torch.Generator().manual_seed(W)
@@ -333,8 +311,7 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     y = tu.empty((1, T, D), x.dtype, x.device)
     assert torch.isnan(y).all()
     short_triton._short_conv_fwd_kernel[(1, 1, 1)](
-        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False, AHEAD=False,
-        DOC_MASKED_LOADS=False,
+        x, weight, y, None, T, D, 1, 0, 0, W=3, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=False
     )
     assert torch.isfinite(y[:, :BT]).all()
     assert torch.isnan(y[:, BT:]).all()
@@ -763,8 +740,6 @@ FOLDED = [
                  {"BWD_BT": 16, "BWD_PROGRAMS": 4}, id="static"),
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
                  {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": True}, id="static-dw-summed-once-a-chunk"),
-    pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_dw_kernel"),
-                 {"BWD_SPLIT": True, "DW_BT": 16, "DW_PROGRAMS": 4}, id="static-split-backward"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
@@ -795,7 +770,6 @@ def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module
     for name, spy in zip(kernel_names, spies, strict=True):
         monkeypatch.setattr(module, name, spy)
     assert_stacked_runs_equal_alone(conv, [*weights, x, *per_token], upstream)
-    # the stack's launches first, then one per run alone (the split backward's dx is a forward launch too)
-    passes = 2 if constants.get("BWD_SPLIT") else 1
-    assert [g[2] for g in spies[0].grids] == [N * B] * passes + [B] * passes * N
+    # the stack's launches first, then one per run alone
+    assert [g[2] for g in spies[0].grids] == [N * B] + [B] * N
     assert [g[1] for g in spies[1].grids] == [N * 4] + [4] * N

@@ -368,3 +368,30 @@ def test_where_fla_refuses_its_gated_backward_simple_gla_runs_on_the_gla_kernel_
         assert fla_dqkwg.BACKEND_TYPE in registry._backends
     finally:
         fla_ops._fla.cache_clear()
+
+
+@needs_fla
+def test_the_kernel_gets_q_k_v_of_one_dtype_when_autocast_leaves_them_mixed(monkeypatch):
+    """Under bf16 autocast the gated delta net's l2-normalised q, k are fp32 and its v bf16; fla's kernels assert
+    one dtype in their dots (an H200 run failed so), so the op runs them at v's dtype. The fake kernel asserts as
+    fla's do and runs the recurrence; output in q's dtype, every gradient in its input's dtype."""
+    fla_ops._fla()
+    seen = []
+
+    def fake_gdr(q, k, v, g, beta, scale=None, cu_seqlens=None):
+        assert q.dtype == k.dtype == v.dtype, (q.dtype, k.dtype, v.dtype)
+        seen.append(v.dtype)
+        out = recurrence("gated_delta_rule", q[..., :K], k[..., :K], v[..., :V], g=g, beta=beta, scale=scale)
+        return F.pad(out, (0, v.shape[-1] - V)).to(v.dtype), None
+
+    monkeypatch.setitem(fla_ops._fla()["kernels"], "gated_delta_rule", fake_gdr)
+    q, k, v, extra = op_inputs("gated_delta_rule", seed=6)
+    leaves = [q.requires_grad_(), k.requires_grad_(), v.bfloat16().requires_grad_(), extra["g"].requires_grad_(),
+              extra["beta"].requires_grad_()]
+    out = fla_ops.fla_linear_attention(*leaves, None, "gated_delta_rule", K ** -0.5)
+    assert out.dtype == torch.float32 and seen == [torch.bfloat16]
+    want = recurrence("gated_delta_rule", q, k, v.bfloat16().float(), g=extra["g"], beta=extra["beta"])
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+    grads = torch.autograd.grad(out, leaves, torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
+    assert [g.dtype for g in grads] == [t.dtype for t in leaves]
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
