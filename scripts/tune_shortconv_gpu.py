@@ -38,15 +38,16 @@ GROUPS = [
      [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (8, 256, 4)]),
     # registers (scripts/kernel_resources.py, Triton 3.6): 64x64 4 warps 168 (18.75% occupancy), 32x64 4 warps
     # 128 (25%), 32x64 and 64x32 8 warps 100-109 (25%), 16x128 8 warps 99-108 (25%). DW_DEFER (True): dw summed
-    # once a chunk; compiled for sm_90a (Triton 3.9) at 16x64 its loop holds no shuffles and 8 barriers (the
-    # shipped kernel 128 and 16, 256 spilled bytes), 128 registers, no spills; timed on the H200 (2026-12-03) at
-    # 173 µs at best against the shipped 140
+    # once a chunk in a [BT, BD] sum per tap; compiled for sm_90a (Triton 3.9, 2026-12-04) no shuffles and no
+    # barriers in its loop (the shipped kernel 128 shuffles and 16 barriers a tile, 128 registers + 256 spilled
+    # bytes): 16x64 4 warps 96 registers (31% occupancy), 32x64 8 warps 95 (25%), 16x32 2 warps 96 (31%), 32x64
+    # 4 warps 168, none spilling. (Its first form, one [BT, WP, BD] sum, timed 173 µs at best on 2026-12-03.)
     ("static bwd", ["static"], short,
      ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
-     [(64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True), (32, 32, 4, 1, 4096, None, True),
-      (16, 32, 4, 1, 4096, None, True), (8, 64, 4, 1, 4096, None, True), (16, 64, 4, 1, 8192, None, True),
-      (32, 64, 4, 1, 4096, None, False), (64, 32, 8, 1, 4096, None, False), (16, 128, 8, 1, 8192, None, False),
-      (32, 64, 4, 1, 4096, 96, False)]),
+     [(64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True), (32, 64, 8, 1, 4096, None, True),
+      (16, 32, 2, 1, 4096, None, True), (16, 64, 4, 1, 8192, None, True), (16, 64, 4, 1, 2048, None, True),
+      (16, 64, 4, 1, 4096, 80, True), (32, 64, 4, 1, 4096, None, True), (16, 128, 8, 1, 4096, None, True),
+      (32, 64, 4, 1, 4096, None, False)]),
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
     # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112

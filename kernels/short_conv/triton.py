@@ -32,10 +32,11 @@ BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
 BWD_MAXNREG = 128
 # Where the backward sums dw over a tile's tokens: False, at every tap of every tile (a reduction across the
 # tile's threads: its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a tile, scripts/kernel_resources.py);
-# True, once after its chunk of tiles, each tap's products added up token slot by token slot in a [BT, WP, BD]
-# accumulator (registers; then smaller tiles). The same sums in another order: rounding differs, each is
-# repeatable. Timed slower on the H200 (2026-12-03, BENCHMARKS.md): 173 µs at its best tile (16 x 64 or 8 x 64)
-# against 140.
+# True (widths up to 8), once after its chunk of tiles, each tap's products added up token slot by token slot in a
+# [BT, BD] sum of its own (registers: W more tiles, so smaller ones). The same sums in another order: rounding
+# differs, each is repeatable. The first form of it, one [BT, WP, BD] sum updated whole at every tap (W times the
+# arithmetic), timed slower on the H200 (2026-12-03, BENCHMARKS.md: 173 µs at best against 140); this one is not
+# timed yet (issue #25).
 BWD_DW_DEFER = False
 
 
@@ -88,10 +89,17 @@ def _short_conv_bwd_kernel(
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
     m_d = o_d < D
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    if DW_DEFER:
-        b_dwa = tl.zeros([BT, WP, BD], dtype=tl.float32)  # the chunk's dy[t + k] * x[t], per token slot
-    else:
-        b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    # DW_DEFER (W <= 8): tap k's products dy[t + k] * x[t] added up token slot by token slot in a [BT, BD] sum of
+    # its own (a0 ... a7, one per tap; those past W are never used), reduced over tokens once after the chunk
+    a0 = tl.zeros([BT, BD], dtype=tl.float32)
+    a1 = tl.zeros([BT, BD], dtype=tl.float32)
+    a2 = tl.zeros([BT, BD], dtype=tl.float32)
+    a3 = tl.zeros([BT, BD], dtype=tl.float32)
+    a4 = tl.zeros([BT, BD], dtype=tl.float32)
+    a5 = tl.zeros([BT, BD], dtype=tl.float32)
+    a6 = tl.zeros([BT, BD], dtype=tl.float32)
+    a7 = tl.zeros([BT, BD], dtype=tl.float32)
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -114,14 +122,46 @@ def _short_conv_bwd_kernel(
                     b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
             b_dx += b_dyk * b_w[None, :]
             if DW_DEFER:
-                b_dwa = tl.where((o_k == k)[None, :, None], b_dwa + (b_dyk * b_x)[:, None, :], b_dwa)
+                if k == 0:
+                    a0 += b_dyk * b_x
+                elif k == 1:
+                    a1 += b_dyk * b_x
+                elif k == 2:
+                    a2 += b_dyk * b_x
+                elif k == 3:
+                    a3 += b_dyk * b_x
+                elif k == 4:
+                    a4 += b_dyk * b_x
+                elif k == 5:
+                    a5 += b_dyk * b_x
+                elif k == 6:
+                    a6 += b_dyk * b_x
+                else:
+                    a7 += b_dyk * b_x
             else:
                 b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
                 b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
     if DW_DEFER:
-        b_dw = tl.sum(b_dwa, axis=0)  # [WP, BD]
+        for k in tl.static_range(W):
+            if k == 0:
+                b_dwk = tl.sum(a0, axis=0)
+            elif k == 1:
+                b_dwk = tl.sum(a1, axis=0)
+            elif k == 2:
+                b_dwk = tl.sum(a2, axis=0)
+            elif k == 3:
+                b_dwk = tl.sum(a3, axis=0)
+            elif k == 4:
+                b_dwk = tl.sum(a4, axis=0)
+            elif k == 5:
+                b_dwk = tl.sum(a5, axis=0)
+            elif k == 6:
+                b_dwk = tl.sum(a6, axis=0)
+            else:
+                b_dwk = tl.sum(a7, axis=0)
+            b_dw = tl.where(o_k[:, None] == k, b_dwk[None, :], b_dw)
     p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
     tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
 # fmt: on
@@ -166,7 +206,7 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        DW_DEFER=BWD_DW_DEFER, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
+        DW_DEFER=BWD_DW_DEFER and W <= 8, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)

@@ -92,9 +92,8 @@ def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
     )
 
 
-@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype",
-                         [c for c in SHORT_CASES if c.id in ("T63-D127-W4", "W8-docs-shorter-than-W-empty",
-                                                             "bf16-T127-D65-docs")])
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES + [  # widths 1-8: a sum each
+    pytest.param(1, 20, 5, 9, [[3, 17]], True, FP32, id="W9-per-tile-sums")])  # past 8: the per-tile form
 def test_short_conv_dw_summed_once_a_chunk(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
     """The backward with dw's sums deferred to the end of each chunk (a tune knob), tiles of 8 tokens and 16
     channels, 4 programs a channel block (several tiles a chunk)."""
