@@ -462,7 +462,7 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
     _, model_config = resolve(first)
     bf16 = uses_bf16(first.train.precision, dev)
-    info, versions = device_info(dev), package_versions()
+    info, versions = device_info(dev), package_versions(model_config)
     fields = ", ".join(f"{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
                        if f.name != "progress")
     lines = [

@@ -149,7 +149,7 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
                          None if gate.startswith("FAILED") else base_rate, gate))
 
     info = device_info(dev)
-    versions = package_versions()
+    versions = package_versions(model_config)
     cuda = torch.version.cuda or "none"
     lines = [
         f"# Training throughput: {task} ({seq_len}-token rows), model {model}, "

@@ -67,7 +67,7 @@ class RunLog:
             "name": self.default_name() if named else self.name,
             "config": self.config.to_dict(),
             "resolved": {"task_params": dataclasses.asdict(self.task.params), "model": self.model_config.to_dict()},
-            "versions": package_versions(),
+            "versions": package_versions(self.model_config),
             "device": device_info(device),
             "seeds": {"data_seed": tc.data_seed, "init_seed": tc.init_seed},
             "n_params": n_params,

@@ -6,6 +6,7 @@ GPU (scripts/verify_fla_gpu.py): fla's chunked forward kernels do not run under 
 import pytest
 import torch
 from kernel_checks import RMS_BOUND, assert_close, cu_from_rows
+from mixlab.models import ModelConfig
 from mixlab.models.mixers import fla_ops
 from mixlab.runners.provenance import package_versions
 
@@ -128,4 +129,14 @@ def test_registered_backend_takes_the_gated_calls_only(monkeypatch):
     torch.testing.assert_close(got[0], real(**kw)[0], rtol=0, atol=0)
     chunk_bwd_dqkwg(**{**kw, "g": None, "w": None})
     assert calls == [1]
-    assert package_versions()["fla-core chunk_bwd_dqkwg"] == "mixlab plain torch"
+    # records name the stand-in where their model's backward runs it: the gated delta rule on fla's kernels
+    stand_in = "fla-core chunk_bwd_dqkwg"
+
+    def versions(mixer, **kw):
+        return package_versions(ModelConfig(vocab_size=8, mixer=mixer, **kw))
+
+    assert versions("gated_delta_net")[stand_in] == "mixlab plain torch"
+    assert versions("hyena,gated_delta_net", n_layers=2)[stand_in] == "mixlab plain torch"
+    assert stand_in not in versions("based")
+    assert stand_in not in versions("gated_delta_net", kernel_backend="torch")
+    assert stand_in not in package_versions()
