@@ -196,8 +196,7 @@ def provenance_section(datas: Sequence[SweepData]) -> list[str]:
     return ["## Where the records trained", "",
             "Records by folder, device and the versions that can change their numbers (`-`: not recorded; "
             "`fla-core chunk_bwd_dqkwg`: the lab's plain-torch stand-in for the kernel fla refuses, named where the "
-            "record's model runs it, docs/mixers.md; records written on 2026-12-04 name it wherever it was "
-            "registered in the process, whether or not their model ran it).", "",
+            "record's model runs it, docs/mixers.md).", "",
             "| folder | device | " + " | ".join(PROVENANCE) + " | records |",
             "|---" * (len(PROVENANCE) + 3) + "|",
             *(f"| `{key[0]}` | " + " | ".join(key[1:]) + f" | {n} |" for key, n in sorted(counts.items())), ""]
