@@ -25,19 +25,18 @@ from mixlab.kernels._triton import tl, triton
 # candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
 # chunk of BT-token tiles, about BWD_PROGRAMS programs.
 FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
-BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 64, 64, 4, 1, 4096
-# Registers a thread the backward may use (None: the compiler's choice, 168 at this tile, three blocks an SM);
-# 128 fits four at the cost of ~110 spilled bytes (scripts/kernel_resources.py), and timed faster on the H200
-# (137.7 against 142.0 µs, 150.0 against 164.0 with 64 documents; BENCHMARKS.md).
-BWD_MAXNREG = 128
-# Where the backward sums dw over a tile's tokens: False, at every tap of every tile (a reduction across the
-# tile's threads: its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a tile, scripts/kernel_resources.py);
-# True (widths up to 8), once after its chunk of tiles, each tap's products added up token slot by token slot in a
-# [BT, BD] sum of its own (registers: W more tiles, so smaller ones). The same sums in another order: rounding
-# differs, each is repeatable. The first form of it, one [BT, WP, BD] sum updated whole at every tap (W times the
-# arithmetic), timed slower on the H200 (2026-12-03, BENCHMARKS.md: 173 µs at best against 140); this one is not
-# timed yet (issue #25).
-BWD_DW_DEFER = False
+BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 16, 64, 4, 1, 2048
+# Registers a thread the backward may use (None: the compiler's choice). At the earlier [64, 64] tile a cap of 128
+# timed faster; at this tile the compiler's 96 spill nothing (scripts/kernel_resources.py).
+BWD_MAXNREG = None
+# Where the backward sums dw over a tile's tokens: True (widths up to 8), once after its chunk of tiles, each tap's
+# products added up token slot by token slot in a [BT, BD] sum of its own (registers: W more tiles, hence the
+# small tile); False (and every width over 8), at every tap of every tile, a reduction across the tile's threads
+# (its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a [64, 64] tile). The same sums in another order:
+# rounding differs, each is repeatable. On the H200 (2026-12-04, BENCHMARKS.md) the tune timed the deferred form
+# at this tile 105.5 µs (118.0 with 64 documents) against 138.7 (144.8) for the other at its best tile, but its
+# table at these constants, in the same process, 135.1 (133.7): to be timed again (issue #25).
+BWD_DW_DEFER = True
 
 
 # fmt: off

@@ -140,3 +140,22 @@ def test_registered_backend_takes_the_gated_calls_only(monkeypatch):
     assert stand_in not in versions("based")
     assert stand_in not in versions("gated_delta_net", kernel_backend="torch")
     assert stand_in not in package_versions()
+
+
+@pytest.mark.parametrize("case", ["T65-chunk64", "docs-empty"])
+def test_reads_nothing_on_the_host(case):
+    """Every shape follows from the arguments' shapes, none from their values: under fake tensors (no data) a
+    boolean-mask index or ``.item()``, each a device sync per call on the GPU, raises."""
+    from fla.ops.utils import prepare_chunk_indices
+    from mixlab.models.mixers.fla_dqkwg import chunk_bwd_dqkwg_torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kw = inputs(*CASES[case])
+    if kw["cu_seqlens"] is not None:  # fla passes the chunk list it prepared once (on the host) with the offsets
+        kw["chunk_indices"] = prepare_chunk_indices(kw["cu_seqlens"], kw["chunk_size"])
+    real = chunk_bwd_dqkwg_torch(**kw)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {n: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+        got = chunk_bwd_dqkwg_torch(**fake)
+    for name, a, b in zip(NAMES, got, real, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name

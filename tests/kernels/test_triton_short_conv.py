@@ -94,9 +94,9 @@ def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
 
 @pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES + [  # widths 1-8: a sum each
     pytest.param(1, 20, 5, 9, [[3, 17]], True, FP32, id="W9-per-tile-sums")])  # past 8: the per-tile form
-def test_short_conv_dw_summed_once_a_chunk(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
-    """The backward with dw's sums deferred to the end of each chunk (a tune knob), tiles of 8 tokens and 16
-    channels, 4 programs a channel block (several tiles a chunk)."""
+def test_short_conv_dw_other_summation(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
+    """The backward with dw summed the other way (a tune knob: every tile, or deferred to the end of each chunk),
+    tiles of 8 tokens and 16 channels, 4 programs a channel block (several tiles a chunk)."""
     monkeypatch.setattr(short_triton, "BWD_DW_DEFER", not short_triton.BWD_DW_DEFER)
     monkeypatch.setattr(short_triton, "BWD_BT", 8)
     monkeypatch.setattr(short_triton, "BWD_BD", 16)
@@ -738,7 +738,7 @@ FOLDED = [
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
                  {"BWD_BT": 16, "BWD_PROGRAMS": 4}, id="static"),
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
-                 {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": True}, id="static-dw-summed-once-a-chunk"),
+                 {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": False}, id="static-dw-summed-every-tile"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
