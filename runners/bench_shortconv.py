@@ -64,7 +64,7 @@ class _Kernel:
     ref: Callable  # its plain-torch reference, naive.*
     inputs: dict  # name -> tensor (None: absent), the op's leading arguments
     bytes_fwd: int
-    bytesfwd_bwd_call: int
+    bytes_fwd_bwd: int
 
 
 def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.device) -> list[_Kernel]:
@@ -191,7 +191,7 @@ def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kern
     def us(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
 
-    floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytesfwd_bwd_call / bw
+    floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytes_fwd_bwd / bw
     tbs = "—" if fwd_us is None else f"{kernel.bytes_fwd / (fwd_us * 1e-6) / 1e12:.2f}"
     r_fwd = "—" if fwd_us is None else f"{fwd_us / floor_fwd:.2f}"
     r_total = "—" if total_us is None else f"{total_us / floor_total:.2f}"
@@ -251,7 +251,7 @@ def bench_shortconv(
             f"## {kernel.name}",
             "",
             f"byte floor: fwd {kernel.bytes_fwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd / bw:.1f} µs, "
-            f"fwd+bwd {kernel.bytesfwd_bwd_call / 1e6:.1f} MB = {1e6 * kernel.bytesfwd_bwd_call / bw:.1f} µs. "
+            f"fwd+bwd {kernel.bytes_fwd_bwd / 1e6:.1f} MB = {1e6 * kernel.bytes_fwd_bwd / bw:.1f} µs. "
             f"Correctness gate (Triton with documents vs float64, output and every gradient): "
             f"{'PASS' if ok else 'FAIL'}, worst relative RMS {worst:.2e} (bound {RMS_BOUND[torch_dtype]:g}).",
             "",

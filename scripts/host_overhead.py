@@ -1,13 +1,18 @@
-"""Host time of the short convs' public ops, kernels not launched: what a call costs the CPU before the GPU works.
+"""Host time of the short convs' public ops: what a call costs the CPU before (or while) the GPU works.
 
-    python scripts/host_overhead.py [--repeats 15] [--calls 200]
+    python scripts/host_overhead.py [--repeats 15] [--calls 200]                  # CPU, launches skipped
+    python scripts/host_overhead.py --device cuda [--repeats 15] [--calls 200]    # GPU, launches made
 
 Each op (static, head-wise head sizes 1 and 16, low-rank R=16) is called through ``mixlab.kernels`` with
 ``backend="triton"``, forward under no_grad and forward+backward through autograd (``runners.bench_utils``), on
-small CPU tensors (B=1, T=64, D=64, W=4, fp32) with every Triton launch replaced by a no-op: input checks, backend
-choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On the GPU
-these microseconds are paid per call on the host, so a kernel shorter than them leaves the GPU idle in eager code
-(compiled graphs and CUDA graphs do not pay them). Medians over ``repeats`` blocks of ``calls`` calls.
+small tensors (B=1, T=64, D=64, W=4, fp32). On the CPU every Triton launch is replaced by a no-op: input checks,
+backend choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On
+CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
+host and its time per call is the host's; the static op is then also taken apart (its raw launchers, one bare
+launch of its forward kernel through Triton's launcher, the sum of dw's partials), which splits the op's host
+time into the lab's Python and Triton's. On the GPU these microseconds are paid per eager call, so a kernel shorter
+than them leaves the GPU idle (compiled graphs and CUDA graphs do not pay them). Medians over ``repeats`` blocks
+of ``calls`` calls (each CUDA block ends with a synchronize).
 """
 
 import argparse
@@ -17,47 +22,93 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # on a CPU the ops need the interpreter's kernels to dispatch
+if "--device" not in sys.argv:  # on a CPU the ops need the interpreter's kernels to dispatch
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from mixlab.kernels import triton_utils as tu  # noqa: E402
+from mixlab.kernels.short_conv import triton as short_triton  # noqa: E402
 from mixlab.runners.bench_shortconv import _kernels  # noqa: E402
 from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+B, T, D, W = 1, 64, 64, 4
 
-def _median_us(call, repeats: int, calls: int) -> float:
-    for _ in range(20):  # warm caches
+
+def _median_us(call, repeats: int, calls: int, device: torch.device) -> float:
+    for _ in range(20):  # warm caches (and compile, on CUDA)
         call()
     blocks = []
     for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(calls):
             call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         blocks.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(blocks)
+
+
+def _static_parts(x: torch.Tensor, weight: torch.Tensor) -> dict:
+    """The static op's pieces below the public op: name -> a call."""
+    dy = torch.randn_like(x)
+    BT, BD = tu.tiles(T, D, short_triton.FWD_BT, short_triton.FWD_BD)
+    y = torch.empty_like(x)
+    grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
+    partial = torch.zeros(8, W, D, device=x.device)
+
+    def bare_launch():  # Triton's launcher alone: arguments bound, the compiled kernel found and launched
+        short_triton._short_conv_fwd_kernel[grid](
+            x, weight, y, None, T, D, B, 0, 0, W=W, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=True,
+            num_warps=short_triton.FWD_WARPS,
+        )
+
+    return {
+        "static: one bare launch of the forward kernel": bare_launch,
+        "static: raw forward launcher": lambda: short_triton._short_conv_fwd(x, weight, None, True),
+        "static: raw backward launcher (two launches)": lambda: short_triton._short_conv_bwd(dy, x, weight, None, True),
+        "static: sum of dw's partials (one launch)": lambda: tu.sum_partials(partial, weight.dtype),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="blocks timed; the median is printed")
     parser.add_argument("--calls", type=int, default=200, help="calls per block")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: launches skipped (the interpreter's kernels); cuda: launches made")
     args = parser.parse_args()
-    JITFunction.run = InterpretedFunction.run = lambda self, *a, **k: None  # every launch a no-op
-    print(f"# host time per call, launches skipped; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-          f"Triton {triton.__version__}")
-    print(f"# B=1 T=64 D=64 W=4 fp32 CPU tensors, residual on; median of {args.repeats} blocks of {args.calls}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("host_overhead: --device cuda needs a CUDA device", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        JITFunction.run = InterpretedFunction.run = lambda self, *a, **k: None  # every launch a no-op
+    machine = torch.cuda.get_device_name() if device.type == "cuda" else "launches skipped"
+    print(f"# host time per call; {machine}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, Triton {triton.__version__}")
+    print(f"# B={B} T={T} D={D} W={W} fp32 {device.type} tensors, residual on; median of {args.repeats} blocks "
+          f"of {args.calls}")
     print("| op | fwd µs | fwd+bwd µs |")
     print("|---|---|---|")
     # bench shortconv's ops and inputs, at a size where the kernels' own cost would not matter anyway
-    for k in _kernels(1, 64, 64, 4, torch.float32, torch.device("cpu")):
+    kernels = _kernels(B, T, D, W, torch.float32, device)
+    for k in kernels:
         dy = torch.randn_like(k.inputs["x"])
-        fwd = _median_us(fwd_call(k.op, k.inputs, residual=True, backend="triton"), args.repeats, args.calls)
+        fwd = _median_us(fwd_call(k.op, k.inputs, residual=True, backend="triton"), args.repeats, args.calls, device)
         total = _median_us(fwd_bwd_call(k.op, k.inputs, dy, residual=True, backend="triton"), args.repeats,
-                           args.calls)
+                           args.calls, device)
         print(f"| {k.name} | {fwd:.1f} | {total:.1f} |")
+    if device.type == "cuda":
+        static = next(k for k in kernels if k.key == "static")
+        print("\n| piece | µs a call |")
+        print("|---|---|")
+        for name, call in _static_parts(static.inputs["x"], static.inputs["weight"]).items():
+            print(f"| {name} | {_median_us(call, args.repeats, args.calls, device):.1f} |")
     return 0
 
 
