@@ -263,6 +263,36 @@ def _sum_partials_kernel(p_ptr, out_ptr, P, M, BM: tl.constexpr, BP: tl.constexp
     tl.store(out_ptr + o_m, b_acc.to(out_ptr.dtype.element_ty), mask=m_m)
 
 
+# Per-tap sums deferred to the end of a program's chunk (the short-conv backwards, widths up to SLOTS): one
+# accumulator a tap, a tile of the tokens' products each (no [W, ...] tile updated whole at every tap, which costs
+# W times the arithmetic), reduced over the tile's tokens once.
+SLOTS = 8
+
+
+@triton.jit
+def slot_add(a, p, k: tl.constexpr, slot: tl.constexpr):
+    """a + p when tap k is this slot's, else a (both known at compile time: no code for the other slots)."""
+    if k == slot:
+        a = a + p
+    return a
+
+
+@triton.jit
+def slot_row(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
+    """b [WP, BD] with row ``slot`` set to a's sum over the tile's tokens (a [BT, BD]), for the taps that exist."""
+    if slot < W:
+        b = tl.where(o_k[:, None] == slot, tl.sum(a, axis=0)[None, :], b)
+    return b
+
+
+@triton.jit
+def slot_row3(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
+    """b [WP, NH, HSP] with row ``slot`` set to a's sum over the tile's tokens (a [BT, NH, HSP]), as ``slot_row``."""
+    if slot < W:
+        b = tl.where(o_k[:, None, None] == slot, tl.sum(a, axis=0)[None, :, :], b)
+    return b
+
+
 @triton.jit
 def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: tl.constexpr):
     """[BT] tokens on the flattened B*T axis -> ([BT] start, [BT] end) of each token's document.

@@ -56,9 +56,9 @@ GROUPS = [
      [(512, 4, 128, False), (1024, 4, 128, False), (1024, 4, 128, True), (2048, 4, 32, False), (2048, 4, 32, True),
       (2048, 4, 64, False), (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False)]),
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
-    # DS_DEFER (True): dstatic_w summed once a chunk; compiled for sm_90a (Triton 3.9) at head size 16, 512x128:
-    # 40 -> 8 shuffles and 16 -> 8 barriers in the loop, 72 -> 80 registers; 256x128 56; timed on the H200
-    # (2026-12-03) at head size 16 280 µs against the shipped 197
+    # DS_DEFER (True): dstatic_w summed once a chunk, now from one [BT, NH, HSP] sum per tap (its first form, one
+    # [WP, BT, NH, HSP] sum updated whole at every tap, timed on the H200 (2026-12-03) at head size 16 280 µs
+    # against the shipped 197)
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
       "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),

@@ -40,9 +40,13 @@ HW_BWD_MAXNREG = None
 # registers and a layout change through shared memory). True timed faster on the H200 (BENCHMARKS.md).
 HW_BWD_DW_TILE = True
 # Where the backward of every head size sums dstatic_w over a tile's tokens: False, at every tap of every tile (a
-# reduction across the tile's threads); True, once after its chunk of tiles, from a [WP, BT, NH, HSP] accumulator
-# (registers), as HW_HS1_BWD_DS_DEFER does at head size 1. Timed slower on the H200 (2026-12-03, BENCHMARKS.md):
-# head size 16 at 512 x 128 280 µs against 197 (302 against 221 with 64 documents).
+# reduction across the tile's threads); True (widths up to 8), once after its chunk of tiles, each tap's products
+# added up token slot by token slot in a [BT, NH, HSP] sum of its own, as the static backward does (registers: W
+# more tiles). Its first form, one [WP, BT, NH, HSP] sum updated whole at every tap (W times the arithmetic),
+# timed slower on the H200 (2026-12-03, BENCHMARKS.md): head size 16 at 512 x 128 280 µs against 197 (302
+# against 221 with 64 documents). This one, compiled for sm_90a (Triton 3.9, scripts/kernel_resources.py) at head
+# size 16, 512 x 128: 72 registers (64 with documents), no spills, 8 shuffles and no barrier in its loop (summed
+# every tile: 40 and 16); not timed yet (issue #25).
 HW_BWD_DS_DEFER = False
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
@@ -151,10 +155,17 @@ def _dynamic_conv_headwise_bwd_kernel(
     o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
     m_hc = m_h[:, None] & (o_c < HS)[None, :]
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
-    if DS_DEFER:
-        b_dsa = tl.zeros([WP, BT, NH, HSP], dtype=tl.float32)  # the chunk's dy[t] * x[t - k], per token slot
-    else:
-        b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    b_ds = tl.zeros([WP, NH, HSP], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
+    # DS_DEFER (W <= tu.SLOTS): tap k's products added up token slot by token slot in a [BT, NH, HSP] sum of its
+    # own (a0 ... a7; those past W are never used), reduced over tokens once after the chunk
+    a0 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a1 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a2 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a3 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a4 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a5 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a6 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
+    a7 = tl.zeros([BT, NH, HSP], dtype=tl.float32)
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -196,8 +207,11 @@ def _dynamic_conv_headwise_bwd_kernel(
                 p_dw = dw_ptr + (o_g.to(tl.int64)[:, None] * H + o_h[None, :]) * W + k
                 tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
             if HAS_STATIC:
-                if DS_DEFER:
-                    b_dsa = tl.where(o_k[:, None, None, None] == k, b_dsa + b_g[None, :, :, :], b_dsa)
+                if DS_DEFER:  # into tap k's own sum (k is known at compile time)
+                    a0, a1 = tu.slot_add(a0, b_g, k, 0), tu.slot_add(a1, b_g, k, 1)
+                    a2, a3 = tu.slot_add(a2, b_g, k, 2), tu.slot_add(a3, b_g, k, 3)
+                    a4, a5 = tu.slot_add(a4, b_g, k, 4), tu.slot_add(a5, b_g, k, 5)
+                    a6, a7 = tu.slot_add(a6, b_g, k, 6), tu.slot_add(a7, b_g, k, 7)
                 else:
                     b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
                     b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
@@ -208,8 +222,11 @@ def _dynamic_conv_headwise_bwd_kernel(
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None, None] * D + o_d[None, :, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_tc)
     if HAS_STATIC:
-        if DS_DEFER:
-            b_ds = tl.sum(b_dsa, axis=1)  # [WP, NH, HSP]
+        if DS_DEFER:  # each tap's sum over its token slots, into row k of b_ds
+            b_ds = tu.slot_row3(tu.slot_row3(b_ds, a0, o_k, 0, W), a1, o_k, 1, W)
+            b_ds = tu.slot_row3(tu.slot_row3(b_ds, a2, o_k, 2, W), a3, o_k, 3, W)
+            b_ds = tu.slot_row3(tu.slot_row3(b_ds, a4, o_k, 4, W), a5, o_k, 5, W)
+            b_ds = tu.slot_row3(tu.slot_row3(b_ds, a6, o_k, 6, W), a7, o_k, 7, W)
         p_ds = dsp_ptr + (i_c * W + o_k[:, None, None]).to(tl.int64) * D + o_d[None, :, :]
         tl.store(p_ds, b_ds, mask=(o_k < W)[:, None, None] & m_hc[None, :, :])
 # fmt: on
@@ -387,8 +404,8 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, n_chunks, n_tb, per_chunk,
             n_cu, n_search, W=W, WP=tu.next_power_of_2(W), HS=D // H, HSP=HSP, NH=NH, BT=BT,
             HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, RESIDUAL=residual,
-            DW_TILE=HW_BWD_DW_TILE, DS_DEFER=HW_BWD_DS_DEFER, num_warps=HW_BWD_WARPS, num_stages=HW_BWD_STAGES,
-            maxnreg=HW_BWD_MAXNREG,
+            DW_TILE=HW_BWD_DW_TILE, DS_DEFER=HW_BWD_DS_DEFER and W <= tu.SLOTS, num_warps=HW_BWD_WARPS,
+            num_stages=HW_BWD_STAGES, maxnreg=HW_BWD_MAXNREG,
         )
     # fmt: on
     if static_w is None:

@@ -76,24 +76,6 @@ def _short_conv_fwd_kernel(
 
 # fmt: off
 @triton.jit
-def _slot_add(a, p, k: tl.constexpr, slot: tl.constexpr):
-    """a + p when tap k is this slot's, else a (both known at compile time: no code for the other slots)."""
-    if k == slot:
-        a = a + p
-    return a
-
-
-@triton.jit
-def _slot_row(b_dw, a, o_k, slot: tl.constexpr, W: tl.constexpr):
-    """b_dw [WP, BD] with row ``slot`` set to a's sum over its token slots (a [BT, BD]), for the taps that exist."""
-    if slot < W:
-        b_dw = tl.where(o_k[:, None] == slot, tl.sum(a, axis=0)[None, :], b_dw)
-    return b_dw
-# fmt: on
-
-
-# fmt: off
-@triton.jit
 def _short_conv_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
     T, D, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
@@ -140,20 +122,20 @@ def _short_conv_bwd_kernel(
             b_dx += b_dyk * b_w[None, :]
             if DW_DEFER:
                 b_p = b_dyk * b_x  # [BT, BD] tap k's products, into its own sum (k is known at compile time)
-                a0, a1, a2, a3 = (_slot_add(a0, b_p, k, 0), _slot_add(a1, b_p, k, 1), _slot_add(a2, b_p, k, 2),
-                                  _slot_add(a3, b_p, k, 3))
-                a4, a5, a6, a7 = (_slot_add(a4, b_p, k, 4), _slot_add(a5, b_p, k, 5), _slot_add(a6, b_p, k, 6),
-                                  _slot_add(a7, b_p, k, 7))
+                a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
+                a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
+                a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
+                a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
             else:
                 b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
                 b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
     if DW_DEFER:  # each tap's sum over its token slots, into row k of b_dw
-        b_dw = _slot_row(_slot_row(b_dw, a0, o_k, 0, W), a1, o_k, 1, W)
-        b_dw = _slot_row(_slot_row(b_dw, a2, o_k, 2, W), a3, o_k, 3, W)
-        b_dw = _slot_row(_slot_row(b_dw, a4, o_k, 4, W), a5, o_k, 5, W)
-        b_dw = _slot_row(_slot_row(b_dw, a6, o_k, 6, W), a7, o_k, 7, W)
+        b_dw = tu.slot_row(tu.slot_row(b_dw, a0, o_k, 0, W), a1, o_k, 1, W)
+        b_dw = tu.slot_row(tu.slot_row(b_dw, a2, o_k, 2, W), a3, o_k, 3, W)
+        b_dw = tu.slot_row(tu.slot_row(b_dw, a4, o_k, 4, W), a5, o_k, 5, W)
+        b_dw = tu.slot_row(tu.slot_row(b_dw, a6, o_k, 6, W), a7, o_k, 7, W)
     p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
     tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
 # fmt: on
@@ -198,7 +180,7 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        DW_DEFER=BWD_DW_DEFER and W <= 8, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
+        DW_DEFER=BWD_DW_DEFER and W <= tu.SLOTS, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)

@@ -169,7 +169,11 @@ def test_dynamic_conv_headwise_hs1_dstatic_summed_once_a_chunk(B, T, D, hs, W, r
 
 
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
-                         [case for case in HEADWISE_CASES if case.values[3] > 1 and case.values[7]])
+                         [case for case in HEADWISE_CASES if case.values[3] > 1 and case.values[7]] + [
+                             pytest.param(2, 20, 20, 4, 8, [[3, 5, 2, 7, 3], [1] * 20], True, True, FP32,
+                                          id="hs4-W8-every-slot-a-sum"),
+                             pytest.param(1, 20, 8, 2, 9, [[3, 17]], True, True, FP32,
+                                          id="hs2-W9-per-tile-sums")])  # past 8 taps: the per-tile form
 def test_dynamic_conv_headwise_dstatic_summed_once_a_chunk(B, T, D, hs, W, rows, residual, static, dtype,
                                                            monkeypatch, assert_rel_rms):
     """The backward of every head size with its dstatic_w sums deferred to the end of each chunk (a tune knob),
