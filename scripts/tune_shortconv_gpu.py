@@ -86,10 +86,13 @@ GROUPS = [
      [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
       (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
+    # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum
     ("low-rank bwd dU", ["lowrank"], lowrank,
-     ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS"),
-     [(64, 16, 4, 1, 2048), (32, 32, 4, 1, 1024), (32, 32, 4, 1, 512), (64, 32, 8, 1, 1024), (32, 64, 8, 1, 1024),
-      (32, 32, 4, 3, 1024), (16, 32, 4, 1, 2048)]),
+     ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS", "LR_DU_DS_DEFER"),
+     [(64, 16, 4, 1, 2048, False), (64, 16, 4, 1, 2048, True), (32, 16, 4, 1, 2048, True),
+      (32, 32, 4, 1, 1024, True), (32, 32, 4, 1, 1024, False), (32, 32, 4, 1, 512, False),
+      (64, 32, 8, 1, 1024, False), (32, 64, 8, 1, 1024, False), (32, 32, 4, 3, 1024, False),
+      (16, 32, 4, 1, 2048, False)]),
 ]
 
 

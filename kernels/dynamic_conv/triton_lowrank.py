@@ -39,6 +39,13 @@ LR_DX_MAXNREG = 128
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1
 LOWRANK_BWD_PROGRAMS = 2048
+# Where that kernel sums dstatic_w over a tile's tokens: False, every tile (a reduction across the tile's threads,
+# in its loop's PTX for sm_90a beside the dot's own traffic: 32 shuffles and 10 barriers a tile); True, once after
+# its chunk, from a [BT, WP * BD] sum of the tiles' products (as many registers as one tile of them). The same
+# sums in another order: rounding differs, each is repeatable. Compiled for sm_90a (Triton 3.9,
+# scripts/kernel_resources.py) at 64 x 16: no shuffles and 6 barriers in its loop, but 159 registers (3 blocks an
+# SM; 128 and 16 spilled bytes with documents) against 120. Not timed yet (issue #25).
+LR_DU_DS_DEFER = False
 
 
 @triton.jit
@@ -160,7 +167,7 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr, DS_DEFER: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
@@ -172,6 +179,7 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     m_j = (k_j < W) & (d_j < D)
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
+    b_dsa = tl.zeros([BT, WP * BD], dtype=tl.float32)  # DS_DEFER: the same, token slot by token slot
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -188,7 +196,12 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
         b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
         b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
         if HAS_STATIC:
-            b_ds += tl.sum(b_g, axis=0)
+            if DS_DEFER:
+                b_dsa += b_g
+            else:
+                b_ds += tl.sum(b_g, axis=0)
+    if HAS_STATIC and DS_DEFER:
+        b_ds = tl.sum(b_dsa, axis=0)
     p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
     tl.store(p_du, b_du, mask=m_r[:, None] & m_j[None, :])
     if HAS_STATIC:
@@ -280,7 +293,8 @@ def _lowrank_bwd(
     # fmt: off
     _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
         x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu, n_search,
-        W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+        W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
+        num_stages=LR_DU_STAGES,
     )
     # fmt: on
     dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)

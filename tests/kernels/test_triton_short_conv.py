@@ -338,6 +338,18 @@ def test_non_contiguous_inputs_and_upstream(assert_rel_rms):
         assert_rel_rms(got, ref, FP32, name)
 
 
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype",
+                         [case for case in LOWRANK_CASES if case.values[7]])
+def test_dynamic_conv_lowrank_dstatic_summed_once_a_chunk(B, T, D, R, W, rows, residual, static, dtype,
+                                                          monkeypatch, assert_rel_rms):
+    """The dU kernel with its dstatic_w sums deferred to the end of each chunk (a tune knob), on the cases with
+    static weights, several tiles a chunk (tiles of 16 tokens, 4 programs)."""
+    monkeypatch.setattr(triton_lowrank, "LR_DU_DS_DEFER", not triton_lowrank.LR_DU_DS_DEFER)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
@@ -745,6 +757,9 @@ FOLDED = [
                  {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": False}, id="static-dw-summed-every-tile"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
+    pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
+                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True},
+                 id="lowrank-dstatic-summed-once-a-chunk"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
                  {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, id="headwise"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
