@@ -8,7 +8,9 @@ Each op (static, head-wise head sizes 1 and 16, low-rank R=16) is called through
 small tensors (B=1, T=64, D=64, W=4, fp32). On the CPU every Triton launch is replaced by a no-op: input checks,
 backend choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On
 CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
-host and its time per call is the host's; the static op is then also taken apart (its raw launchers, one bare
+host and its time per call is the host's. A last row times the same calls through an autograd Function that only
+allocates its outputs: the floor that autograd itself sets under any eager op. On CUDA the static op is also taken
+apart (its raw launchers, one bare
 launch of its forward kernel through Triton's launcher, the sum of dw's partials), which splits the op's host
 time into the lab's Python and Triton's. On the GPU these microseconds are paid per eager call, so a kernel shorter
 than them leaves the GPU idle (compiled graphs and CUDA graphs do not pay them). Medians over ``repeats`` blocks
@@ -51,6 +53,24 @@ def _median_us(call, repeats: int, calls: int, device: torch.device) -> float:
             torch.cuda.synchronize()
         blocks.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(blocks)
+
+
+class _Floor(torch.autograd.Function):
+    """An op that only allocates its outputs: what any eager autograd op pays on the host, kernels aside."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _floor_op(x: torch.Tensor, weight: torch.Tensor, **_kwargs) -> torch.Tensor:
+    return _Floor.apply(x, weight)
 
 
 def _static_parts(x: torch.Tensor, weight: torch.Tensor) -> dict:
@@ -103,8 +123,14 @@ def main() -> int:
         total = _median_us(fwd_bwd_call(k.op, k.inputs, dy, residual=True, backend="triton"), args.repeats,
                            args.calls, device)
         print(f"| {k.name} | {fwd:.1f} | {total:.1f} |")
+    # the same calls through an autograd Function that launches nothing and checks nothing: the floor under them
+    static = next(k for k in kernels if k.key == "static")
+    floor_inputs = {"x": static.inputs["x"], "weight": static.inputs["weight"]}
+    dy = torch.randn_like(static.inputs["x"])
+    fwd = _median_us(fwd_call(_floor_op, floor_inputs), args.repeats, args.calls, device)
+    total = _median_us(fwd_bwd_call(_floor_op, floor_inputs, dy), args.repeats, args.calls, device)
+    print(f"| floor: an autograd Function that only allocates its outputs | {fwd:.1f} | {total:.1f} |")
     if device.type == "cuda":
-        static = next(k for k in kernels if k.key == "static")
         print("\n| piece | µs a call |")
         print("|---|---|")
         for name, call in _static_parts(static.inputs["x"], static.inputs["weight"]).items():
