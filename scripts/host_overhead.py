@@ -10,11 +10,10 @@ backend choice, the autograd Function, allocations, launch-size arithmetic and t
 CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
 host and its time per call is the host's. A last row times the same calls through an autograd Function that only
 allocates its outputs: the floor that autograd itself sets under any eager op. On CUDA the static op is also taken
-apart (its raw launchers, one bare
-launch of its forward kernel through Triton's launcher, the sum of dw's partials), which splits the op's host
-time into the lab's Python and Triton's. On the GPU these microseconds are paid per eager call, so a kernel shorter
-than them leaves the GPU idle (compiled graphs and CUDA graphs do not pay them). Medians over ``repeats`` blocks
-of ``calls`` calls (each CUDA block ends with a synchronize).
+apart (its raw launchers, one bare launch of its forward kernel through Triton's launcher, the sum of dw's
+partials), which splits the op's host time into the lab's Python and Triton's. On the GPU these microseconds are
+paid per eager call, so a kernel shorter than them leaves the GPU idle (compiled graphs and CUDA graphs do not pay
+them). Medians over ``repeats`` blocks of ``calls`` calls (each CUDA block ends with a synchronize).
 """
 
 import argparse
@@ -24,7 +23,15 @@ import statistics
 import sys
 import time
 
-if "--device" not in sys.argv:  # on a CPU the ops need the interpreter's kernels to dispatch
+
+def _device_arg(argv: list[str]) -> str:
+    """--device's value before argparse runs: the interpreter must be chosen before Triton is imported."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--device", default="cpu")
+    return parser.parse_known_args(argv)[0].device
+
+
+if _device_arg(sys.argv[1:]) == "cpu":  # on a CPU the ops need the interpreter's kernels to dispatch
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
