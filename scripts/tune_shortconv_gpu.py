@@ -42,7 +42,9 @@ GROUPS = [
     # barriers in its loop (the shipped kernel 128 shuffles and 16 barriers a tile, 128 registers + 256 spilled
     # bytes): 16x64 4 warps 96 registers (31% occupancy), 32x64 8 warps 95 (25%), 16x32 2 warps 96 (31%), 32x64
     # 4 warps 168, none spilling. (Its first form, one [BT, WP, BD] sum, timed 173 µs at best on 2026-12-03.)
-    # Timed on the H200 (2026-12-04, one round): 16x64 2,048 programs 105.5 µs, the per-tile form at 64x64 138.7.
+    # Timed on the H200 (2026-12-04, one round): 16x64 2,048 programs 105.5 µs, the per-tile form at 64x64 138.7;
+    # two interleaved rounds the same day: every deferred candidate 107-157 µs with rounds 50-100 µs apart, the
+    # closing table at 16x64 1,024 programs 102.2 (109.9 with documents).
     ("static bwd", ["static"], short,
      ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
      [(16, 64, 4, 1, 2048, None, True), (64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True),
@@ -58,15 +60,17 @@ GROUPS = [
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
     # DS_DEFER (True): dstatic_w summed once a chunk, now from one [BT, NH, HSP] sum per tap (its first form, one
     # [WP, BT, NH, HSP] sum updated whole at every tap, timed on the H200 (2026-12-03) at head size 16 280 µs
-    # against the shipped 197)
+    # against the shipped 197). Timed on the H200 (2026-12-04, two interleaved rounds), head size 16: 1024x128
+    # deferred 175.1 µs (191.6 with documents), 512x128 deferred 205.2, every tile 196.9 (221.4), 256x128 268.6;
+    # head size 1 takes its own kernel (the next group) and stays at 493 in all of them.
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
       "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),
-     [(512, 4, 1, 4096, None, 128, True, False), (512, 4, 1, 4096, None, 128, True, True),
-      (256, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 64, True, True),
-      (1024, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 128, False, False),
-      (1024, 4, 1, 4096, None, 32, False, False), (1024, 4, 1, 4096, None, 64, False, False),
-      (2048, 8, 1, 4096, None, 64, False, False), (1024, 4, 1, 4096, 128, 64, False, False)]),
+     [(1024, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 128, True, False),
+      (2048, 4, 1, 4096, None, 128, True, True), (2048, 8, 1, 4096, None, 128, True, True),
+      (1024, 8, 1, 4096, None, 128, True, True), (1024, 4, 1, 2048, None, 128, True, True),
+      (1024, 4, 1, 8192, None, 128, True, True), (1024, 4, 1, 4096, None, 64, True, True),
+      (1024, 4, 1, 4096, None, 256, True, True), (1024, 4, 1, 4096, 128, 128, True, True)]),
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
     # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
     # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631
@@ -86,13 +90,15 @@ GROUPS = [
      [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
       (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
-    # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum
+    # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum. Timed on the H200 (2026-12-04,
+    # two interleaved rounds), the whole backward: 32x32 1,024 programs deferred 510.6 µs (484.4 with documents),
+    # 64x16 2,048 every tile 516.6 (568.2), 64x16 deferred 515.3 (513.4), 32x32 every tile 568.4 (621.7).
     ("low-rank bwd dU", ["lowrank"], lowrank,
      ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS", "LR_DU_DS_DEFER"),
-     [(64, 16, 4, 1, 2048, False), (64, 16, 4, 1, 2048, True), (32, 16, 4, 1, 2048, True),
-      (32, 32, 4, 1, 1024, True), (32, 32, 4, 1, 1024, False), (32, 32, 4, 1, 512, False),
-      (64, 32, 8, 1, 1024, False), (32, 64, 8, 1, 1024, False), (32, 32, 4, 3, 1024, False),
-      (16, 32, 4, 1, 2048, False)]),
+     [(32, 32, 4, 1, 1024, True), (64, 16, 4, 1, 2048, False), (32, 32, 4, 1, 512, True),
+      (32, 32, 4, 1, 2048, True), (16, 32, 4, 1, 1024, True), (64, 32, 8, 1, 1024, True),
+      (32, 64, 8, 1, 1024, True), (16, 64, 4, 1, 1024, True), (32, 32, 8, 1, 1024, True),
+      (32, 32, 4, 2, 1024, True)]),
 ]
 
 

@@ -30,8 +30,9 @@ HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 512, 4, 128
 # backward does ([BT, NH] strided loads of the same lines), which at head size 16 need no move at all (at head
 # size 1 they still do: W elements apart, they cannot share the activations' layout). Timed by the tune script.
 HW_FWD_TAP_LOADS = False
-# Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs.
-HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 512, 4, 1, 4096, 128
+# Backward: one program per head block and chunk of token tiles, about HW_BWD_PROGRAMS programs. 1024-element
+# tiles timed fastest with dstatic_w deferred (below; head size 16: 175 µs against 205 at 512, 269 at 256).
+HW_BWD_TILE, HW_BWD_WARPS, HW_BWD_STAGES, HW_BWD_PROGRAMS, HW_BWD_CHANNELS = 1024, 4, 1, 4096, 128
 # Register cap of the backward (None: the compiler's choice: at head size 1, 110 registers at a 512-element tile,
 # 190 at 1024; scripts/kernel_resources.py). Timed by the tune script; no cap was faster on the H200.
 HW_BWD_MAXNREG = None
@@ -46,8 +47,10 @@ HW_BWD_DW_TILE = True
 # timed slower on the H200 (2026-12-03, BENCHMARKS.md): head size 16 at 512 x 128 280 µs against 197 (302
 # against 221 with 64 documents). This one, compiled for sm_90a (Triton 3.9, scripts/kernel_resources.py) at head
 # size 16, 512 x 128: 72 registers (64 with documents), no spills, 8 shuffles and no barrier in its loop (summed
-# every tile: 40 and 16); not timed yet (issue #25).
-HW_BWD_DS_DEFER = False
+# every tile: 40 and 16). The tune script timed it on the H200 (2026-12-04, two interleaved rounds, BENCHMARKS.md)
+# at head size 16: 175 µs at 1024 x 128 against 197 for the every-tile form at 512 x 128 (192 against 221 with 64
+# documents); head size 1 takes its own kernel (below) either way.
+HW_BWD_DS_DEFER = True
 # Backward at head size 1 (H = D): True, the taps become the tile's third axis ([BT, NH, WP], the weights' own
 # layout): x and dy are gathered at their W shifts into it, the weights and dweight read and written as stored,
 # every tap summed in one reduction, no tap picked out of a tile or moved between layouts one by one (compiled

@@ -37,15 +37,17 @@ LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 64, 8, 1, 4
 LR_DX_MAXNREG = 128
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
-LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 16, 4, 1
-LOWRANK_BWD_PROGRAMS = 2048
+LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 32, 32, 4, 1
+LOWRANK_BWD_PROGRAMS = 1024
 # Where that kernel sums dstatic_w over a tile's tokens: False, every tile (a reduction across the tile's threads,
 # in its loop's PTX for sm_90a beside the dot's own traffic: 32 shuffles and 10 barriers a tile); True, once after
 # its chunk, from a [BT, WP * BD] sum of the tiles' products (as many registers as one tile of them). The same
 # sums in another order: rounding differs, each is repeatable. Compiled for sm_90a (Triton 3.9,
 # scripts/kernel_resources.py) at 64 x 16: no shuffles and 6 barriers in its loop, but 159 registers (3 blocks an
-# SM; 128 and 16 spilled bytes with documents) against 120. Not timed yet (issue #25).
-LR_DU_DS_DEFER = False
+# SM; 128 and 16 spilled bytes with documents) against 120. The tune script timed it on the H200 (2026-12-04, two
+# interleaved rounds, BENCHMARKS.md) with the tiles above: the whole backward 511 µs against 517 for the every-tile
+# form at 64 x 16 and 2,048 programs, 484 against 568 with 64 documents.
+LR_DU_DS_DEFER = True
 
 
 @triton.jit
