@@ -9,11 +9,14 @@ small tensors (B=1, T=64, D=64, W=4, fp32). On the CPU every Triton launch is re
 backend choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On
 CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
 host and its time per call is the host's. A last row times the same calls through an autograd Function that only
-allocates its outputs: the floor that autograd itself sets under any eager op. On CUDA the static op is also taken
-apart (its raw launchers, one bare launch of its forward kernel through Triton's launcher, the sum of dw's
-partials), which splits the op's host time into the lab's Python and Triton's. On the GPU these microseconds are
-paid per eager call, so a kernel shorter than them leaves the GPU idle (compiled graphs and CUDA graphs do not pay
-them). Medians over ``repeats`` blocks of ``calls`` calls (each CUDA block ends with a synchronize).
+allocates its outputs: the floor that autograd itself sets under any eager op. Every op is then taken apart: its
+raw forward and backward launchers (``TritonOp.fwd`` and ``.bwd``: argument handling, allocations, launches, no
+autograd), its autograd Function called without the public op's checks, and for the static op one bare launch of
+its forward kernel through Triton's launcher and the sum of dw's partials. Together they split an op's host time
+into autograd's, the lab's Python and Triton's (on the CPU the launches in those pieces are no-ops too). On the
+GPU these microseconds are paid per eager call, so a kernel shorter than them leaves the GPU idle (compiled
+graphs and CUDA graphs do not pay them). Medians over ``repeats`` blocks of ``calls`` calls (each CUDA block
+ends with a synchronize).
 """
 
 import argparse
@@ -37,6 +40,8 @@ if _device_arg(sys.argv[1:]) == "cpu":  # on a CPU the ops need the interpreter'
 import torch  # noqa: E402
 import triton  # noqa: E402
 from mixlab.kernels import triton_utils as tu  # noqa: E402
+from mixlab.kernels.dynamic_conv.triton_headwise import headwise_triton  # noqa: E402
+from mixlab.kernels.dynamic_conv.triton_lowrank import lowrank_triton  # noqa: E402
 from mixlab.kernels.short_conv import triton as short_triton  # noqa: E402
 from mixlab.runners.bench_shortconv import _kernels  # noqa: E402
 from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call  # noqa: E402
@@ -80,9 +85,29 @@ def _floor_op(x: torch.Tensor, weight: torch.Tensor, **_kwargs) -> torch.Tensor:
     return _Floor.apply(x, weight)
 
 
-def _static_parts(x: torch.Tensor, weight: torch.Tensor) -> dict:
-    """The static op's pieces below the public op: name -> a call."""
-    dy = torch.randn_like(x)
+# each bench kernel's TritonOp: its raw launchers, below the public op's checks and autograd
+_OPS = {"static": short_triton.short_conv_triton, "headwise": headwise_triton, "lowrank": lowrank_triton}
+# launches each raw launcher makes with a static weight: the backward's kernels, then one sum of fp32 partials per
+# weight gradient (low-rank: dx and dz, dU, then the sums of dz, dU and dstatic_w)
+_LAUNCHES = {"static": (1, 2), "headwise": (1, 2), "lowrank": (1, 5)}
+
+
+def _parts(kernels: list) -> dict:
+    """Each op's pieces below the public op, and the static op's below its launchers: name -> a call."""
+    parts = {}
+    for k in kernels:
+        op, args = _OPS[k.kind], tuple(k.inputs.values())
+        dy = torch.randn_like(k.inputs["x"])
+        n_fwd, n_bwd = _LAUNCHES[k.kind]
+        parts[f"{k.name}: raw forward launcher ({n_fwd} launch)"] = lambda op=op, a=args: op.fwd(*a, None, True)
+        parts[f"{k.name}: raw backward launcher ({n_bwd} launches)"] = (
+            lambda op=op, a=args, dy=dy: op.bwd(dy, *a, None, True))
+        # the op's autograd Function called directly (no input checks, no backend choice): against the public
+        # op's row it prices those; against the floor plus the two launchers, what autograd adds around them
+        # (on CUDA the backward runs on autograd's device thread, the floor's too)
+        direct = lambda op=op, **inputs: op.function.apply(*inputs.values(), None, True)  # noqa: E731
+        parts[f"{k.name}: its autograd Function alone, fwd+bwd"] = fwd_bwd_call(direct, k.inputs, dy)
+    x, weight = kernels[0].inputs["x"], kernels[0].inputs["weight"]  # the static op's
     BT, BD = tu.tiles(T, D, short_triton.FWD_BT, short_triton.FWD_BD)
     y = torch.empty_like(x)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
@@ -94,12 +119,9 @@ def _static_parts(x: torch.Tensor, weight: torch.Tensor) -> dict:
             num_warps=short_triton.FWD_WARPS,
         )
 
-    return {
-        "static: one bare launch of the forward kernel": bare_launch,
-        "static: raw forward launcher": lambda: short_triton._short_conv_fwd(x, weight, None, True),
-        "static: raw backward launcher (two launches)": lambda: short_triton._short_conv_bwd(dy, x, weight, None, True),
-        "static: sum of dw's partials (one launch)": lambda: tu.sum_partials(partial, weight.dtype),
-    }
+    parts["static: one bare launch of the forward kernel"] = bare_launch
+    parts["static: sum of dw's partials (one launch)"] = lambda: tu.sum_partials(partial, weight.dtype)
+    return parts
 
 
 def main() -> int:
@@ -137,11 +159,10 @@ def main() -> int:
     fwd = _median_us(fwd_call(_floor_op, floor_inputs), args.repeats, args.calls, device)
     total = _median_us(fwd_bwd_call(_floor_op, floor_inputs, dy), args.repeats, args.calls, device)
     print(f"| floor: an autograd Function that only allocates its outputs | {fwd:.1f} | {total:.1f} |")
-    if device.type == "cuda":
-        print("\n| piece | µs a call |")
-        print("|---|---|")
-        for name, call in _static_parts(static.inputs["x"], static.inputs["weight"]).items():
-            print(f"| {name} | {_median_us(call, args.repeats, args.calls, device):.1f} |")
+    print("\n| piece | µs a call |")
+    print("|---|---|")
+    for name, call in _parts(kernels).items():
+        print(f"| {name} | {_median_us(call, args.repeats, args.calls, device):.1f} |")
     return 0
 
 
