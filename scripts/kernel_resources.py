@@ -155,8 +155,8 @@ def rubiconv_cases(n_tokens: int = 65536, d: int = 1024) -> list[tuple[str, Call
         def call(precision=precision, dtype=dtype):
             x, h = torch.randn(1, n_tokens, d).to(dtype), torch.randn(d, n_tokens).to(dtype)
             t = rubi._tables(plan, precision)
-            _, zx, hs = rubi._forward(x, h, plan, t)
-            rubi._backward(x, zx, hs, h, plan, t, need_dx=True)
+            _, zx, hs = rubi._forward(x, h, plan, t, rubi.SAVE_SPECTRA)
+            rubi._backward(x, zx, hs, h, plan, t, need_dx=True, from_spectra=rubi.SAVE_SPECTRA)
         cases.append((f"rubiconv {precision}, k={plan.k}", call))
     return cases
 

@@ -8,16 +8,19 @@ fused F_k stage (forward DFT, product, inverse DFT, all on chip) -> inverse bloc
     _rubi_block_fwd_kernel  Z[c] = tw[c] * sum_b w_m^(b c) X[b]; a program: one document, BC half columns,
                             BN of the k*D values of a column (contiguous in memory)
     _rubi_spectrum_kernel   a program: one half column, BD channels, chunks of BKD frequency rows d:
-        MODE_CONV           S = F_k Z; W = S * Hs (conj(Hs) for dx); O += conj(F_k)[:, d] W; O *= conj(tw)
+        MODE_CONV           S = F_k Z; W = S * Hs (conj(Hs) for dx); O += conj(F_k)[:, d] W; O *= conj(tw);
+                            with STORE_S also S itself, in fp32
         MODE_SPECTRUM       Hs = alpha_c / P * F_k Z, the filter spectra (one half-column set per m)
         MODE_CORRELATE      W = alpha_c / P * sum over the m-group's documents of (F_k Zdy) conj(F_k Zx),
-                            then as MODE_CONV: dh's spectrum, one half-column set per m
+                            then as MODE_CONV: dh's spectrum, one half-column set per m; with FROM_S the
+                            two F_k products read as MODE_CONV stored them instead of computed again
     _rubi_block_inv_kernel  y[b] = sum_c Re(w_m^(-b c) O[c]); a program: one output document, BB columns,
                             BN values; REDUCE adds every m-group's dh piece (its first `reach` taps)
 
 Backward: dx is the forward pipeline on dy with conj(Hs); dh correlates dy's and x's spectra (x's saved from
-the forward), summed per m-group before one inverse transform per group. No atomics: every sum has a fixed
-order, so results are bitwise reproducible.
+the forward), summed per m-group before one inverse transform per group. With ``SAVE_SPECTRA`` the forward saves
+x's S = F_k Z rather than Z, and the dx stage stores dy's, so the correlation multiplies stored spectra. No
+atomics: every sum has a fixed order, so results are bitwise reproducible.
 
 Precision "fp32": fp32 spectra and tf32 dots, every operand rounded to the nearest tf32 first (the tensor
 cores would truncate, and that bias adds up to ~3.5e-3 over the stages instead of ~6e-4). "bf16": bfloat16
@@ -142,6 +145,7 @@ def _rubi_spectrum_kernel(
     zx_ptr,
     hs_ptr,
     out_ptr,
+    s_ptr,
     fr_ptr,
     fi_ptr,
     twr_ptr,
@@ -162,10 +166,14 @@ def _rubi_spectrum_kernel(
     BD: tl.constexpr,
     MODE: tl.constexpr,
     CONJ_H: tl.constexpr,
+    STORE_S: tl.constexpr,
+    FROM_S: tl.constexpr,
     DOT_PREC: tl.constexpr,
     TF32: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    # s_ptr: STORE_S (MODE_CONV), where S = F_k Z goes, fp32 and shaped as z; FROM_S (MODE_CORRELATE), dy's S,
+    # with x's S at zx_ptr (z_ptr then unused)
     i_col, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)  # [BD] channels
     m_d = o_d < D
@@ -186,14 +194,21 @@ def _rubi_spectrum_kernel(
             b_wi = tl.zeros([BKD, BD], dtype=tl.float32)
             for j in range(lo, hi):
                 col = tl.load(doc_col_ptr + j) + c
-                b_gr, b_gi = _dft_rows(
-                    fr_ptr, fi_ptr, z_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
-                    K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
-                )  # fmt: skip
-                b_xr, b_xi = _dft_rows(
-                    fr_ptr, fi_ptr, zx_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
-                    K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
-                )  # fmt: skip
+                if FROM_S:
+                    p_s = col.to(tl.int64) * (K * D) + p_rd
+                    b_gr = tl.load(s_ptr + p_s, mask=m_d[None, :], other=0.0)  # [BKD, BD]
+                    b_gi = tl.load(s_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
+                    b_xr = tl.load(zx_ptr + p_s, mask=m_d[None, :], other=0.0)
+                    b_xi = tl.load(zx_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
+                else:
+                    b_gr, b_gi = _dft_rows(
+                        fr_ptr, fi_ptr, z_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
+                        K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
+                    )  # fmt: skip
+                    b_xr, b_xi = _dft_rows(
+                        fr_ptr, fi_ptr, zx_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
+                        K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
+                    )  # fmt: skip
                 b_wr += b_gr * b_xr + b_gi * b_xi  # dy spectrum times conj(x spectrum)
                 b_wi += b_gi * b_xr - b_gr * b_xi
             b_scale = tl.load(scale_ptr + gcol)
@@ -209,6 +224,10 @@ def _rubi_spectrum_kernel(
                 tl.store(p_out, (b_sr * b_scale).to(out_ptr.dtype.element_ty), mask=m_d[None, :])
                 tl.store(p_out + OUT_PLANE, (b_si * b_scale).to(out_ptr.dtype.element_ty), mask=m_d[None, :])
             else:
+                if STORE_S:
+                    p_s = s_ptr + i_col.to(tl.int64) * (K * D) + p_rd
+                    tl.store(p_s, b_sr, mask=m_d[None, :])
+                    tl.store(p_s + Z_PLANE, b_si, mask=m_d[None, :])
                 p_h = hs_ptr + gcol.to(tl.int64) * (K * D) + p_rd
                 b_hr = tl.load(p_h, mask=m_d[None, :], other=0.0).to(tl.float32)  # [BKD, BD]
                 b_hi = tl.load(p_h + HS_PLANE, mask=m_d[None, :], other=0.0).to(tl.float32)
@@ -306,14 +325,28 @@ def _rubi_block_inv_kernel(
 BN_BLOCK, BC_BLOCK = 128, 32  # block stages: [BC, BN] tiles over (half columns, k*D values of a column)
 # Tests set this to True: the interpreter then rounds fp32 dot operands to tf32 as the GPU path does.
 EMULATE_TF32 = False
+# What the forward saves of x for dh: False, its block spectra Z (the correlation then applies F_k to dy's and
+# x's Z again for every document column: two thirds of its tensor-core work); True, S = F_k Z in fp32 (as large
+# as Z in fp32, twice Z in bf16), which the forward's F_k stage writes beside its output, as the backward's dx
+# stage does for dy's, so the correlation only multiplies and transforms back. The same values from the same
+# operations, so dh is bitwise the same. Without dx (x not requiring a gradient) the dx stage still runs, for
+# dy's S. Interpreter-tested; off until the H200 times it (issue #25).
+SAVE_SPECTRA = False
+
+
+# F_k stage tiles (``_spectrum_tiles``): SPECTRUM_ROWS frequency rows a chunk (at most k), SPECTRUM_INNER of the
+# DFT's inner dimension a dot, and with the inverse at most SPECTRUM_ACC fp32 values in each plane of its [k, BD]
+# accumulator (BD at most 64; 128 without the inverse). Chunks of 16 rows make every dot 16 rows tall, below what
+# Hopper's warpgroup MMA takes in one instruction (64); whole-k chunks need a narrower BD to fit.
+SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 8192
 
 
 def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
     """(BKD, BKA, BD) of the F_k stage. Each program reads all of F_k (from L2), so a wider BD reads it
-    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at 16K fp32 values,
-    which compiles for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
-    widest = min(64, 8192 // k) if accumulate else 128
-    return 16, min(k, 32), max(16, min(widest, tu.next_power_of_2(D)))
+    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at SPECTRUM_ACC fp32
+    values, 8,192 of which compile for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
+    widest = min(64, SPECTRUM_ACC // k) if accumulate else 128
+    return min(k, SPECTRUM_ROWS), min(k, SPECTRUM_INNER), max(16, min(widest, tu.next_power_of_2(D)))
 
 
 def _round_tf32(a: torch.Tensor) -> torch.Tensor:
@@ -422,10 +455,12 @@ def _spectrum(
     hs: torch.Tensor | None = None,
     zx: torch.Tensor | None = None,
     conj_h: bool = False,
+    s: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused F_k stage on spectra z [2, cols, k, D] -> [2, cols', k, D] (cols' = documents' half columns
     for MODE_CONV, filter half columns otherwise). hs: the filter spectra (MODE_CONV); zx: x's spectra
-    (MODE_CORRELATE, z is then dy's)."""
+    (MODE_CORRELATE, z is then dy's). s (fp32, shaped as z): MODE_CONV stores S = F_k z into it; MODE_CORRELATE
+    reads dy's S from it, and then zx is x's S (``SAVE_SPECTRA``)."""
     k, D = plan.k, z.shape[-1]
     BKD, BKA, BD = _spectrum_tiles(k, D, accumulate=mode != MODE_SPECTRUM)
     gcol = t["col_gcol"] if mode == MODE_CONV else t["fcol"]["gcol"]
@@ -435,11 +470,12 @@ def _spectrum(
     zx = z if zx is None else zx
     fcol = t["fcol"]
     _rubi_spectrum_kernel[(n_cols, tu.cdiv(D, BD))](
-        z, zx, hs, out, t["fk_r"], t["fk_i"], t["tw_r"], t["tw_i"], t["scale"],
+        z, zx, hs, out, z if s is None else s, t["fk_r"], t["fk_i"], t["tw_r"], t["tw_i"], t["scale"],
         gcol, fcol["c"], fcol["lo"], fcol["hi"], t["doc"]["col"],
         D, z[0].numel(), hs[0].numel(), out[0].numel(),
-        K=k, BKD=BKD, BKA=BKA, BD=BD, MODE=mode, CONJ_H=conj_h, DOT_PREC=_dot_precision(t),
-        TF32=_tf32(t), UPCAST=_upcast(t), num_warps=8,
+        K=k, BKD=BKD, BKA=BKA, BD=BD, MODE=mode, CONJ_H=conj_h, STORE_S=mode == MODE_CONV and s is not None,
+        FROM_S=mode == MODE_CORRELATE and s is not None, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
+        UPCAST=_upcast(t), num_warps=8,
     )  # fmt: skip
     return out
 
@@ -466,30 +502,37 @@ def _filter_spectra(h: torch.Tensor, plan: RubiPlan, t: dict) -> torch.Tensor:
     return _spectrum(MODE_SPECTRUM, _block_fwd(taps, plan, t, filters=True), plan, t)
 
 
-def _forward(x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, t: dict) -> tuple[torch.Tensor, ...]:
-    """x: [B, T, D], h: [D, L_F] -> y [B, T, D], and for the backward x's block spectra zx and h's spectra hs."""
+def _forward(x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, t: dict,
+             save_spectra: bool = False) -> tuple[torch.Tensor, ...]:
+    """x: [B, T, D], h: [D, L_F] -> y [B, T, D], and for the backward x's block spectra zx (with
+    ``save_spectra`` its S = F_k Z instead, fp32) and h's spectra hs."""
     D = x.shape[2]
     x = x.contiguous()
     hs = _filter_spectra(h, plan, t)
     zx = _block_fwd(x.view(-1, D), plan, t, filters=False)
+    sx = tu.empty(zx.shape, torch.float32, x.device) if save_spectra else None
     y = tu.empty(x.shape, x.dtype, x.device)
-    _block_inv(_spectrum(MODE_CONV, zx, plan, t, hs=hs), plan, t, y.view(-1, D), reduce=False)
-    return y, zx, hs
+    _block_inv(_spectrum(MODE_CONV, zx, plan, t, hs=hs, s=sx), plan, t, y.view(-1, D), reduce=False)
+    return y, zx if sx is None else sx, hs
 
 
 def _backward(dy: torch.Tensor, zx: torch.Tensor | None, hs: torch.Tensor, h: torch.Tensor, plan: RubiPlan,
-              t: dict, need_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, T, D] -> dx (dy's dtype; None unless ``need_dx``) and dh (h's shape and dtype; None without zx)."""
+              t: dict, need_dx: bool, from_spectra: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dy [B, T, D] -> dx (dy's dtype; None unless ``need_dx``) and dh (h's shape and dtype; None without zx).
+    ``from_spectra``: zx is x's S = F_k Z as ``_forward(save_spectra=True)`` saved it."""
     D = dy.shape[2]
     dy = dy.contiguous()
     zg = _block_fwd(dy.view(-1, D), plan, t, filters=False)
+    sg = tu.empty(zg.shape, torch.float32, dy.device) if zx is not None and from_spectra else None
     dx = dh = None
-    if need_dx:
-        dx = tu.empty(dy.shape, dy.dtype, dy.device)
-        _block_inv(_spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True), plan, t, dx.view(-1, D), False)
+    if need_dx or sg is not None:
+        o = _spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True, s=sg)
+        if need_dx:
+            dx = tu.empty(dy.shape, dy.dtype, dy.device)
+            _block_inv(o, plan, t, dx.view(-1, D), False)
     if zx is not None:
         dh_taps = tu.empty((plan.max_taps, D), torch.float32, dy.device)
-        _block_inv(_spectrum(MODE_CORRELATE, zg, plan, t, zx=zx), plan, t, dh_taps, reduce=True)
+        _block_inv(_spectrum(MODE_CORRELATE, zg, plan, t, zx=zx, s=sg), plan, t, dh_taps, reduce=True)
         dh = dy.new_zeros(h.shape, dtype=h.dtype)
         dh[:, : plan.max_taps] = dh_taps.T
     return dx, dh
@@ -501,7 +544,9 @@ class RubiConvTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, precision: str) -> torch.Tensor:
         t = _tables(plan, precision)
-        y, zx, hs = _forward(x, h, plan, t)
+        # x's spectra are needed only for dh
+        ctx.from_spectra = SAVE_SPECTRA and ctx.needs_input_grad[1]
+        y, zx, hs = _forward(x, h, plan, t, save_spectra=ctx.from_spectra)
         ctx.plan, ctx.t = plan, t
         ctx.save_for_backward(zx if ctx.needs_input_grad[1] else None, hs, h)
         return y
@@ -509,7 +554,7 @@ class RubiConvTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         zx, hs, h = ctx.saved_tensors
-        dx, dh = _backward(dy, zx, hs, h, ctx.plan, ctx.t, ctx.needs_input_grad[0])
+        dx, dh = _backward(dy, zx, hs, h, ctx.plan, ctx.t, ctx.needs_input_grad[0], ctx.from_spectra)
         return dx, dh, None, None
 
 
@@ -518,30 +563,30 @@ class RubiConvTriton(torch.autograd.Function):
 # The op takes the offsets, not the plan (a custom op takes tensors and plain values): get_plan's cache finds it.
 @torch.library.custom_op("mixlab::rubiconv_triton", mutates_args=())
 def _rubiconv_op(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None,
-                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 precision: str, save_spectra: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = get_plan(cu_seqlens, x.shape[0], x.shape[1], h.shape[1], block, x.device)
-    return _forward(x, h, plan, _tables(plan, precision))
+    return _forward(x, h, plan, _tables(plan, precision), save_spectra)
 
 
 @torch.library.custom_op("mixlab::rubiconv_triton_bwd", mutates_args=())
 def _rubiconv_bwd_op(dy: torch.Tensor, zx: torch.Tensor, hs: torch.Tensor, h: torch.Tensor,
                      cu_seqlens: torch.Tensor | None, block: int | None,
-                     precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+                     precision: str, from_spectra: bool) -> tuple[torch.Tensor, torch.Tensor]:
     plan = get_plan(cu_seqlens, dy.shape[0], dy.shape[1], h.shape[1], block, dy.device)
-    return _backward(dy, zx, hs, h, plan, _tables(plan, precision), need_dx=True)
+    return _backward(dy, zx, hs, h, plan, _tables(plan, precision), need_dx=True, from_spectra=from_spectra)
 
 
 def _op_setup(ctx, inputs: tuple, output: tuple) -> None:
-    x, h, cu_seqlens, block, precision = inputs
+    x, h, cu_seqlens, block, precision, save_spectra = inputs
     _, zx, hs = output
     ctx.save_for_backward(zx, hs, h, cu_seqlens)
-    ctx.block, ctx.precision = block, precision
+    ctx.block, ctx.precision, ctx.from_spectra = block, precision, save_spectra
 
 
 def _op_backward(ctx, dy: torch.Tensor, _dzx: torch.Tensor, _dhs: torch.Tensor) -> tuple:
     zx, hs, h, cu_seqlens = ctx.saved_tensors
-    dx, dh = _rubiconv_bwd_op(dy, zx, hs, h, cu_seqlens, ctx.block, ctx.precision)
-    return dx, dh, None, None, None
+    dx, dh = _rubiconv_bwd_op(dy, zx, hs, h, cu_seqlens, ctx.block, ctx.precision, ctx.from_spectra)
+    return dx, dh, None, None, None, None
 
 
 _rubiconv_op.register_autograd(_op_backward, setup_context=_op_setup)
@@ -558,4 +603,4 @@ def rubiconv_triton_in_transform(x: torch.Tensor, h: torch.Tensor, cu_seqlens: t
                                  block: int | None, precision: str = "fp32") -> torch.Tensor:
     """As ``rubiconv_triton`` with the plan of ``get_plan(cu_seqlens, B, T, L_F, block)``, for calls on plain
     tensors inside torch.func transforms (``tu.in_transform``); x not itself batched."""
-    return _rubiconv_op(x, h, cu_seqlens, block, precision)[0]
+    return _rubiconv_op(x, h, cu_seqlens, block, precision, SAVE_SPECTRA)[0]

@@ -208,6 +208,37 @@ def test_triton_half_inputs_and_an_fp32_filter(dtype, poisoned_outputs):
         assert_close(actual, expected, 1e-2, name)
 
 
+@pytest.mark.parametrize("B, T, D, L_F, rows, block, precision", [TRITON_CASES[i] for i in (1, 2, 4, 6)])
+def test_triton_saved_spectra_give_the_same_bits(B, T, D, L_F, rows, block, precision, monkeypatch,
+                                                poisoned_outputs):
+    """SAVE_SPECTRA: dh from the stored F_k products of dy and x equals dh from recomputing them, bitwise (the
+    same operations on the same operands), and y and dx do not change; also with x not requiring a gradient
+    (the dx stage then runs for dy's spectra alone) and through the custom op of the vmap path."""
+    gen = torch.Generator().manual_seed(11)
+    cu = _cu(rows, T)
+    x, h, upstream = _randn(gen, B, T, D).float(), _randn(gen, D, L_F).float(), _randn(gen, B, T, D).float()
+
+    def dh_alone():  # x a constant: only dh
+        hl = h.clone().requires_grad_()
+        y = kernels.rubiconv(x, hl, cu_seqlens=cu, block=block, backend="triton", precision=precision)
+        return torch.autograd.grad(y, hl, upstream)[0]
+
+    def in_transform():  # one run under vmap: the custom op
+        xl, hl = x.clone().requires_grad_(), h.clone().requires_grad_()
+        y = torch.func.vmap(lambda xs, hs: kernels.rubiconv(xs, hs, cu_seqlens=cu, block=block, backend="triton",
+                                                              precision=precision))(xl[None], hl[None])[0]
+        return (y, *torch.autograd.grad(y, (xl, hl), upstream))
+
+    results = {}
+    for save in (False, True):
+        monkeypatch.setattr(rubiconv_triton, "SAVE_SPECTRA", save)
+        results[save] = (*_run("triton", x, h, cu, upstream, block=block, precision=precision), dh_alone(),
+                         *in_transform())
+    names = ("y", "dx", "dh", "dh without dx", "y in vmap", "dx in vmap", "dh in vmap")
+    for name, recomputed, stored in zip(names, results[False], results[True], strict=True):
+        assert torch.equal(recomputed, stored), name
+
+
 def test_triton_tf32_rounding_stays_within_the_fp32_bound(monkeypatch, poisoned_outputs):
     """The GPU's fp32 path rounds every dot operand to tf32; emulated here, its error lands at tf32 level."""
     monkeypatch.setattr(rubiconv_triton, "EMULATE_TF32", True)
@@ -331,8 +362,9 @@ def test_triton_under_vmap_runs_once_per_run_bitwise(poisoned_outputs):
             assert torch.equal(got, want)
 
 
-def test_triton_custom_op_schema_and_autograd(poisoned_outputs):
+@pytest.mark.parametrize("save_spectra", [False, True], ids=["z-saved", "spectra-saved"])
+def test_triton_custom_op_schema_and_autograd(save_spectra, poisoned_outputs):
     gen = torch.Generator().manual_seed(10)
     x, h = _randn(gen, 2, 16, 3).float().requires_grad_(), _randn(gen, 3, 20).float().requires_grad_()
-    torch.library.opcheck(rubiconv_triton._rubiconv_op, (x, h, _cu([[4, 12], [16]], 16), 16, "fp32"),
+    torch.library.opcheck(rubiconv_triton._rubiconv_op, (x, h, _cu([[4, 12], [16]], 16), 16, "fp32", save_spectra),
                           test_utils=("test_schema", "test_autograd_registration"))
