@@ -7,6 +7,8 @@ as the row. Rows of the table:
     pad to longest         every document zero-padded to the longest, one batched FFT
     pow2 buckets           the "torch" backend: documents bucketed by ceil(log2 L), one FFT per bucket
     gemm / triton          the GEMM form (docs/rubiconv.md), precision fp32 and bf16, automatic k (and ``blocks``)
+    triton, spectra saved  the triton rows again with ``SAVE_SPECTRA`` on (the backward's correlation reads the
+                           F_k spectra the forward and the dx stage stored instead of computing them again)
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
 gate); the leaky row's error is its leak. The GPU name and versions go on top. Public long convs
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 from mixlab import kernels
 from mixlab.kernels.rubiconv import gemm
+from mixlab.kernels.rubiconv import triton as rubiconv_triton
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
 from mixlab.runners.bench_anchors import Anchor, long_conv_anchors
@@ -118,14 +121,20 @@ def bench_rubiconv(
             notes.append(f"anchor: {anchor.name}: {anchor.note}")
         else:
             notes.append(f"anchor: {anchor.name}: skipped, {anchor.reason}")
-    for backend in ("gemm", "triton"):
+    for backend, save in (("gemm", False), ("triton", False), ("triton", True)):
         for block in (None, *blocks):
             for precision in ("fp32", "bf16"):
                 label = f"{backend} {precision}, k={plan.k if block is None else block}"
+                label += ", spectra saved" if save else ""
 
-                def run(a, b, backend=backend, block=block, precision=precision):
+                def run(a, b, backend=backend, block=block, precision=precision, save=save):
                     kwargs = {"block": block, "backend": backend, "precision": precision}
-                    return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
+                    # the flag is read when the forward runs, and the backward follows what it saved
+                    shipped, rubiconv_triton.SAVE_SPECTRA = rubiconv_triton.SAVE_SPECTRA, save
+                    try:
+                        return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
+                    finally:
+                        rubiconv_triton.SAVE_SPECTRA = shipped
 
                 methods.append((label, run, BOUND[precision]))
 

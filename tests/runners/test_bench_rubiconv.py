@@ -1,0 +1,29 @@
+"""``mixlab bench rubiconv`` at a tiny shape (the Triton interpreter without CUDA): every exact row passes its gate
+and gets timings, the Triton rows come twice (Z saved, spectra saved) with the same errors, and the flag the
+second set turns on is back as shipped afterwards."""
+
+import pytest
+from mixlab.kernels.rubiconv import triton as rubiconv_triton
+from mixlab.runners import bench_rubiconv as bench
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """label -> the other cells of its table row."""
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    return {row[0]: row[1:] for row in cells}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_triton_rows_with_saved_spectra_pass_and_match():
+    shipped = rubiconv_triton.SAVE_SPECTRA
+    rows = _rows(bench.bench_rubiconv(n_tokens=64, d=1, repeats=1, device="cpu"))
+    assert shipped == rubiconv_triton.SAVE_SPECTRA
+    for precision in ("fp32", "bf16"):
+        z_saved, spectra_saved = rows[f"triton {precision}, k=16"], rows[f"triton {precision}, k=16, spectra saved"]
+        assert z_saved[-1] == spectra_saved[-1] == "PASS"
+        assert z_saved[2:5] == spectra_saved[2:5]  # err y, dx, dh: the same bits give the same errors
+        assert all(float(ms) > 0 for ms in spectra_saved[:2])
+    for label, cells in rows.items():
+        if cells[-1] != "leaks":
+            assert cells[-1] == "PASS", label
