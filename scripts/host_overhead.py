@@ -9,7 +9,9 @@ small tensors (B=1, T=64, D=64, W=4, fp32). On the CPU every Triton launch is re
 backend choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On
 CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
 host and its time per call is the host's. A last row times the same calls through an autograd Function that only
-allocates its outputs: the floor that autograd itself sets under any eager op. Every op is then taken apart: its
+allocates its outputs: the floor that autograd itself sets under any eager op. A last column chains 8 calls in
+one graph and gives the time per call: autograd starts a backward (on CUDA, hands it to its device thread) once
+per graph, so that column is what an op costs inside a model's backward. Every op is then taken apart: its
 raw forward and backward launchers (``TritonOp.fwd`` and ``.bwd``: argument handling, allocations, launches, no
 autograd), its autograd Function called without the public op's checks, and for the static op one bare launch of
 its forward kernel through Triton's launcher and the sum of dw's partials. Together they split an op's host time
@@ -49,6 +51,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 B, T, D, W = 1, 64, 64, 4
+CHAIN = 8  # ops in one graph for the per-op column
 
 
 def _median_us(call, repeats: int, calls: int, device: torch.device) -> float:
@@ -83,6 +86,19 @@ class _Floor(torch.autograd.Function):
 
 def _floor_op(x: torch.Tensor, weight: torch.Tensor, **_kwargs) -> torch.Tensor:
     return _Floor.apply(x, weight)
+
+
+def _chained(op, n: int):
+    """op applied n times in a row, each call's output the next one's x: one graph of n nodes, whose backward
+    autograd starts (and, on CUDA, hands to its device thread) once. Against one call, what an op adds inside a
+    model's backward, where that start is shared by every layer."""
+
+    def run(x: torch.Tensor, **inputs) -> torch.Tensor:
+        for _ in range(n):
+            x = op(x, **inputs)
+        return x
+
+    return run
 
 
 # each bench kernel's TritonOp: its raw launchers, below the public op's checks and autograd
@@ -142,23 +158,22 @@ def main() -> int:
           f"Python {platform.python_version()}, torch {torch.__version__}, Triton {triton.__version__}")
     print(f"# B={B} T={T} D={D} W={W} fp32 {device.type} tensors, residual on; median of {args.repeats} blocks "
           f"of {args.calls}")
-    print("| op | fwd µs | fwd+bwd µs |")
-    print("|---|---|---|")
+    print(f"| op | fwd µs | fwd+bwd µs | fwd+bwd µs an op, {CHAIN} chained |")
+    print("|---|---|---|---|")
     # bench shortconv's ops and inputs, at a size where the kernels' own cost would not matter anyway
     kernels = _kernels(B, T, D, W, torch.float32, device)
-    for k in kernels:
-        dy = torch.randn_like(k.inputs["x"])
-        fwd = _median_us(fwd_call(k.op, k.inputs, residual=True, backend="triton"), args.repeats, args.calls, device)
-        total = _median_us(fwd_bwd_call(k.op, k.inputs, dy, residual=True, backend="triton"), args.repeats,
-                           args.calls, device)
-        print(f"| {k.name} | {fwd:.1f} | {total:.1f} |")
     # the same calls through an autograd Function that launches nothing and checks nothing: the floor under them
     static = next(k for k in kernels if k.key == "static")
-    floor_inputs = {"x": static.inputs["x"], "weight": static.inputs["weight"]}
-    dy = torch.randn_like(static.inputs["x"])
-    fwd = _median_us(fwd_call(_floor_op, floor_inputs), args.repeats, args.calls, device)
-    total = _median_us(fwd_bwd_call(_floor_op, floor_inputs, dy), args.repeats, args.calls, device)
-    print(f"| floor: an autograd Function that only allocates its outputs | {fwd:.1f} | {total:.1f} |")
+    floor = (_floor_op, {"x": static.inputs["x"], "weight": static.inputs["weight"]}, {},
+             "floor: an autograd Function that only allocates its outputs")
+    for op, inputs, kwargs, name in [(k.op, k.inputs, {"residual": True, "backend": "triton"}, k.name)
+                                     for k in kernels] + [floor]:
+        dy = torch.randn_like(inputs["x"])
+        fwd = _median_us(fwd_call(op, inputs, **kwargs), args.repeats, args.calls, device)
+        total = _median_us(fwd_bwd_call(op, inputs, dy, **kwargs), args.repeats, args.calls, device)
+        chain = _median_us(fwd_bwd_call(_chained(op, CHAIN), inputs, dy, **kwargs), args.repeats,
+                           max(1, args.calls // CHAIN), device)
+        print(f"| {name} | {fwd:.1f} | {total:.1f} | {chain / CHAIN:.1f} |")
     print("\n| piece | µs a call |")
     print("|---|---|")
     for name, call in _parts(kernels).items():
