@@ -25,7 +25,7 @@ from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic
 from mixlab.kernels.short_conv import triton as short
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_utils import rel_rms
-from tuning import gpu, settle, us, use
+from tuning import gpu, settle, us, use, warm_up
 
 B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64
 DTYPE = torch.bfloat16
@@ -43,8 +43,9 @@ GROUPS = [
     # bytes): 16x64 4 warps 96 registers (31% occupancy), 32x64 8 warps 95 (25%), 16x32 2 warps 96 (31%), 32x64
     # 4 warps 168, none spilling. (Its first form, one [BT, WP, BD] sum, timed 173 µs at best on 2026-12-03.)
     # Timed on the H200 (2026-12-04, one round): 16x64 2,048 programs 105.5 µs, the per-tile form at 64x64 138.7;
-    # two interleaved rounds the same day: every deferred candidate 107-157 µs with rounds 50-100 µs apart, the
-    # closing table at 16x64 1,024 programs 102.2 (109.9 with documents).
+    # two interleaved rounds the same day: the first three candidates timed 107-206 µs between rounds, the rest
+    # within 1-15% (hence the warm-up before the first group), the closing table at 16x64 1,024 programs 102.2
+    # (109.9 with documents).
     ("static bwd", ["static"], short,
      ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
      [(16, 64, 4, 1, 2048, None, True), (64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True),
@@ -238,6 +239,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated group names to tune (default: all)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time every candidate of a group this many times, interleaved; report medians")
+    parser.add_argument("--warm-up", type=float, default=10.0,
+                        help="seconds of the shipped kernels run before the first candidate is timed")
     args = parser.parse_args()
     device = gpu()
     print(f"shape B={B}, T={T}, D={D}, W={W}, R={R}, bf16, residual, static_w; docs: {N_DOCS} documents")
@@ -245,6 +248,7 @@ def main() -> None:
         wanted = set(args.only.split(","))
         GROUPS[:] = [g for g in GROUPS if g[0] in wanted]
     cases = {name: _Case(name, device) for name in ("static", "hs1", "hs16", "lowrank")}
+    warm_up([c.raw_fwd(None) for c in cases.values()] + [c.raw_bwd(None) for c in cases.values()], args.warm_up)
     settings = _tune(cases, args.rep, args.rounds)
     print("\n## constants to set")
     for line in settings:

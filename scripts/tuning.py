@@ -3,6 +3,7 @@ constants on its best candidate (coordinate descent: each group tuned at the bes
 """
 
 import math
+import time
 
 import torch
 import triton
@@ -20,6 +21,20 @@ def gpu() -> torch.device:
     device = torch.device("cuda")
     print(f"# {torch.cuda.get_device_name(device)}; torch {torch.__version__}, Triton {triton.__version__}")
     return device
+
+
+def warm_up(calls: list, seconds: float) -> None:
+    """Run ``calls`` round-robin for about ``seconds`` before anything is timed (compiling each on its first call):
+    on the H200 (2026-12-04) the first candidates a fresh process timed varied up to 2x between two interleaved
+    rounds while later ones repeated within 1%, as if the GPU had not reached its working clocks yet."""
+    for fn in calls:  # compile first: a compile leaves the GPU idle
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for fn in calls:
+            fn()
+        torch.cuda.synchronize()
 
 
 def us(fn, rep: int) -> float:
