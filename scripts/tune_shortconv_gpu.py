@@ -43,8 +43,8 @@ GROUPS = [
     # bytes): 16x64 4 warps 96 registers (31% occupancy), 32x64 8 warps 95 (25%), 16x32 2 warps 96 (31%), 32x64
     # 4 warps 168, none spilling. (Its first form, one [BT, WP, BD] sum, timed 173 µs at best on 2026-12-03.)
     # Timed on the H200 (2026-12-04, one round): 16x64 2,048 programs 105.5 µs, the per-tile form at 64x64 138.7;
-    # two interleaved rounds the same day: the first three candidates timed 107-206 µs between rounds, the rest
-    # within 1-15% (hence the warm-up before the first group), the closing table at 16x64 1,024 programs 102.2
+    # two interleaved rounds the same day: the first three candidates timed 1.5-1.9x apart between rounds, the
+    # rest within 16% (hence the warm-up before the first group), the closing table at 16x64 1,024 programs 102.2
     # (109.9 with documents).
     ("static bwd", ["static"], short,
      ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
