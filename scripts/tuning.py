@@ -26,7 +26,7 @@ def gpu() -> torch.device:
 def warm_up(calls: list, seconds: float) -> None:
     """Run ``calls`` round-robin for about ``seconds`` before anything is timed (compiling each on its first call):
     on the H200 (2026-12-04) the first candidates a fresh process timed varied up to 2x between two interleaved
-    rounds (1.7-1.9x) while later ones repeated within 16%, as if the GPU had not reached its working clocks yet."""
+    rounds (1.5-1.9x) while later ones repeated within 16%, as if the GPU had not reached its working clocks yet."""
     for fn in calls:  # compile first: a compile leaves the GPU idle
         fn()
     torch.cuda.synchronize()
