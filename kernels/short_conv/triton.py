@@ -34,8 +34,10 @@ BWD_MAXNREG = None
 # small tile); False (and every width over 8), at every tap of every tile, a reduction across the tile's threads
 # (its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a [64, 64] tile). The same sums in another order:
 # rounding differs, each is repeatable. On the H200 (2026-12-04, BENCHMARKS.md) the tune timed the deferred form
-# at this tile 105.5 µs (118.0 with 64 documents) against 138.7 (144.8) for the other at its best tile, but its
-# table at these constants, in the same process, 135.1 (133.7): to be timed again (issue #25).
+# at this tile 105.5 µs (118.0 with 64 documents) against 138.7 (144.8) for the other at its best tile, its
+# table at these constants 135.1 (133.7); timed again the same day in two interleaved rounds, 107-206 µs between
+# rounds on a GPU that had just started timing, its closing table 102.2 (109.9) at 1,024 programs: the order of
+# the deferred tiles is still open (issue #25), the deferred form faster than the other in every timing.
 BWD_DW_DEFER = True
 
 
