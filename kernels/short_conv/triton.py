@@ -37,7 +37,7 @@ BWD_MAXNREG = None
 # at this tile 105.5 µs (118.0 with 64 documents) against 138.7 (144.8) for the other at its best tile, its
 # table at these constants 135.1 (133.7); timed again the same day in two interleaved rounds, 107-206 µs between
 # rounds on a GPU that had just started timing, its closing table 102.2 (109.9) at 1,024 programs: the order of
-# the deferred tiles is still open (issue #25), the deferred form faster than the other in every timing.
+# the deferred tiles is still open (issue #25); its medians beat the other form's in both timings.
 BWD_DW_DEFER = True
 
 
