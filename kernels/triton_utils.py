@@ -278,6 +278,13 @@ def slot_add(a, p, k: tl.constexpr, slot: tl.constexpr):
 
 
 @triton.jit
+def slot_store(p, a, slot: tl.constexpr, W: tl.constexpr, D, mask):
+    """Store a at row ``slot`` of p's [W, D] block (p: [BD] pointers to row 0), for the taps that exist."""
+    if slot < W:
+        tl.store(p + slot * D, a, mask=mask)
+
+
+@triton.jit
 def slot_row(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
     """b [WP, BD] with row ``slot`` set to a's sum over the tile's tokens (a [BT, BD]), for the taps that exist."""
     if slot < W:
@@ -316,6 +323,52 @@ def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: 
         start = tl.zeros_like(o_g) + row_start
         end = start + T
     return start, end
+
+
+@triton.jit
+def doc_of(cu_ptr, g, N_CU, N_SEARCH: tl.constexpr):
+    """One token g on the flattened B*T axis (a scalar) -> (index of its document's offset, start, end): the
+    search of ``doc_bounds`` for a single token, where a kernel then walks its tokens in order (``doc_walk``)."""
+    lo = g * 0
+    hi = lo + (N_CU - 1)
+    for _ in tl.static_range(N_SEARCH):
+        mid = (lo + hi) // 2
+        right = tl.load(cu_ptr + mid) <= g
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    return lo, tl.load(cu_ptr + lo), tl.load(cu_ptr + lo + 1)
+
+
+@triton.jit
+def doc_walk(cu_ptr, g, i_doc, start, end):
+    """The document (index, start, end) of token g, given that of an earlier token: it moves on only when g
+    reaches the next offset (past every empty document there), a branch all threads take alike. g must be below
+    B*T (the last offset)."""
+    while g >= end:
+        i_doc += 1
+        start = end
+        end = tl.load(cu_ptr + i_doc + 1)
+    return i_doc, start, end
+
+
+@triton.jit
+def stream_rows(p_row, o_d, m_d, first, T, D, N: tl.constexpr):
+    """Positions first ... first + N - 1 of one row as N vectors in fp32, zero outside 0 <= t < T or m_d (p_row:
+    pointers to the row's position 0 of the channels o_d, any shape; the streaming kernels' steps)."""
+    rows = ()
+    for j in tl.static_range(N):
+        r = tl.zeros_like(o_d) + (first + j)  # a vector: the interpreter's scalar & vector mask is int32
+        p = p_row + r.to(tl.int64) * D
+        rows = rows + (tl.load(p, mask=m_d & (r >= 0) & (r < T), other=0.0).to(tl.float32),)
+    return rows
+
+
+@triton.jit
+def in_one_doc(cu_ptr, row, first, last, T, i_doc, start, end):
+    """(True when positions first ... last of the row lie in one document, the walk state at ``first``): the
+    common step, which then needs no per-position document masks."""
+    i_doc, start, end = doc_walk(cu_ptr, row + tl.minimum(tl.maximum(first, 0), T - 1), i_doc, start, end)
+    return (row + first >= start) & (row + last < end), i_doc, start, end
 
 
 @triton.jit

@@ -28,7 +28,6 @@ kernels' timings need the GPU (``mixlab bench shortconv``); this says what a til
 """
 
 import argparse
-import ast
 import os
 import re
 import subprocess
@@ -52,6 +51,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+from tuning import set_constants  # noqa: E402
 
 MAX_REGS, MAX_WARPS = 65536, 64  # per SM, sm_90
 CONSTANT_MODULES = {"triton_headwise": triton_headwise, "triton_lowrank": triton_lowrank, "short_conv": short_conv,
@@ -170,13 +170,10 @@ def main() -> int:
                         help="a tile constant to compile with (a Python literal), e.g. "
                              f"triton_headwise.HW_FWD_TILE=1024; modules: {', '.join(CONSTANT_MODULES)}")
     args = parser.parse_args()
-    for assignment in args.set:
-        name, _, value = assignment.partition("=")
-        module, _, constant = name.partition(".")
-        if module not in CONSTANT_MODULES or not hasattr(CONSTANT_MODULES[module], constant):
-            print(f"unknown constant {name!r}; modules: {', '.join(CONSTANT_MODULES)}", file=sys.stderr)
-            return 2
-        setattr(CONSTANT_MODULES[module], constant, ast.literal_eval(value))
+    error = set_constants(args.set, CONSTANT_MODULES)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     groups = {"shortconv": shortconv_cases, "attention": attention_cases, "rubiconv": rubiconv_cases}
     unknown = sorted(set(args.ops.split(",")) - set(groups))
     if unknown:

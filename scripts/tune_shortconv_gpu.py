@@ -51,6 +51,20 @@ GROUPS = [
      [(16, 64, 4, 1, 2048, None, True), (64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True),
       (16, 32, 2, 1, 4096, None, True), (16, 32, 2, 1, 2048, None, True), (16, 64, 4, 1, 1024, None, True),
       (32, 64, 4, 1, 2048, None, True), (16, 64, 4, 1, 2048, 80, True)]),
+    # the streaming forms against the tiled (first candidate): one program per row, CH positions walked U a step,
+    # BD channels. Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp at 128
+    # channels: fwd U=8 64 registers, U=16 85, U=4 60; bwd U=8 128, U=16 206 (255 + spills with documents), U=4 96;
+    # 256 channels in 1 warp 116 / 205, in 2 warps as 128 in 1. No layout moves, no shuffles, 8-byte loads.
+    # Timed on the H200 (2026-12-04): BENCHMARKS.md gives both tunes' candidates; each list starts at the best.
+    ("static fwd stream", ["static"], short,
+     ("FWD_STREAM", "STREAM_FWD_CH", "STREAM_FWD_U", "STREAM_FWD_BD", "STREAM_FWD_WARPS"),
+     [(True, 32, 16, 128, 1), (False, 32, 16, 128, 1), (True, 64, 16, 128, 1), (True, 128, 16, 128, 1),
+      (True, 64, 8, 128, 1), (True, 64, 16, 64, 1), (True, 64, 8, 64, 1), (True, 64, 16, 256, 2),
+      (True, 32, 8, 64, 1), (True, 128, 16, 64, 1)]),
+    ("static bwd stream", ["static"], short,
+     ("BWD_STREAM", "STREAM_BWD_CH", "STREAM_BWD_U", "STREAM_BWD_BD", "STREAM_BWD_WARPS"),
+     [(True, 128, 4, 256, 2), (True, 128, 8, 256, 2), (True, 96, 4, 256, 2), (True, 160, 4, 256, 2),
+      (True, 128, 4, 512, 4)]),
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
     # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112
@@ -64,6 +78,19 @@ GROUPS = [
     # against the shipped 197). Timed on the H200 (2026-12-04, two interleaved rounds), head size 16: 1024x128
     # deferred 175.1 µs (191.6 with documents), 512x128 deferred 205.2, every tile 196.9 (221.4), 256x128 268.6;
     # head size 1 takes its own kernel (the next group) and stays at 493 in all of them.
+    # the streaming forms (``kernels.short_conv.triton`` explains them) against the tiled (first candidate).
+    # Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp, 128 channels: head size 16
+    # fwd 74 registers, no layout move, bwd 146 (16 moves, 48 shuffles: dweight's sum over a head's channels);
+    # head size 1 fwd 132, bwd 254 (27-35 moves).
+    ("head-wise fwd stream", ["hs1", "hs16"], headwise,
+     ("HW_FWD_STREAM", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
+     [(False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
+      (True, 32, 4, 64, 1), (True, 32, 8, 32, 1)]),
+    # HW_BWD_STREAM_HS: the head sizes up to which the backward streams (0 never, 16 both cases here)
+    ("head-wise bwd stream", ["hs1", "hs16"], headwise,
+     ("HW_BWD_STREAM_HS", "HW_STREAM_BWD_CH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_WARPS"),
+     [(1, 128, 4, 64, 1), (0, 128, 4, 64, 1), (16, 128, 4, 64, 1), (1, 128, 4, 32, 1), (1, 256, 4, 64, 1),
+      (1, 128, 8, 64, 1), (1, 64, 4, 64, 1), (1, 128, 2, 64, 1)]),
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
       "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),

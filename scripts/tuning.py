@@ -2,6 +2,7 @@
 constants on its best candidate (coordinate descent: each group tuned at the best values of the groups before).
 """
 
+import ast
 import math
 import time
 
@@ -59,3 +60,18 @@ def settle(results: list[tuple[float, float, tuple, str]], bound: float, module,
         print(f"{'*' if values == best[1] else ' '} {values}: {line}")
     use(module, consts, best[1])
     return ", ".join(f"{n} = {v}" for n, v in zip(consts, best[1], strict=True))
+
+
+def set_constants(assignments: list[str], modules: dict) -> str | None:
+    """Apply ``MODULE.CONSTANT=VALUE`` assignments (VALUE a Python literal) to ``modules`` (name -> module): a
+    setting to check or compile before it ships. Returns the first bad assignment's error, else None."""
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        module, _, constant = name.partition(".")
+        if module not in modules or not hasattr(modules[module], constant):
+            return f"unknown constant {name!r}; modules: {', '.join(modules)}"
+        try:
+            setattr(modules[module], constant, ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            return f"{name}: {value!r} is not a Python literal"
+    return None

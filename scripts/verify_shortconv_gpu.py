@@ -3,6 +3,7 @@
     python scripts/verify_shortconv_gpu.py            # every check, a few minutes on an H200
     python scripts/verify_shortconv_gpu.py --quick    # the B=4, T=4096, D=2048 cases only
     python scripts/verify_shortconv_gpu.py --only checks  # determinism, blindness, stacking, torch.compile only
+    python scripts/verify_shortconv_gpu.py --set short_conv.FWD_STREAM=True  # a setting before it ships
 
 Each case runs the Triton op forward and backward with a random upstream gradient, and the reference in
 float64 on the same (rounded) inputs; it prints the relative RMS error of the output and of every input
@@ -22,9 +23,12 @@ import torch
 import triton
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
+from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
+from mixlab.kernels.short_conv import triton as short_conv
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_utils import rel_rms
+from tuning import set_constants
 
 DEVICE = "cuda"
 LARGE = (4, 4096, 2048, 4)  # B, T, D, W of the targets
@@ -269,7 +273,16 @@ def main() -> int:
                         "determinism, blindness and torch.compile (the full script can outlast one device call)")
     parser.add_argument("--start", type=int, default=0, help="skip the first cases (a run that an earlier call's "
                         "limit cut off goes on from the case it reached)")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="set a kernel constant first (modules short_conv, triton_headwise, triton_lowrank)")
     args = parser.parse_args()
+    error = set_constants(args.set, {"short_conv": short_conv, "triton_headwise": triton_headwise,
+                                     "triton_lowrank": triton_lowrank})
+    if error:
+        print(f"verify_shortconv_gpu: {error}", file=sys.stderr)
+        return 2
+    if args.set:
+        print("set: " + ", ".join(args.set))
     if not torch.cuda.is_available():
         print("verify_shortconv_gpu: no CUDA device", file=sys.stderr)
         return 2

@@ -79,6 +79,16 @@ HW_HS1_BWD_DS_DEFER = True
 # The tune script timed it on the H200 (2026-12-03, BENCHMARKS.md) at 492 µs against 631 (512 x 128), 537 against
 # 682 with 64 documents.
 HW_HS1_BWD_GATHER = True
+# The streaming forms (``kernels.short_conv.triton`` explains them): one program per row, block of about
+# HW_STREAM_*_BD channels (whole heads, [NH, HSP]) and CH positions walked U a step, x and dy read once into
+# registers and shifted there; a token's weights read tap by tap where used, and dweight summed over a head's
+# channels position by position. Widths up to tu.SLOTS. Timed on the H200 (2026-12-04, two interleaved rounds,
+# BENCHMARKS.md), raw launchers, µs without (with 64) documents: backward at 128 positions, 4 a step, 64 channels:
+# head size 1 340 (421) against 486 (531) for the tiled kernel above, head size 16 214 (255) against 172 (188); so
+# the backward streams at head sizes up to HW_BWD_STREAM_HS (0: never). The forward at its best setting (32, 8, 64
+# channels): head size 1 125 (173) against 135 (152) tiled, head size 16 92 (141) against 82 (110): off.
+HW_FWD_STREAM, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = False, 32, 8, 64, 1
+HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS = 1, 128, 4, 64, 1
 
 
 # fmt: off
@@ -331,6 +341,194 @@ def _headwise_hs1_bwd_kernel(
 # fmt: on
 
 
+@triton.jit
+def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, i_doc, start, end,
+                 W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, HAS_STATIC: tl.constexpr,
+                 RESIDUAL: tl.constexpr):
+    """Outputs tb ... tb + U - 1 of one row ([NH, HSP] each) from b_xs = x[tb - W + 1] ... x[tb + U - 1]; MASKED:
+    each position finds its document and reads zero before its start, else no tap of the step leaves it."""
+    for u in tl.static_range(U):
+        t = tb + u
+        if MASKED:  # positions past T (the last step's tail) stay in the row's last document
+            i_doc, start, end = tu.doc_walk(cu_ptr, row + tl.minimum(t, T - 1), i_doc, start, end)
+        # token t's weights, tap 0, at every channel of its head: [NH, HSP] loads of the same element HSP times (from
+        # L1), so that they take x's layout ([NH] loads would be moved into it through shared memory)
+        p_w = w_ptr + ((row + t).to(tl.int64) * H + o_hd) * W
+        m_w = m_hc & (tl.zeros_like(o_d) + t < T)
+        b_y = tl.zeros_like(b_xs[0])
+        for k in tl.static_range(W):
+            b_wk = tl.load(p_w + k, mask=m_w, other=0.0).to(tl.float32)  # [NH, HSP]
+            if HAS_STATIC:
+                b_wk = b_wk + b_ss[k]  # [NH, HSP]
+            b_x = b_xs[u + W - 1 - k]  # x[t - k], zero before the row (load mask)
+            if MASKED:
+                b_x = tl.where(row + t - k >= start, b_x, 0.0)
+            b_y += b_x * b_wk
+            if RESIDUAL and k == 0:
+                b_y += b_x
+        m_y = m_hc & (tl.zeros_like(o_d) + t < T)
+        tl.store(p_y + t.to(tl.int64) * D, b_y.to(p_y.dtype.element_ty), mask=m_y)
+    return i_doc, start, end
+
+
+# fmt: off
+@triton.jit
+def _headwise_fwd_stream_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, H, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    o_hd = o_h[:, None] + tl.zeros_like(o_d)  # [NH, HSP] each channel's head
+    b_ss = ()
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
+        for k in tl.static_range(W):
+            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, HSP]
+    row = i_b * T  # the row's position 0 on the B*T axis
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
+    p_y = y_ptr + row.to(tl.int64) * D + o_d
+    t0 = i_t * CH
+    i_doc, start, end = 0, row, row + T  # one document a row without cu_seqlens (the state goes unused then)
+    if HAS_CU:
+        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    for tb in range(t0, t0 + CH, U):
+        b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+        if HAS_CU:
+            one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
+            if one:
+                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
+                                                 m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+            else:
+                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
+                                                 m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL)
+        else:
+            _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, i_doc, start, end,
+                         W, U, False, HAS_STATIC, RESIDUAL)
+# fmt: on
+
+
+@triton.jit
+def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
+                 o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr,
+                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr):
+    """dx and dweight at positions tb ... tb + U - 1 of one row, their products dy[t] * x[t - k] added to tap k's
+    slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2]."""
+    for u in tl.static_range(U):
+        t = tb + u
+        if MASKED:
+            i_doc, start, end = tu.doc_walk(cu_ptr, row + tl.minimum(t, T - 1), i_doc, start, end)
+        m_t = (tl.zeros_like(o_h) + t) < T  # [NH]
+        p_dw = dw_ptr + ((row + t).to(tl.int64) * H + o_h) * W  # [NH] token t's weight gradients, tap 0
+        b_dy = b_dys[u]
+        b_dx = b_dy if RESIDUAL else tl.zeros_like(b_dy)
+        for k in tl.static_range(W):
+            # dx[t] takes tap k of output t + k while t + k is in t's document (zeroed after the product, so a
+            # weight of another document never reaches it); dweight and dstatic_w take dy[t] * x[t - k] while
+            # t - k is (past the row every load reads zero)
+            m_wk = m_hc & (tl.zeros_like(o_d) + (t + k) < T)
+            p_wk = w_ptr + ((row + t + k).to(tl.int64) * H + o_hd) * W + k  # as the forward's, [NH, HSP]
+            b_wk = tl.load(p_wk, mask=m_wk, other=0.0).to(tl.float32)
+            if HAS_STATIC:
+                b_wk = b_wk + b_ss[k]
+            b_c = b_dys[u + k] * b_wk
+            b_xk = b_xs[u + W - 1 - k]
+            if MASKED:
+                b_c = tl.where(row + t + k < end, b_c, 0.0)
+                b_xk = tl.where(row + t - k >= start, b_xk, 0.0)
+            b_dx += b_c
+            b_p = b_dy * b_xk  # [NH, HSP]
+            tl.store(p_dw + k, tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty), mask=m_h & m_t)
+            if HAS_STATIC:
+                a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
+                a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
+                a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
+                a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
+        m_x = m_hc & (tl.zeros_like(o_d) + t < T)
+        tl.store(p_dx + t.to(tl.int64) * D, b_dx.to(p_dx.dtype.element_ty), mask=m_x)
+    return a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end
+
+
+# fmt: off
+@triton.jit
+def _headwise_bwd_stream_kernel(
+    x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, H, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    o_hd = o_h[:, None] + tl.zeros_like(o_d)  # [NH, HSP] each channel's head
+    b_ss = ()
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
+        for k in tl.static_range(W):
+            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, HSP]
+    row = i_b * T
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
+    p_dy = dy_ptr + row.to(tl.int64) * D + o_d
+    p_dx = dx_ptr + row.to(tl.int64) * D + o_d
+    t0 = i_t * CH
+    i_doc, start, end = 0, row, row + T
+    if HAS_CU:
+        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    # dstatic_w[k] = sum_t dy[t] * x[t - k] over this program's positions, tap k in slot k (widths up to tu.SLOTS)
+    a0 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a1 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a2 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a3 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a4 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a5 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a6 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a7 = tl.zeros([NH, HSP], dtype=tl.float32)
+    for tb in range(t0, t0 + CH, U):
+        b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+        b_dys = tu.stream_rows(p_dy, o_d, m_hc, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+        if HAS_CU:
+            one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U + W - 2, T, i_doc, start, end)
+            if one:
+                a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
+                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+            else:
+                a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
+                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL)
+        else:
+            a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
+                p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
+                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+    if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
+        p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
+        tu.slot_store(p_ds, a0, 0, W, D, m_hc)
+        tu.slot_store(p_ds, a1, 1, W, D, m_hc)
+        tu.slot_store(p_ds, a2, 2, W, D, m_hc)
+        tu.slot_store(p_ds, a3, 3, W, D, m_hc)
+        tu.slot_store(p_ds, a4, 4, W, D, m_hc)
+        tu.slot_store(p_ds, a5, 5, W, D, m_hc)
+        tu.slot_store(p_ds, a6, 6, W, D, m_hc)
+        tu.slot_store(p_ds, a7, 7, W, D, m_hc)
+# fmt: on
+
+
+def _stream_plan(T: int, H: int, hs: int, CH: int, U: int, channels: int) -> tuple[int, int, int]:
+    """(CH, NH, HSP) of a streaming form: positions a program (clamped to the row, a multiple of U), NH heads of
+    HSP >= hs channels, about ``channels`` channels (at least one head)."""
+    HSP = tu.next_power_of_2(hs)
+    return min(CH, tu.cdiv(T, U) * U), min(tu.next_power_of_2(H), max(1, channels // HSP)), HSP
+
+
 def _head_tiles(T: int, H: int, hs: int, tile: int, channels: int) -> tuple[int, int, int]:
     """(BT, NH, HSP): NH heads of HSP >= hs channels, about ``channels`` channels (at least one head) and
     ``tile`` elements a tile."""
@@ -355,8 +553,18 @@ def _headwise_fwd(
     runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, NH, HSP = _head_tiles(T, H, D // H, HW_FWD_TILE, HW_FWD_CHANNELS)
     n_cu, n_search = tu.search_steps(cu_seqlens)
+    if HW_FWD_STREAM and W <= tu.SLOTS:
+        CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD)
+        # fmt: off
+        _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
+            x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, CH, n_cu, n_search, W=W, HS=D // H, HSP=HSP,
+            NH=NH, U=HW_STREAM_FWD_U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
+            RESIDUAL=residual, num_warps=HW_STREAM_FWD_WARPS,
+        )
+        # fmt: on
+        return y
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_FWD_TILE, HW_FWD_CHANNELS)
     grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](
@@ -384,6 +592,23 @@ def _headwise_bwd(
     runs = static_w.shape[0] if static_w is not None and static_w.dim() == 3 else 1
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
+    n_cu, n_search = tu.search_steps(cu_seqlens)
+    if D // H <= HW_BWD_STREAM_HS and W <= tu.SLOTS:
+        CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD)
+        n_tc = tu.cdiv(T, CH)
+        dx = tu.empty((B, T, D), x.dtype, x.device)
+        dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
+        ds_partial = None if static_w is None else tu.empty((B * n_tc, W, D), torch.float32, x.device)
+        # fmt: off
+        _headwise_bwd_stream_kernel[(n_tc, tu.cdiv(H, NH), B)](
+            x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
+            W=W, HS=D // H, HSP=HSP, NH=NH, U=HW_STREAM_BWD_U, HAS_CU=cu_seqlens is not None,
+            HAS_STATIC=static_w is not None, RESIDUAL=residual, num_warps=HW_STREAM_BWD_WARPS,
+        )
+        # fmt: on
+        if static_w is None:
+            return dx, dweight, x.new_empty(0)
+        return dx, dweight, tu.sum_partials(ds_partial, static_w.dtype, groups=runs).view(static_w.shape)
     taps_axis = HW_HS1_BWD_TAPS_AXIS and H == D
     tile, channels = (HW_HS1_BWD_TILE, HW_HS1_BWD_CHANNELS) if taps_axis else (HW_BWD_TILE, HW_BWD_CHANNELS)
     BT, NH, HSP = _head_tiles(T, H, D // H, tile, channels)
@@ -392,7 +617,6 @@ def _headwise_bwd(
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
-    n_cu, n_search = tu.search_steps(cu_seqlens)
     # fmt: off
     if taps_axis:
         _headwise_hs1_bwd_kernel[(n_hb, runs * n_chunks)](

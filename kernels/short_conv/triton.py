@@ -1,19 +1,21 @@
 """Static short causal convolution over packed documents in Triton: the kernels, their launchers and the op
 with its backward (``kernels.short_conv.op`` checks the inputs and picks the backend).
 
-Forward, one program per [BT, BD] tile of one row: ``y[t] = sum_k w[k] * x[t - k]`` with tap k masked
-off (read as zero) when ``t - k`` is before the start of t's document. Backward, one program per (channel
-block, chunk of token tiles):
+    y[t]  = sum_k w[k] * x[t - k]             tap k read as zero when t - k is before the start of t's document
     dx[t] = sum_k w[k] * dy[t + k]            tap k of output t + k, valid when t + k is in t's document
-    dw[k] = sum_t dy[t + k] * x[t]            the same pairs as sum_s dy[s] * x[s - k], under the same condition,
-                                              summed over the chunk into an fp32 partial [chunks, W, D]
-and ``dw`` is the sum of the partials (``kernels.triton_utils`` explains why no atomics, and how loads
-avoid waiting for the document search). A tile loads x once and dy at W shifts, W + 1 tiles rather than
-2W + 1 (the ncu profile in BENCHMARKS.md found the backward bound by its loads at 12.5% occupancy).
+    dw[k] = sum_t dy[t] * x[t - k]            under the forward's condition, summed per program into an fp32
+                                              partial, then ``tu.sum_partials``
+
+Two forms of each pass. Streaming (shipped for widths up to 8): one program per row, channel block and run of
+positions, walking them a few positions a step with the taps' shifts taken in registers, so each element of x
+and dy comes through L1 about once; dw's partial is one per (row, run of positions). Tiled (wider convolutions):
+a forward program per [BT, BD] tile, which reads x once a tap; a backward program per (channel block, chunk of
+token tiles), x once and dy at W shifts (``kernels.triton_utils`` explains the chunks, why no atomics, and how
+loads avoid waiting for the document search).
 
 Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
-[R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and the backward walks each run's
-token tiles in the chunks a run alone gets, so every run's output and gradients are its own bit for bit
+[R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and each run's dw partials are the ones
+a run alone gets, summed in the same order, so every run's output and gradients are its own bit for bit
 (``_fold_runs``). Runs with their own document layouts go one launch per run.
 """
 
@@ -39,6 +41,17 @@ BWD_MAXNREG = None
 # rounds on a GPU that had just started timing, its closing table 102.2 (109.9) at 1,024 programs: the order of
 # the deferred tiles is still open (issue #25); its medians beat the other form's in both timings.
 BWD_DW_DEFER = True
+# The streaming forms (FWD_STREAM, BWD_STREAM): one program per row, block of STREAM_BD channels and CH positions,
+# walking them U positions a step; a step reads each of its rows of x (and dy) once as [BD] vectors, keeps them in
+# registers and shifts between taps there, so the W - 1 rows before (after) the step are the only ones read twice.
+# The tiled forms read a tile of x (dy) once a tap, the shifted re-reads through L1 that bound their backward in
+# Nsight (BENCHMARKS.md, 2026-12-03). Documents: the program finds its first position's document once and walks
+# on from there; a step whose rows (and the W - 1 on either side) lie in one document, most steps, runs without
+# per-position masks. Widths up to tu.SLOTS (wider ones take the tiled forms). Timed on the H200 (2026-12-04, two
+# tunes of two interleaved rounds, BENCHMARKS.md): forward 39.3 µs (42.5 with 64 documents) against 48.5 (57.5)
+# tiled; backward 70.5 (72.6) against 106.9 (119.3).
+FWD_STREAM, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD, STREAM_FWD_WARPS = True, 32, 16, 128, 1
+BWD_STREAM, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD, STREAM_BWD_WARPS = True, 128, 4, 256, 2
 
 
 # fmt: off
@@ -143,6 +156,166 @@ def _short_conv_bwd_kernel(
 # fmt: on
 
 
+@triton.jit
+def _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end, W: tl.constexpr,
+              U: tl.constexpr, MASKED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Outputs tb ... tb + U - 1 of one row from b_xs = x[tb - W + 1] ... x[tb + U - 1]; MASKED: each position
+    finds its document (walking on from (i_doc, start, end)) and reads zero before its start, else no tap of the
+    step leaves its document."""
+    for u in tl.static_range(U):
+        t = tb + u
+        if MASKED:  # positions past T (the last step's tail) stay in the row's last document
+            i_doc, start, end = tu.doc_walk(cu_ptr, row + tl.minimum(t, T - 1), i_doc, start, end)
+        b_y = tl.zeros_like(b_ws[0])
+        for k in tl.static_range(W):
+            b_x = b_xs[u + W - 1 - k]  # x[t - k], zero before the row (load mask)
+            if MASKED:
+                b_x = tl.where(row + t - k >= start, b_x, 0.0)
+            b_y += b_x * b_ws[k]
+            if RESIDUAL and k == 0:
+                b_y += b_x
+        m_t = m_d & (tl.zeros_like(o_d) + t < T)
+        tl.store(p_y + t.to(tl.int64) * D, b_y.to(p_y.dtype.element_ty), mask=m_t)
+    return i_doc, start, end
+
+
+# fmt: off
+@triton.jit
+def _short_conv_fwd_stream_kernel(
+    x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
+    T, D, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    m_d = o_d < D
+    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
+    b_ws = ()
+    for k in tl.static_range(W):
+        b_ws = b_ws + (tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32),)  # [BD] tap k
+    row = i_b * T  # the row's position 0 on the B*T axis
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [BD]
+    p_y = y_ptr + row.to(tl.int64) * D + o_d
+    t0 = i_t * CH
+    i_doc, start, end = 0, row, row + T  # one document a row without cu_seqlens (the state goes unused then)
+    if HAS_CU:
+        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    for tb in range(t0, t0 + CH, U):
+        # x[tb - W + 1] ... x[tb + U - 1]: every row of the step read once; the W - 1 before it again from L1
+        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)
+        if HAS_CU:
+            one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
+            if one:
+                i_doc, start, end = _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end,
+                                              W, U, False, RESIDUAL)
+            else:
+                i_doc, start, end = _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end,
+                                              W, U, True, RESIDUAL)
+        else:
+            _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end, W, U, False, RESIDUAL)
+# fmt: on
+
+
+@triton.jit
+def _bwd_step(p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
+              start, end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """dx at positions tb ... tb + U - 1 of one row, and their products dy[t] * x[t - k] added to tap k's slot,
+    from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2]; MASKED as
+    ``_fwd_step``."""
+    for u in tl.static_range(U):
+        t = tb + u
+        if MASKED:
+            i_doc, start, end = tu.doc_walk(cu_ptr, row + tl.minimum(t, T - 1), i_doc, start, end)
+        b_dy = b_dys[u]
+        b_dx = b_dy if RESIDUAL else tl.zeros_like(b_dy)
+        for k in tl.static_range(W):
+            # dx[t] takes dy[t + k] while t + k is in t's document; dw[k] takes dy[t] * x[t - k] while t - k is
+            # (past the row both read zero from their loads)
+            b_dyk = b_dys[u + k]
+            b_xk = b_xs[u + W - 1 - k]
+            if MASKED:
+                b_dyk = tl.where(row + t + k < end, b_dyk, 0.0)
+                b_xk = tl.where(row + t - k >= start, b_xk, 0.0)
+            b_dx += b_dyk * b_ws[k]
+            b_p = b_dy * b_xk
+            a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
+            a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
+            a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
+            a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
+        m_t = m_d & (tl.zeros_like(o_d) + t < T)
+        tl.store(p_dx + t.to(tl.int64) * D, b_dx.to(p_dx.dtype.element_ty), mask=m_t)
+    return a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end
+
+
+# fmt: off
+@triton.jit
+def _short_conv_bwd_stream_kernel(
+    x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
+    T, D, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+):
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    m_d = o_d < D
+    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
+    b_ws = ()
+    for k in tl.static_range(W):
+        b_ws = b_ws + (tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32),)  # [BD] tap k
+    row = i_b * T
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [BD]
+    p_dy = dy_ptr + row.to(tl.int64) * D + o_d
+    p_dx = dx_ptr + row.to(tl.int64) * D + o_d
+    t0 = i_t * CH
+    i_doc, start, end = 0, row, row + T
+    if HAS_CU:
+        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    # dw[k] = sum_t dy[t] * x[t - k] over this program's positions, tap k in slot k (widths up to tu.SLOTS)
+    a0 = tl.zeros([BD], dtype=tl.float32)
+    a1 = tl.zeros([BD], dtype=tl.float32)
+    a2 = tl.zeros([BD], dtype=tl.float32)
+    a3 = tl.zeros([BD], dtype=tl.float32)
+    a4 = tl.zeros([BD], dtype=tl.float32)
+    a5 = tl.zeros([BD], dtype=tl.float32)
+    a6 = tl.zeros([BD], dtype=tl.float32)
+    a7 = tl.zeros([BD], dtype=tl.float32)
+    for tb in range(t0, t0 + CH, U):
+        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+        b_dys = tu.stream_rows(p_dy, o_d, m_d, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+        if HAS_CU:
+            one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U + W - 2, T, i_doc, start, end)
+            if one:
+                a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _bwd_step(
+                    p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
+                    start, end, W, U, False, RESIDUAL)
+            else:
+                a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _bwd_step(
+                    p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
+                    start, end, W, U, True, RESIDUAL)
+        else:
+            a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _bwd_step(
+                p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
+                start, end, W, U, False, RESIDUAL)
+    # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
+    p_dw = dwp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
+    tu.slot_store(p_dw, a0, 0, W, D, m_d)
+    tu.slot_store(p_dw, a1, 1, W, D, m_d)
+    tu.slot_store(p_dw, a2, 2, W, D, m_d)
+    tu.slot_store(p_dw, a3, 3, W, D, m_d)
+    tu.slot_store(p_dw, a4, 4, W, D, m_d)
+    tu.slot_store(p_dw, a5, 5, W, D, m_d)
+    tu.slot_store(p_dw, a6, 6, W, D, m_d)
+    tu.slot_store(p_dw, a7, 7, W, D, m_d)
+# fmt: on
+
+
+def _stream_plan(T: int, D: int, CH: int, U: int, BD: int) -> tuple[int, int]:
+    """(positions a program, channels a program) of a streaming form: CH clamped to the row (a multiple of U),
+    BD to D's power of two."""
+    return min(CH, tu.cdiv(T, U) * U), min(BD, tu.next_power_of_2(D))
+
+
 def _short_conv_fwd(
     x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
 ) -> torch.Tensor:
@@ -151,8 +324,17 @@ def _short_conv_fwd(
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
-    BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
     n_cu, n_search = tu.search_steps(cu_seqlens)
+    if FWD_STREAM and W <= tu.SLOTS:
+        CH, BD = _stream_plan(T, D, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD)
+        # fmt: off
+        _short_conv_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(D, BD), B)](
+            x, weight, y, cu_seqlens, T, D, B // runs, CH, n_cu, n_search, W=W, U=STREAM_FWD_U, BD=BD,
+            HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=STREAM_FWD_WARPS,
+        )
+        # fmt: on
+        return y
+    BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off
     _short_conv_fwd_kernel[grid](
@@ -172,6 +354,19 @@ def _short_conv_bwd(
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     rows = B // runs  # of each run
     dy, x, weight = tu.contiguous(dy, x, weight)
+    if BWD_STREAM and W <= tu.SLOTS:
+        CH, BD = _stream_plan(T, D, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD)
+        n_tc = tu.cdiv(T, CH)
+        dx = tu.empty((B, T, D), x.dtype, x.device)
+        dw_partial = tu.empty((B * n_tc, W, D), torch.float32, x.device)  # a run's rows' partials in a block
+        n_cu, n_search = tu.search_steps(cu_seqlens)
+        # fmt: off
+        _short_conv_bwd_stream_kernel[(n_tc, tu.cdiv(D, BD), B)](
+            x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, CH, n_tc, n_cu, n_search, W=W, U=STREAM_BWD_U,
+            BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=STREAM_BWD_WARPS,
+        )
+        # fmt: on
+        return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
     BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
     n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, BWD_PROGRAMS)  # a run alone's plan

@@ -96,11 +96,36 @@ def test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms):
     pytest.param(1, 20, 5, 9, [[3, 17]], True, FP32, id="W9-per-tile-sums")])  # past 8: the per-tile form
 def test_short_conv_dw_other_summation(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
     """The backward with dw summed the other way (a tune knob: every tile, or deferred to the end of each chunk),
-    tiles of 8 tokens and 16 channels, 4 programs a channel block (several tiles a chunk)."""
+    tiles of 8 tokens and 16 channels, 4 programs a channel block (several tiles a chunk); the tiled forms."""
+    _stream(monkeypatch, False)
     monkeypatch.setattr(short_triton, "BWD_DW_DEFER", not short_triton.BWD_DW_DEFER)
     monkeypatch.setattr(short_triton, "BWD_BT", 8)
     monkeypatch.setattr(short_triton, "BWD_BD", 16)
     monkeypatch.setattr(short_triton, "BWD_PROGRAMS", 4)
+    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
+
+
+def _stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 16) -> None:
+    """Both streaming forms on or off; on, programs of ``ch`` positions walked ``u`` at a time (several programs a
+    row, several steps a program, a last step past T) and ``bd`` channels."""
+    for form in ("FWD", "BWD"):
+        monkeypatch.setattr(short_triton, f"{form}_STREAM", on)
+        monkeypatch.setattr(short_triton, f"STREAM_{form}_CH", ch)
+        monkeypatch.setattr(short_triton, f"STREAM_{form}_U", u)
+        monkeypatch.setattr(short_triton, f"STREAM_{form}_BD", bd)
+
+
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype", SHORT_CASES + [
+    # documents of every length 1-15 in a row: with steps of 4 a document ends at every offset of a step and of
+    # its W - 1 rows on either side, so the check that a step lies in one document is tried at each edge
+    pytest.param(2, 127, 20, 4, [list(range(1, 16)) + [7], list(range(15, 0, -1)) + [7]], True, FP32,
+                 id="docs-of-every-length-W4"),
+    pytest.param(1, 127, 20, 3, [list(range(1, 16)) + [7]], False, FP32, id="docs-of-every-length-W3"),
+    pytest.param(1, 20, 5, 9, [[3, 17]], True, FP32, id="W9-tiled")])  # past 8 taps: the tiled form
+def test_short_conv_streaming_forms(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
+    """The forward and backward that walk each row's positions, with steps and programs small enough that the
+    cases cross them."""
+    _stream(monkeypatch, True)
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
@@ -143,12 +168,37 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
+def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 16) -> None:
+    """Both head-wise streaming forms on (every head size) or off, as ``_stream``: ``bd`` channels a program (at
+    least one head)."""
+    monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM", on)
+    monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_HS", 1 << 30 if on else 0)
+    for form in ("FWD", "BWD"):
+        monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_CH", ch)
+        monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_U", u)
+        monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_BD", bd)
+
+
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype", HEADWISE_CASES + [
+    pytest.param(2, 127, 20, 2, 4, [list(range(1, 16)) + [7], list(range(15, 0, -1)) + [7]], True, True, FP32,
+                 id="docs-of-every-length-hs2-W4"),
+    pytest.param(1, 127, 8, 8, 3, [list(range(1, 16)) + [7]], False, False, FP32, id="docs-of-every-length-hs8-W3"),
+    pytest.param(1, 20, 6, 3, 9, [[3, 17]], True, True, FP32, id="W9-tiled")])
+def test_dynamic_conv_headwise_streaming_forms(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
+                                               assert_rel_rms):
+    """The head-wise forward and backward that walk each row's positions (steps and programs small enough that the
+    cases cross them; documents ending at every offset of a step)."""
+    _hw_stream(monkeypatch, True)
+    test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
                          [case for case in HEADWISE_CASES if case.values[3] == 1])
 def test_dynamic_conv_headwise_hs1_other_backward(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
                                                   assert_rel_rms):
     """Head size 1 has two backward kernels (a tune knob: the taps as a tile axis, or the kernel of every other
     head size): the one not shipped, on the head size 1 cases."""
+    _hw_stream(monkeypatch, False)  # the tiled kernels
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", not triton_headwise.HW_HS1_BWD_TAPS_AXIS)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
@@ -160,6 +210,7 @@ def test_dynamic_conv_headwise_hs1_dstatic_summed_once_a_chunk(B, T, D, hs, W, r
     """The head size 1 taps-axis backward with its dstatic_w sums deferred to the end of each chunk (a tune
     knob), with documents and static weights, several tiles a chunk (tiles of 8 tokens, 4 programs a head
     block)."""
+    _hw_stream(monkeypatch, False)  # the tiled kernels
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_DS_DEFER", not triton_headwise.HW_HS1_BWD_DS_DEFER)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 32)
@@ -178,6 +229,7 @@ def test_dynamic_conv_headwise_dstatic_summed_once_a_chunk(B, T, D, hs, W, rows,
                                                            monkeypatch, assert_rel_rms):
     """The backward of every head size with its dstatic_w sums deferred to the end of each chunk (a tune knob),
     on the cases with static weights, several tiles a chunk (4 programs a head block)."""
+    _hw_stream(monkeypatch, False)  # the tiled kernels
     monkeypatch.setattr(triton_headwise, "HW_BWD_DS_DEFER", not triton_headwise.HW_BWD_DS_DEFER)
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
@@ -192,6 +244,7 @@ def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D,
     and dy read as stored and each output's taps picked out of the tile, or each element loaded where used; on
     the head size 1 cases with several tiles a chunk (tiles of 8 tokens). The launches must have taken the path
     asked for (gathering needs W - 1 <= 8, which every case here has)."""
+    _hw_stream(monkeypatch, False)  # the tiled kernels
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", True)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_GATHER", gather)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TILE", 32)
@@ -219,6 +272,7 @@ def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_
     """The tune script's knobs, forward and backward: tiles of 4 channels (at head size 1, 7 head blocks, the
     last one half full; at head size 8, heads wider than the block, one a tile); the weights read and dweight
     stored tap by tap or as one tile; at head size 1 the taps-axis backward on its own tile of 4 channels."""
+    _hw_stream(monkeypatch, False)  # the tiled kernels
     monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", other_way == "taps axis")
@@ -748,32 +802,43 @@ def _headwise(gen, N, B, T, D, W, H=2):
     return [_randn(gen, N, W, D).float()], [_randn(gen, N, B, T, H, W).float()], conv
 
 
-# op, its kernels (forward, the backward whose grid's second axis walks chunks of token tiles), constants that
-# cut a run's token tiles (5 rows of 37 tokens) into 4 chunks, the last one partial
+# op, its kernels (forward, backward), constants that cut a run's token tiles (5 rows of 37 tokens) into 4 chunks,
+# the last one partial (tiled backwards: grid axis 1 walks the chunks, 4 a run), or its rows into programs of 12
+# positions (streaming backwards: grid axis 2 walks the rows, 5 a run)
+TILED, STREAMED = (1, 4), (2, 5)
 FOLDED = [
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
-                 {"BWD_BT": 16, "BWD_PROGRAMS": 4}, id="static"),
+                 {"FWD_STREAM": False, "BWD_STREAM": False, "BWD_BT": 16, "BWD_PROGRAMS": 4}, TILED, id="static"),
     pytest.param(_static, short_triton, ("_short_conv_fwd_kernel", "_short_conv_bwd_kernel"),
-                 {"BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": False}, id="static-dw-summed-every-tile"),
+                 {"FWD_STREAM": False, "BWD_STREAM": False, "BWD_BT": 16, "BWD_PROGRAMS": 4, "BWD_DW_DEFER": False},
+                 TILED, id="static-dw-summed-every-tile"),
+    pytest.param(_static, short_triton, ("_short_conv_fwd_stream_kernel", "_short_conv_bwd_stream_kernel"),
+                 {"FWD_STREAM": True, "BWD_STREAM": True, "STREAM_FWD_CH": 12, "STREAM_FWD_U": 4,
+                  "STREAM_BWD_CH": 12, "STREAM_BWD_U": 4}, STREAMED, id="static-streamed"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
-                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, id="lowrank"),
+                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, TILED, id="lowrank"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
-                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True},
+                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True}, TILED,
                  id="lowrank-dstatic-summed-once-a-chunk"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
-                 {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, id="headwise"),
+                 {"HW_BWD_STREAM_HS": 0, "HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, TILED, id="headwise"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
-                 {"HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4, "HW_BWD_DS_DEFER": True},
-                 id="headwise-dstatic-summed-once-a-chunk"),
+                 {"HW_BWD_STREAM_HS": 0, "HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4, "HW_BWD_DS_DEFER": True},
+                 TILED, id="headwise-dstatic-summed-once-a-chunk"),
     pytest.param(functools.partial(_headwise, H=8), triton_headwise,
                  ("_dynamic_conv_headwise_fwd_kernel", "_headwise_hs1_bwd_kernel"),
-                 {"HW_HS1_BWD_TAPS_AXIS": True, "HW_HS1_BWD_GATHER": True, "HW_HS1_BWD_TILE": 64,
-                  "HW_HS1_BWD_CHANNELS": 8, "HW_BWD_PROGRAMS": 4}, id="headwise-hs1-gathered"),
+                 {"HW_BWD_STREAM_HS": 0, "HW_HS1_BWD_TAPS_AXIS": True, "HW_HS1_BWD_GATHER": True,
+                  "HW_HS1_BWD_TILE": 64, "HW_HS1_BWD_CHANNELS": 8, "HW_BWD_PROGRAMS": 4}, TILED,
+                 id="headwise-hs1-gathered"),
+    pytest.param(functools.partial(_headwise, H=8), triton_headwise,
+                 ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"),
+                 {"HW_FWD_STREAM": True, "HW_BWD_STREAM_HS": 1, "HW_STREAM_FWD_CH": 12, "HW_STREAM_FWD_U": 4,
+                  "HW_STREAM_BWD_CH": 12, "HW_STREAM_BWD_U": 4}, STREAMED, id="headwise-hs1-streamed"),
 ]
 
 
-@pytest.mark.parametrize(("make", "module", "kernel_names", "constants"), FOLDED)
-def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module, kernel_names, constants,
+@pytest.mark.parametrize(("make", "module", "kernel_names", "constants", "bwd_grid"), FOLDED)
+def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module, kernel_names, constants, bwd_grid,
                                                                      monkeypatch):
     """Stacked runs without documents: one forward and one backward launch for all runs, each row with its run's
     weights, and each run's output and gradients equal to the run alone's bit for bit, also where a run's token
@@ -790,4 +855,5 @@ def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module
     assert_stacked_runs_equal_alone(conv, [*weights, x, *per_token], upstream)
     # the stack's launches first, then one per run alone
     assert [g[2] for g in spies[0].grids] == [N * B] + [B] * N
-    assert [g[1] for g in spies[1].grids] == [N * 4] + [4] * N
+    axis, per_run = bwd_grid
+    assert [g[axis] for g in spies[1].grids] == [N * per_run] + [per_run] * N
