@@ -177,6 +177,17 @@ def is_interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
+# The streaming short-conv forms walk positions one at a time: under the interpreter that is Python per position,
+# about 8x the tiled forms' time (a static conv at [8, 128, 64], fwd+bwd, 10.9 s against 1.3), so there the
+# launchers take the tiled forms unless this is set (the streaming forms' own tests set it).
+STREAM_UNDER_INTERPRETER = False
+
+
+def streams(form_on: bool, kernel) -> bool:
+    """Whether a launcher runs its streaming form (``form_on``: the op's knob and width allow it) for ``kernel``."""
+    return form_on and (STREAM_UNDER_INTERPRETER or not is_interpreted(kernel))
+
+
 def use_triton(backend: str | None, op: str, kernel, *tensors: torch.Tensor | None) -> bool:
     """Whether ``op`` runs its Triton kernel on these inputs (the first is x).
 

@@ -34,8 +34,11 @@ RMS_BOUND = 1e-2  # the bf16 bound of the kernel tests
 # (group name, kernels it serves, module, constant names, candidate values); the first candidate of each group
 # is the value the repository ships.
 GROUPS = [
-    ("static fwd", ["static"], short, ("FWD_BT", "FWD_BD", "FWD_WARPS"),
-     [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (8, 256, 4)]),
+    # the tiled forms' groups lead with the streaming form as shipped (FWD_STREAM / BWD_STREAM True), then the
+    # tiled candidates (False)
+    ("static fwd", ["static"], short, ("FWD_STREAM", "FWD_BT", "FWD_BD", "FWD_WARPS"),
+     [(True, 32, 128, 4), (False, 32, 128, 4), (False, 16, 128, 4), (False, 64, 128, 4), (False, 64, 128, 8),
+      (False, 32, 256, 8), (False, 16, 256, 4), (False, 8, 256, 4)]),
     # registers (scripts/kernel_resources.py, Triton 3.6): 64x64 4 warps 168 (18.75% occupancy), 32x64 4 warps
     # 128 (25%), 32x64 and 64x32 8 warps 100-109 (25%), 16x128 8 warps 99-108 (25%). DW_DEFER (True): dw summed
     # once a chunk in a [BT, BD] sum per tap; compiled for sm_90a (Triton 3.9, 2026-12-04) no shuffles and no
@@ -47,10 +50,12 @@ GROUPS = [
     # rest within 16% (hence the warm-up before the first group), the closing table at 16x64 1,024 programs 102.2
     # (109.9 with documents).
     ("static bwd", ["static"], short,
-     ("BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
-     [(16, 64, 4, 1, 2048, None, True), (64, 64, 4, 1, 4096, 128, False), (16, 64, 4, 1, 4096, None, True),
-      (16, 32, 2, 1, 4096, None, True), (16, 32, 2, 1, 2048, None, True), (16, 64, 4, 1, 1024, None, True),
-      (32, 64, 4, 1, 2048, None, True), (16, 64, 4, 1, 2048, 80, True)]),
+     ("BWD_STREAM", "BWD_BT", "BWD_BD", "BWD_WARPS", "BWD_STAGES", "BWD_PROGRAMS", "BWD_MAXNREG", "BWD_DW_DEFER"),
+     [(True, 16, 64, 4, 1, 2048, None, True), (False, 16, 64, 4, 1, 2048, None, True),
+      (False, 64, 64, 4, 1, 4096, 128, False), (False, 16, 64, 4, 1, 4096, None, True),
+      (False, 16, 32, 2, 1, 4096, None, True), (False, 16, 32, 2, 1, 2048, None, True),
+      (False, 16, 64, 4, 1, 1024, None, True), (False, 32, 64, 4, 1, 2048, None, True),
+      (False, 16, 64, 4, 1, 2048, 80, True)]),
     # the streaming forms against the tiled (first candidate): one program per row, CH positions walked U a step,
     # BD channels. Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp at 128
     # channels: fwd U=8 64 registers, U=16 85, U=4 60; bwd U=8 128, U=16 206 (255 + spills with documents), U=4 96;
@@ -92,13 +97,14 @@ GROUPS = [
      [(1, 128, 4, 64, 1), (0, 128, 4, 64, 1), (16, 128, 4, 64, 1), (1, 128, 4, 32, 1), (1, 256, 4, 64, 1),
       (1, 128, 8, 64, 1), (1, 64, 4, 64, 1), (1, 128, 2, 64, 1)]),
     ("head-wise bwd", ["hs1", "hs16"], headwise,
-     ("HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG", "HW_BWD_CHANNELS",
-      "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),
-     [(1024, 4, 1, 4096, None, 128, True, True), (512, 4, 1, 4096, None, 128, True, False),
-      (2048, 4, 1, 4096, None, 128, True, True), (2048, 8, 1, 4096, None, 128, True, True),
-      (1024, 8, 1, 4096, None, 128, True, True), (1024, 4, 1, 2048, None, 128, True, True),
-      (1024, 4, 1, 8192, None, 128, True, True), (1024, 4, 1, 4096, None, 64, True, True),
-      (1024, 4, 1, 4096, None, 256, True, True), (1024, 4, 1, 4096, 128, 128, True, True)]),
+     ("HW_BWD_STREAM_HS", "HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG",
+      "HW_BWD_CHANNELS", "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),
+     [(1, 1024, 4, 1, 4096, None, 128, True, True), (1, 512, 4, 1, 4096, None, 128, True, False),
+      (1, 2048, 4, 1, 4096, None, 128, True, True), (1, 2048, 8, 1, 4096, None, 128, True, True),
+      (1, 1024, 8, 1, 4096, None, 128, True, True), (1, 1024, 4, 1, 2048, None, 128, True, True),
+      (1, 1024, 4, 1, 8192, None, 128, True, True), (1, 1024, 4, 1, 4096, None, 64, True, True),
+      (1, 1024, 4, 1, 4096, None, 256, True, True), (1, 1024, 4, 1, 4096, 128, 128, True, True),
+      (0, 1024, 4, 1, 4096, None, 128, True, True)]),
     # head size 1 only: the backward with the taps as the tile's third axis, on its own tile, against the kernel of
     # every head size (False); its dstatic_w summed every tile or once a chunk (DS_DEFER: in the loop's PTX 48 ->
     # 32 shuffles, 14 -> 6 barriers). Timed on the H200 (2026-12-03): 512 x 128 summed once a chunk fastest (631
@@ -107,10 +113,12 @@ GROUPS = [
     # loads (16 before) and at 512 x 64 128 registers, 32 shuffles and 10 barriers. Timed on the H200 (2026-12-03):
     # 512 x 128 with GATHER 492 µs (537 with documents), 512 x 64 617, 512 x 32 703, 256 x 64 854; shipped
     ("head-wise bwd taps axis", ["hs1"], headwise,
-     ("HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER", "HW_HS1_BWD_GATHER"),
-     [(True, 512, 128, True, True), (True, 512, 128, True, False), (True, 512, 64, True, True),
-      (True, 512, 32, True, True), (True, 1024, 64, True, True), (True, 1024, 128, True, True),
-      (True, 512, 256, True, True), (True, 256, 128, True, True), (False, 512, 128, False, False)]),
+     ("HW_BWD_STREAM_HS", "HW_HS1_BWD_TAPS_AXIS", "HW_HS1_BWD_TILE", "HW_HS1_BWD_CHANNELS", "HW_HS1_BWD_DS_DEFER",
+      "HW_HS1_BWD_GATHER"),
+     [(1, True, 512, 128, True, True), (0, True, 512, 128, True, True), (0, True, 512, 128, True, False),
+      (0, True, 512, 64, True, True), (0, True, 512, 32, True, True), (0, True, 1024, 64, True, True),
+      (0, True, 1024, 128, True, True), (0, True, 512, 256, True, True), (0, True, 256, 128, True, True),
+      (0, False, 512, 128, False, False)]),
     ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
      [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,

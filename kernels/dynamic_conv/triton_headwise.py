@@ -554,7 +554,7 @@ def _headwise_fwd(
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if HW_FWD_STREAM and W <= tu.SLOTS:
+    if tu.streams(HW_FWD_STREAM and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
         CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD)
         # fmt: off
         _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
@@ -593,7 +593,7 @@ def _headwise_bwd(
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if D // H <= HW_BWD_STREAM_HS and W <= tu.SLOTS:
+    if tu.streams(D // H <= HW_BWD_STREAM_HS and W <= tu.SLOTS, _headwise_bwd_stream_kernel):
         CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)

@@ -325,7 +325,7 @@ def _short_conv_fwd(
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if FWD_STREAM and W <= tu.SLOTS:
+    if tu.streams(FWD_STREAM and W <= tu.SLOTS, _short_conv_fwd_stream_kernel):
         CH, BD = _stream_plan(T, D, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD)
         # fmt: off
         _short_conv_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(D, BD), B)](
@@ -354,7 +354,7 @@ def _short_conv_bwd(
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     rows = B // runs  # of each run
     dy, x, weight = tu.contiguous(dy, x, weight)
-    if BWD_STREAM and W <= tu.SLOTS:
+    if tu.streams(BWD_STREAM and W <= tu.SLOTS, _short_conv_bwd_stream_kernel):
         CH, BD = _stream_plan(T, D, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)

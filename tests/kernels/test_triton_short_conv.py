@@ -105,9 +105,10 @@ def test_short_conv_dw_other_summation(B, T, D, W, rows, residual, dtype, monkey
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
-def _stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 16) -> None:
+def _stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64) -> None:
     """Both streaming forms on or off; on, programs of ``ch`` positions walked ``u`` at a time (several programs a
-    row, several steps a program, a last step past T) and ``bd`` channels."""
+    row, several steps a program, a last step past T) and ``bd`` channels; on, also under the interpreter."""
+    monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
     for form in ("FWD", "BWD"):
         monkeypatch.setattr(short_triton, f"{form}_STREAM", on)
         monkeypatch.setattr(short_triton, f"STREAM_{form}_CH", ch)
@@ -168,9 +169,10 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
-def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 16) -> None:
+def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64) -> None:
     """Both head-wise streaming forms on (every head size) or off, as ``_stream``: ``bd`` channels a program (at
-    least one head)."""
+    least one head); on, also under the interpreter."""
+    monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
     monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM", on)
     monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_HS", 1 << 30 if on else 0)
     for form in ("FWD", "BWD"):
@@ -845,6 +847,7 @@ def test_stacked_convs_fold_into_one_launch_and_keep_each_runs_bits(make, module
     tiles end in a partial chunk."""
     for name, value in constants.items():
         monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", bwd_grid == STREAMED)
     gen = torch.Generator().manual_seed(23)
     N, B, T, D, W = 3, 5, 37, 8, 4
     weights, per_token, conv = make(gen, N, B, T, D, W)
