@@ -126,6 +126,13 @@ GROUPS = [
      [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
       (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
+    # where dz is summed (LR_DZ_FORM, kernels/dynamic_conv/triton_lowrank.py): in the dx kernel (shipped), a dz-only
+    # second launch of it ("own"), or the dU kernel ("du"). Compiled for sm_90a (Triton 3.6, 2026-12-04): the dx
+    # launch without dz 90 registers at the 128 cap (78 without), no spills; "own"'s dz launch 124 (102 with
+    # documents); the dU kernel with dz 250 with documents, and without them 32 registers and 5 KB spilled.
+    ("low-rank bwd dz", ["lowrank"], lowrank, ("LR_DZ_FORM", "LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DX_MAXNREG"),
+     [("dx", 64, 64, 8, 128), ("own", 64, 64, 8, 128), ("own", 64, 64, 8, None), ("own", 32, 64, 4, None),
+      ("own", 64, 128, 8, None), ("own", 32, 128, 4, None), ("du", 64, 64, 8, None)]),
     # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum. Timed on the H200 (2026-12-04,
     # two interleaved rounds), the whole backward: 32x32 1,024 programs deferred 510.6 µs (484.4 with documents),
     # 64x16 2,048 every tile 516.6 (568.2), 64x16 deferred 515.3 (513.4), 32x32 every tile 568.4 (621.7).

@@ -13,7 +13,8 @@ g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
              blocks, walking its blocks; LR_DZ_SPLITS fp32 partials summed in a fixed order
 and, one program per channel block (all taps) and chunk of token tiles,
     dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
-so the [B, T, W, D] weights and their gradient never reach device memory either.
+so the [B, T, W, D] weights and their gradient never reach device memory either. ``LR_DZ_FORM`` can move dz to
+a launch of its own or into the dU kernel (a tune knob, below).
 
 Stacked runs fold into one launch as in ``kernels.short_conv.triton``: x, z [R * B, ...] with U [R, rank, W * D]
 and static_w [R, W, D], row b using run b // B's (``RPW``), dU and dstatic_w summed over each run's chunks as a
@@ -48,6 +49,15 @@ LOWRANK_BWD_PROGRAMS = 1024
 # interleaved rounds, BENCHMARKS.md) with the tiles above: the whole backward 511 µs against 517 for the every-tile
 # form at 64 x 16 and 2,048 programs, 484 against 568 with 64 documents.
 LR_DU_DS_DEFER = True
+# Where dz is summed (LR_DZ_FORM): "dx", in the dx kernel over its split's channel blocks, which then reads x at W
+# shifts and holds both products (128 registers with spills, latency-bound in Nsight, 2026-12-03); "own", in a
+# second launch of that kernel that forms no dx (its splits as before); "du", in the dU kernel, which forms g
+# anyway: each channel block's [BT, R] share as g @ U_block^T into an fp32 partial per channel block (D / LR_DU_BD
+# of them, summed in a fixed order). With "own" or "du" the dx launch reads only z, U and dy, every channel block
+# a program (the dynamic-conv1d anchor splits its backward so). Compiled for sm_90a (Triton 3.6,
+# scripts/kernel_resources.py, 2026-12-04): that dx launch 78 registers, no spills; the dz-only launch and the dU
+# kernel with dz are in BENCHMARKS.md. Not timed yet: "dx" stays.
+LR_DZ_FORM = "dx"
 
 
 @triton.jit
@@ -115,7 +125,7 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
     T, D, R, RPW, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr, WITH_DZ: tl.constexpr,  # flags
 ):
     i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -135,41 +145,47 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
         b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
-            # dx: tap k of output t + k, which must lie in t's document (loads masked by the row only)
-            m_b = m_t & (o_t + k < T)
-            b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
-                                       PRECISION)
-            if HAS_STATIC:
-                b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-                b_wk += b_s[None, :]
-            p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            b_dxk = b_wk * b_dyk
-            if HAS_CU:
-                b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
-            b_dx += b_dxk
-            # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
-            m_f = m_t & (o_t >= k)
-            p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-            b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            if HAS_CU:
-                b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
-            b_g = b_dy * b_xk  # [BT, BD]
-            b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
-        p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
-        tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
-    p_dz = dzp_ptr + (i_s.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
-    tl.store(p_dz, b_dz.to(dzp_ptr.dtype.element_ty), mask=m_t[:, None] & m_r[None, :])
+            if WITH_DX:  # tap k of output t + k, which must lie in t's document (loads masked by the row only)
+                m_b = m_t & (o_t + k < T)
+                b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
+                                           PRECISION)
+                if HAS_STATIC:
+                    b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
+                    b_wk += b_s[None, :]
+                p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+                b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+                b_dxk = b_wk * b_dyk
+                if HAS_CU:
+                    b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
+                b_dx += b_dxk
+            else:  # U's block of tap k alone, [RP, BD]
+                p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+                b_uk = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)
+            if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
+                m_f = m_t & (o_t >= k)
+                p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+                b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+                if HAS_CU:
+                    b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+                b_g = b_dy * b_xk  # [BT, BD]
+                b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
+        if WITH_DX:
+            p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+            tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    if WITH_DZ:
+        p_dz = dzp_ptr + (i_s.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
+        tl.store(p_dz, b_dz.to(dzp_ptr.dtype.element_ty), mask=m_t[:, None] & m_r[None, :])
 # fmt: on
 
 
 # fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_bwd_du_kernel(
-    x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
-    T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    x_ptr, z_ptr, u_ptr, dy_ptr, dup_ptr, dsp_ptr, dzp_ptr, cu_ptr,  # pointers
+    T, D, R, RPW, N_CH, N_TB, TPC, N_TOK, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr, DS_DEFER: tl.constexpr,  # flags
+    WITH_DZ: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
@@ -179,6 +195,10 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     k_j = o_j // BD
     d_j = i_d * BD + o_j % BD
     m_j = (k_j < W) & (d_j < D)
+    if WITH_DZ:  # U's columns of this block, for dz's share g @ U_block^T
+        u_ptr += (i_c // N_CH).to(tl.int64) * R * W * D  # the run's U
+        p_u = u_ptr + o_r[:, None].to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
+        b_u = tl.load(p_u, mask=m_r[:, None] & m_j[None, :], other=0.0)  # [RP, WP * BD], U's dtype
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
     b_dsa = tl.zeros([BT, WP * BD], dtype=tl.float32)  # DS_DEFER: the same, token slot by token slot
@@ -197,6 +217,10 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
         b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
         b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
+        if WITH_DZ:  # this block's share of dz for the tile's tokens, row i_d of [NDB, B * T, R]
+            b_dz = tl.dot(b_g, tl.trans(b_u.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
+            p_dz = dzp_ptr + (i_d.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
+            tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
         if HAS_STATIC:
             if DS_DEFER:
                 b_dsa += b_g
@@ -270,21 +294,27 @@ def _lowrank_bwd(
     WP, RP = tu.next_power_of_2(W), max(16, tu.next_power_of_2(R))
     n_cu, n_search = tu.search_steps(cu_seqlens)
     flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))
-    # dx and dz: the split count is a function of the shape only, so dz sums its partials in a fixed order
+    # dx and dz (LR_DZ_FORM "dx" or "own"): the split count is a function of the shape only, so dz sums its partials
+    # in a fixed order; a launch without dz makes every channel block a program of its own
     BT, BD = tu.tiles(T, D, LR_DX_BT, LR_DX_BD)
     n_db = tu.cdiv(D, BD)
     n_split = max(1, min(LR_DZ_SPLITS, n_db))
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dz = tu.empty((B, T, R), z.dtype, x.device)
-    dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
-    # fmt: off
-    _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_split, B)](
-        x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_split), n_cu,
-        n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-        num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
-    )
-    # fmt: on
-    if n_split > 1:
+    dz_partial = (None if LR_DZ_FORM == "du" else dz if n_split == 1
+                  else tu.empty((n_split, B, T, R), torch.float32, x.device))
+    launches = [(True, True, n_split)] if LR_DZ_FORM == "dx" else [(True, False, n_db)]  # (dx, dz, programs a tile)
+    if LR_DZ_FORM == "own":
+        launches.append((False, True, n_split))
+    for with_dx, with_dz, n_prog in launches:
+        # fmt: off
+        _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_prog, B)](
+            x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_prog), n_cu,
+            n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
+            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
+        )
+        # fmt: on
+    if LR_DZ_FORM != "du" and n_split > 1:
         dz = tu.sum_partials(dz_partial, z.dtype)
     # dU and dstatic_w: fp32 partials per chunk of token tiles
     BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
@@ -292,13 +322,16 @@ def _lowrank_bwd(
     per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
     du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
     ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
+    dz_du = tu.empty((n_db, B * T, R), torch.float32, x.device) if LR_DZ_FORM == "du" else None
     # fmt: off
     _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
-        x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu, n_search,
-        W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
-        num_stages=LR_DU_STAGES,
+        x, z, U, dy, du_partial, ds_partial, dz_du, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, B * T,
+        n_cu, n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, WITH_DZ=LR_DZ_FORM == "du",
+        num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
     )
     # fmt: on
+    if LR_DZ_FORM == "du":
+        dz = tu.sum_partials(dz_du, z.dtype).view(B, T, R)
     dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)
     if static_w is None:
         return dx, dz, dU, x.new_empty(0)

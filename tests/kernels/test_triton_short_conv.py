@@ -406,6 +406,22 @@ def test_dynamic_conv_lowrank_dstatic_summed_once_a_chunk(B, T, D, R, W, rows, r
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("form", ["dx", "own", "du"])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
+                                       assert_rel_rms):
+    """dz summed in each place the tune knob offers: the dx kernel, a dz-only launch of it, or the dU kernel (one
+    fp32 partial per channel block); channel blocks of 16 (several partials and splits), several tiles a chunk
+    (tiles of 16 tokens, 4 programs)."""
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
+    monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
