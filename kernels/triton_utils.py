@@ -375,6 +375,16 @@ def stream_rows(p_row, o_d, m_d, first, T, D, N: tl.constexpr):
 
 
 @triton.jit
+def shift_rows(rows, new, U: tl.constexpr, N: tl.constexpr):
+    """rows[U] ... rows[U + N - 1], then the tuple ``new``: a streaming step's rows for the next step, the N it
+    shares with this one kept in registers."""
+    out = ()
+    for j in tl.static_range(N):
+        out = out + (rows[U + j],)
+    return out + new
+
+
+@triton.jit
 def in_one_doc(cu_ptr, row, first, last, T, i_doc, start, end):
     """(True when positions first ... last of the row lie in one document, the walk state at ``first``): the
     common step, which then needs no per-position document masks."""

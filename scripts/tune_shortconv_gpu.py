@@ -70,6 +70,12 @@ GROUPS = [
      ("BWD_STREAM", "STREAM_BWD_CH", "STREAM_BWD_U", "STREAM_BWD_BD", "STREAM_BWD_WARPS"),
      [(True, 128, 4, 256, 2), (True, 128, 8, 256, 2), (True, 96, 4, 256, 2), (True, 160, 4, 256, 2),
       (True, 128, 4, 512, 4)]),
+    # the next step's rows loaded before each step's work (STREAM_*_PREFETCH): compiled for sm_90a (Triton 3.6,
+    # 2026-12-04) fwd U=16 154 registers, U=8 96 (119 with documents); bwd U=4 156, U=8 166 (255 with documents).
+    ("static fwd prefetch", ["static"], short, ("STREAM_FWD_PREFETCH", "STREAM_FWD_CH", "STREAM_FWD_U"),
+     [(False, 32, 16), (True, 32, 16), (True, 32, 8), (True, 64, 8), (True, 128, 8), (True, 64, 4)]),
+    ("static bwd prefetch", ["static"], short, ("STREAM_BWD_PREFETCH", "STREAM_BWD_CH", "STREAM_BWD_U"),
+     [(False, 128, 4), (True, 128, 4), (True, 256, 4), (True, 128, 2), (True, 64, 4), (True, 256, 2)]),
     # fewer channels a tile, longer in tokens (at head size 1, 128 channels leave 4-8 tokens): registers at
     # head size 1 / 16 (scripts/kernel_resources.py, Triton 3.6) fwd 2048x32 138/80, 2048x64 136/80, 1024x32
     # 72/44, 2048x32 8 warps 78/44; bwd 1024x32 168/112, 1024x64 168/88, 512x32 96/80, 2048x64 8 warps 153/112

@@ -52,6 +52,10 @@ BWD_DW_DEFER = True
 # tiled; backward 70.5 (72.6) against 106.9 (119.3).
 FWD_STREAM, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD, STREAM_FWD_WARPS = True, 32, 16, 128, 1
 BWD_STREAM, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD, STREAM_BWD_WARPS = True, 128, 4, 256, 2
+# Software pipelining by hand (STREAM_*_PREFETCH): Triton issues no cp.async for these loads, so a step's loads
+# wait for the step before; with it on, a step loads the next one's U new rows before its own work and keeps the
+# W - 1 it shares with it in registers. Compiled, not timed yet: off.
+STREAM_FWD_PREFETCH, STREAM_BWD_PREFETCH = False, False
 
 
 # fmt: off
@@ -185,7 +189,7 @@ def _short_conv_fwd_stream_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
     T, D, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
@@ -201,9 +205,13 @@ def _short_conv_fwd_stream_kernel(
     i_doc, start, end = 0, row, row + T  # one document a row without cu_seqlens (the state goes unused then)
     if HAS_CU:
         i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    if PREFETCH:
+        b_xs = tu.stream_rows(p_x, o_d, m_d, t0 - (W - 1), T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
-        # x[tb - W + 1] ... x[tb + U - 1]: every row of the step read once; the W - 1 before it again from L1
-        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)
+        if PREFETCH:  # the next step's U new rows, issued before this step's work (none past the program's end)
+            b_new = tu.stream_rows(p_x, o_d, m_d, tb + U, tl.minimum(T, t0 + CH), D, U)
+        else:  # x[tb - W + 1] ... x[tb + U - 1]: every row of the step read once; the W - 1 before it again from L1
+            b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
             if one:
@@ -214,6 +222,8 @@ def _short_conv_fwd_stream_kernel(
                                               W, U, True, RESIDUAL)
         else:
             _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end, W, U, False, RESIDUAL)
+        if PREFETCH:
+            b_xs = tu.shift_rows(b_xs, b_new, U, W - 1)
 # fmt: on
 
 
@@ -254,7 +264,7 @@ def _short_conv_bwd_stream_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
     T, D, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)  # [BD]
@@ -280,9 +290,16 @@ def _short_conv_bwd_stream_kernel(
     a5 = tl.zeros([BD], dtype=tl.float32)
     a6 = tl.zeros([BD], dtype=tl.float32)
     a7 = tl.zeros([BD], dtype=tl.float32)
+    if PREFETCH:
+        b_xs = tu.stream_rows(p_x, o_d, m_d, t0 - (W - 1), T, D, U + W - 1)
+        b_dys = tu.stream_rows(p_dy, o_d, m_d, t0, T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
-        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
-        b_dys = tu.stream_rows(p_dy, o_d, m_d, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+        if PREFETCH:  # the next step's new rows first, as the forward's (dy's reach W - 1 past the program)
+            b_xn = tu.stream_rows(p_x, o_d, m_d, tb + U, tl.minimum(T, t0 + CH), D, U)
+            b_dyn = tu.stream_rows(p_dy, o_d, m_d, tb + U + W - 1, tl.minimum(T, t0 + CH + W - 1), D, U)
+        else:
+            b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+            b_dys = tu.stream_rows(p_dy, o_d, m_d, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U + W - 2, T, i_doc, start, end)
             if one:
@@ -297,6 +314,8 @@ def _short_conv_bwd_stream_kernel(
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _bwd_step(
                 p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
                 start, end, W, U, False, RESIDUAL)
+        if PREFETCH:
+            b_xs, b_dys = tu.shift_rows(b_xs, b_xn, U, W - 1), tu.shift_rows(b_dys, b_dyn, U, W - 1)
     # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
     p_dw = dwp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
     tu.slot_store(p_dw, a0, 0, W, D, m_d)
@@ -330,7 +349,7 @@ def _short_conv_fwd(
         # fmt: off
         _short_conv_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(D, BD), B)](
             x, weight, y, cu_seqlens, T, D, B // runs, CH, n_cu, n_search, W=W, U=STREAM_FWD_U, BD=BD,
-            HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=STREAM_FWD_WARPS,
+            HAS_CU=cu_seqlens is not None, RESIDUAL=residual, PREFETCH=STREAM_FWD_PREFETCH, num_warps=STREAM_FWD_WARPS,
         )
         # fmt: on
         return y
@@ -363,7 +382,8 @@ def _short_conv_bwd(
         # fmt: off
         _short_conv_bwd_stream_kernel[(n_tc, tu.cdiv(D, BD), B)](
             x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, CH, n_tc, n_cu, n_search, W=W, U=STREAM_BWD_U,
-            BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=STREAM_BWD_WARPS,
+            BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual, PREFETCH=STREAM_BWD_PREFETCH,
+            num_warps=STREAM_BWD_WARPS,
         )
         # fmt: on
         return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)

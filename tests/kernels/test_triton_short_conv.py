@@ -105,11 +105,12 @@ def test_short_conv_dw_other_summation(B, T, D, W, rows, residual, dtype, monkey
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
-def _stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64) -> None:
+def _stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, prefetch: bool = False) -> None:
     """Both streaming forms on or off; on, programs of ``ch`` positions walked ``u`` at a time (several programs a
     row, several steps a program, a last step past T) and ``bd`` channels; on, also under the interpreter."""
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
     for form in ("FWD", "BWD"):
+        monkeypatch.setattr(short_triton, f"STREAM_{form}_PREFETCH", prefetch)
         monkeypatch.setattr(short_triton, f"{form}_STREAM", on)
         monkeypatch.setattr(short_triton, f"STREAM_{form}_CH", ch)
         monkeypatch.setattr(short_triton, f"STREAM_{form}_U", u)
@@ -127,6 +128,18 @@ def test_short_conv_streaming_forms(B, T, D, W, rows, residual, dtype, monkeypat
     """The forward and backward that walk each row's positions, with steps and programs small enough that the
     cases cross them."""
     _stream(monkeypatch, True)
+    test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("B, T, D, W, rows, residual, dtype",
+                         [c for c in SHORT_CASES if c.values[4] is not None or c.id == "T1-D1-W1"] + [
+                             pytest.param(2, 127, 20, 4, [list(range(1, 16)) + [7], [127]], True, FP32,
+                                          id="docs-of-every-length-W4"),
+                             pytest.param(1, 40, 8, 1, [[17, 23]], False, FP32, id="W1")])
+def test_short_conv_streaming_prefetched(B, T, D, W, rows, residual, dtype, monkeypatch, assert_rel_rms):
+    """The streaming forms with the next step's rows loaded before each step's work (a tune knob), on the cases
+    with documents, a width of 1 (no rows shared between steps) and one of a single position."""
+    _stream(monkeypatch, True, prefetch=True)
     test_short_conv(B, T, D, W, rows, residual, dtype, assert_rel_rms)
 
 
