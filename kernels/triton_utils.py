@@ -289,10 +289,29 @@ def slot_add(a, p, k: tl.constexpr, slot: tl.constexpr):
 
 
 @triton.jit
-def slot_store(p, a, slot: tl.constexpr, W: tl.constexpr, D, mask):
-    """Store a at row ``slot`` of p's [W, D] block (p: [BD] pointers to row 0), for the taps that exist."""
+def slots_add(a0, a1, a2, a3, a4, a5, a6, a7, p, k: tl.constexpr):
+    """p added to tap k's slot of the eight (``slot_add`` for each)."""
+    return (slot_add(a0, p, k, 0), slot_add(a1, p, k, 1), slot_add(a2, p, k, 2), slot_add(a3, p, k, 3),
+            slot_add(a4, p, k, 4), slot_add(a5, p, k, 5), slot_add(a6, p, k, 6), slot_add(a7, p, k, 7))
+
+
+@triton.jit
+def _slot_store(p, a, slot: tl.constexpr, W: tl.constexpr, D, mask):
     if slot < W:
         tl.store(p + slot * D, a, mask=mask)
+
+
+@triton.jit
+def slots_store(p, a0, a1, a2, a3, a4, a5, a6, a7, W: tl.constexpr, D, mask):
+    """Slot k stored at row k of p's [W, D] block (p: pointers to row 0 of the program's channels), k < W."""
+    _slot_store(p, a0, 0, W, D, mask)
+    _slot_store(p, a1, 1, W, D, mask)
+    _slot_store(p, a2, 2, W, D, mask)
+    _slot_store(p, a3, 3, W, D, mask)
+    _slot_store(p, a4, 4, W, D, mask)
+    _slot_store(p, a5, 5, W, D, mask)
+    _slot_store(p, a6, 6, W, D, mask)
+    _slot_store(p, a7, 7, W, D, mask)
 
 
 @triton.jit
@@ -312,6 +331,20 @@ def slot_row3(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _doc_index(cu_ptr, g, N_CU, N_SEARCH: tl.constexpr):
+    """Tokens g (a vector or a scalar) -> the index of the last offset <= each: N_SEARCH binary-search steps keep
+    cu[lo] <= g < cu[hi]; extra steps leave it unchanged."""
+    lo = g * 0
+    hi = lo + (N_CU - 1)
+    for _ in tl.static_range(N_SEARCH):
+        mid = (lo + hi) // 2
+        right = tl.load(cu_ptr + mid) <= g
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    return lo
+
+
+@triton.jit
 def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: tl.constexpr):
     """[BT] tokens on the flattened B*T axis -> ([BT] start, [BT] end) of each token's document.
 
@@ -321,13 +354,7 @@ def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: 
     first.
     """
     if HAS_CU:
-        lo = tl.zeros_like(o_g)
-        hi = lo + (N_CU - 1)
-        for _ in tl.static_range(N_SEARCH):
-            mid = (lo + hi) // 2
-            right = tl.load(cu_ptr + mid) <= o_g
-            lo = tl.where(right, mid, lo)
-            hi = tl.where(right, hi, mid)
+        lo = _doc_index(cu_ptr, o_g, N_CU, N_SEARCH)
         start = tl.load(cu_ptr + lo)
         end = tl.load(cu_ptr + lo + 1)
     else:
@@ -340,14 +367,18 @@ def doc_bounds(cu_ptr, o_g, row_start, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: 
 def doc_of(cu_ptr, g, N_CU, N_SEARCH: tl.constexpr):
     """One token g on the flattened B*T axis (a scalar) -> (index of its document's offset, start, end): the
     search of ``doc_bounds`` for a single token, where a kernel then walks its tokens in order (``doc_walk``)."""
-    lo = g * 0
-    hi = lo + (N_CU - 1)
-    for _ in tl.static_range(N_SEARCH):
-        mid = (lo + hi) // 2
-        right = tl.load(cu_ptr + mid) <= g
-        lo = tl.where(right, mid, lo)
-        hi = tl.where(right, hi, mid)
+    lo = _doc_index(cu_ptr, g, N_CU, N_SEARCH)
     return lo, tl.load(cu_ptr + lo), tl.load(cu_ptr + lo + 1)
+
+
+@triton.jit
+def doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH: tl.constexpr, HAS_CU: tl.constexpr):
+    """A streaming program's walk state at position t0 of the row starting at token ``row``: (index, start, end)
+    of its document (``doc_of``), or the row as one document without cu_seqlens."""
+    i_doc, start, end = row * 0, row, row + T
+    if HAS_CU:
+        i_doc, start, end = doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    return i_doc, start, end
 
 
 @triton.jit

@@ -221,10 +221,7 @@ def _dynamic_conv_headwise_bwd_kernel(
                 tl.store(p_dw, b_dw.to(dw_ptr.dtype.element_ty), mask=m_t[:, None] & m_h[None, :])
             if HAS_STATIC:
                 if DS_DEFER:  # into tap k's own sum (k is known at compile time)
-                    a0, a1 = tu.slot_add(a0, b_g, k, 0), tu.slot_add(a1, b_g, k, 1)
-                    a2, a3 = tu.slot_add(a2, b_g, k, 2), tu.slot_add(a3, b_g, k, 3)
-                    a4, a5 = tu.slot_add(a4, b_g, k, 4), tu.slot_add(a5, b_g, k, 5)
-                    a6, a7 = tu.slot_add(a6, b_g, k, 6), tu.slot_add(a7, b_g, k, 7)
+                    a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_g, k)
                 else:
                     b_dsk = tl.sum(b_g, axis=0)  # [NH, HSP]
                     b_ds = tl.where(o_k[:, None, None] == k, b_ds + b_dsk[None, :, :], b_ds)
@@ -342,6 +339,25 @@ def _headwise_hs1_bwd_kernel(
 
 
 @triton.jit
+def _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr,
+                     NH: tl.constexpr, HAS_STATIC: tl.constexpr):
+    """A streaming program's heads ([NH], mask), channels ([NH, HSP], mask), each channel's head ([NH, HSP]) and
+    its row's run's static weights (W [NH, HSP] tiles in fp32, or none)."""
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
+    m_hc = m_h[:, None] & (o_c < HS)[None, :]
+    o_hd = o_h[:, None] + tl.zeros_like(o_d)  # [NH, HSP] each channel's head
+    b_ss = ()
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
+        for k in tl.static_range(W):
+            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, HSP]
+    return o_h, m_h, o_d, m_hc, o_hd, b_ss
+
+
+@triton.jit
 def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, i_doc, start, end,
                  W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, HAS_STATIC: tl.constexpr,
                  RESIDUAL: tl.constexpr):
@@ -380,24 +396,12 @@ def _headwise_fwd_stream_kernel(
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
-    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
-    m_h = o_h < H
-    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
-    m_hc = m_h[:, None] & (o_c < HS)[None, :]
-    o_hd = o_h[:, None] + tl.zeros_like(o_d)  # [NH, HSP] each channel's head
-    b_ss = ()
-    if HAS_STATIC:
-        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
-        for k in tl.static_range(W):
-            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, HSP]
+    o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
     row = i_b * T  # the row's position 0 on the B*T axis
     p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
     p_y = y_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
-    i_doc, start, end = 0, row, row + T  # one document a row without cu_seqlens (the state goes unused then)
-    if HAS_CU:
-        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
     for tb in range(t0, t0 + CH, U):
         b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
         if HAS_CU:
@@ -446,10 +450,7 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
             b_p = b_dy * b_xk  # [NH, HSP]
             tl.store(p_dw + k, tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty), mask=m_h & m_t)
             if HAS_STATIC:
-                a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
-                a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
-                a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
-                a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
+                a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
         m_x = m_hc & (tl.zeros_like(o_d) + t < T)
         tl.store(p_dx + t.to(tl.int64) * D, b_dx.to(p_dx.dtype.element_ty), mask=m_x)
     return a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end
@@ -464,25 +465,13 @@ def _headwise_bwd_stream_kernel(
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
-    o_c = tl.arange(0, HSP)  # [HSP] channels within a head
-    m_h = o_h < H
-    o_d = o_h[:, None] * HS + o_c[None, :]  # [NH, HSP] channels
-    m_hc = m_h[:, None] & (o_c < HS)[None, :]
-    o_hd = o_h[:, None] + tl.zeros_like(o_d)  # [NH, HSP] each channel's head
-    b_ss = ()
-    if HAS_STATIC:
-        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
-        for k in tl.static_range(W):
-            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, HSP]
+    o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
     row = i_b * T
     p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
     p_dy = dy_ptr + row.to(tl.int64) * D + o_d
     p_dx = dx_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
-    i_doc, start, end = 0, row, row + T
-    if HAS_CU:
-        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
     # dstatic_w[k] = sum_t dy[t] * x[t - k] over this program's positions, tap k in slot k (widths up to tu.SLOTS)
     a0 = tl.zeros([NH, HSP], dtype=tl.float32)
     a1 = tl.zeros([NH, HSP], dtype=tl.float32)
@@ -511,14 +500,7 @@ def _headwise_bwd_stream_kernel(
                 o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
     if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
         p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
-        tu.slot_store(p_ds, a0, 0, W, D, m_hc)
-        tu.slot_store(p_ds, a1, 1, W, D, m_hc)
-        tu.slot_store(p_ds, a2, 2, W, D, m_hc)
-        tu.slot_store(p_ds, a3, 3, W, D, m_hc)
-        tu.slot_store(p_ds, a4, 4, W, D, m_hc)
-        tu.slot_store(p_ds, a5, 5, W, D, m_hc)
-        tu.slot_store(p_ds, a6, 6, W, D, m_hc)
-        tu.slot_store(p_ds, a7, 7, W, D, m_hc)
+        tu.slots_store(p_ds, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_hc)
 # fmt: on
 
 

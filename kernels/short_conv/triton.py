@@ -141,10 +141,7 @@ def _short_conv_bwd_kernel(
             b_dx += b_dyk * b_w[None, :]
             if DW_DEFER:
                 b_p = b_dyk * b_x  # [BT, BD] tap k's products, into its own sum (k is known at compile time)
-                a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
-                a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
-                a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
-                a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
+                a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
             else:
                 b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
                 b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
@@ -158,6 +155,19 @@ def _short_conv_bwd_kernel(
     p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
     tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
 # fmt: on
+
+
+@triton.jit
+def _stream_setup(w_ptr, i_d, i_b, T, D, RPW, W: tl.constexpr, BD: tl.constexpr):
+    """A streaming program's channels ([BD] and their mask), its row's run's weights (W [BD] vectors in fp32) and
+    the row's position 0 on the B*T axis."""
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    m_d = o_d < D
+    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
+    b_ws = ()
+    for k in tl.static_range(W):
+        b_ws = b_ws + (tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32),)  # [BD] tap k
+    return o_d, m_d, b_ws, i_b * T
 
 
 @triton.jit
@@ -192,19 +202,11 @@ def _short_conv_fwd_stream_kernel(
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_d = o_d < D
-    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
-    b_ws = ()
-    for k in tl.static_range(W):
-        b_ws = b_ws + (tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32),)  # [BD] tap k
-    row = i_b * T  # the row's position 0 on the B*T axis
+    o_d, m_d, b_ws, row = _stream_setup(w_ptr, i_d, i_b, T, D, RPW, W, BD)
     p_x = x_ptr + row.to(tl.int64) * D + o_d  # [BD]
     p_y = y_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
-    i_doc, start, end = 0, row, row + T  # one document a row without cu_seqlens (the state goes unused then)
-    if HAS_CU:
-        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
     if PREFETCH:
         b_xs = tu.stream_rows(p_x, o_d, m_d, t0 - (W - 1), T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
@@ -249,10 +251,7 @@ def _bwd_step(p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, r
                 b_xk = tl.where(row + t - k >= start, b_xk, 0.0)
             b_dx += b_dyk * b_ws[k]
             b_p = b_dy * b_xk
-            a0, a1 = tu.slot_add(a0, b_p, k, 0), tu.slot_add(a1, b_p, k, 1)
-            a2, a3 = tu.slot_add(a2, b_p, k, 2), tu.slot_add(a3, b_p, k, 3)
-            a4, a5 = tu.slot_add(a4, b_p, k, 4), tu.slot_add(a5, b_p, k, 5)
-            a6, a7 = tu.slot_add(a6, b_p, k, 6), tu.slot_add(a7, b_p, k, 7)
+            a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
         m_t = m_d & (tl.zeros_like(o_d) + t < T)
         tl.store(p_dx + t.to(tl.int64) * D, b_dx.to(p_dx.dtype.element_ty), mask=m_t)
     return a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end
@@ -267,20 +266,12 @@ def _short_conv_bwd_stream_kernel(
     HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
-    m_d = o_d < D
-    w_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's weights
-    b_ws = ()
-    for k in tl.static_range(W):
-        b_ws = b_ws + (tl.load(w_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32),)  # [BD] tap k
-    row = i_b * T
+    o_d, m_d, b_ws, row = _stream_setup(w_ptr, i_d, i_b, T, D, RPW, W, BD)
     p_x = x_ptr + row.to(tl.int64) * D + o_d  # [BD]
     p_dy = dy_ptr + row.to(tl.int64) * D + o_d
     p_dx = dx_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
-    i_doc, start, end = 0, row, row + T
-    if HAS_CU:
-        i_doc, start, end = tu.doc_of(cu_ptr, row + t0, N_CU, N_SEARCH)
+    i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
     # dw[k] = sum_t dy[t] * x[t - k] over this program's positions, tap k in slot k (widths up to tu.SLOTS)
     a0 = tl.zeros([BD], dtype=tl.float32)
     a1 = tl.zeros([BD], dtype=tl.float32)
@@ -318,14 +309,7 @@ def _short_conv_bwd_stream_kernel(
             b_xs, b_dys = tu.shift_rows(b_xs, b_xn, U, W - 1), tu.shift_rows(b_dys, b_dyn, U, W - 1)
     # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
     p_dw = dwp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
-    tu.slot_store(p_dw, a0, 0, W, D, m_d)
-    tu.slot_store(p_dw, a1, 1, W, D, m_d)
-    tu.slot_store(p_dw, a2, 2, W, D, m_d)
-    tu.slot_store(p_dw, a3, 3, W, D, m_d)
-    tu.slot_store(p_dw, a4, 4, W, D, m_d)
-    tu.slot_store(p_dw, a5, 5, W, D, m_d)
-    tu.slot_store(p_dw, a6, 6, W, D, m_d)
-    tu.slot_store(p_dw, a7, 7, W, D, m_d)
+    tu.slots_store(p_dw, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_d)
 # fmt: on
 
 
