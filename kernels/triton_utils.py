@@ -416,6 +416,16 @@ def shift_rows(rows, new, U: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def join_taps(ds, W: tl.constexpr):
+    """W [N] vectors (tap 0 first) -> [N, W] (W 2 or 4): joined pairwise so that the taps end up in order."""
+    if W == 2:
+        out = tl.join(ds[0], ds[1])
+    else:  # join(join(d0, d2), join(d1, d3))[n, a, b] = d[2a + b]
+        out = tl.reshape(tl.join(tl.join(ds[0], ds[2]), tl.join(ds[1], ds[3])), [ds[0].shape[0], 4])
+    return out
+
+
+@triton.jit
 def in_one_doc(cu_ptr, row, first, last, T, i_doc, start, end):
     """(True when positions first ... last of the row lie in one document, the walk state at ``first``): the
     common step, which then needs no per-position document masks."""

@@ -89,6 +89,12 @@ HW_HS1_BWD_GATHER = True
 # channels): head size 1 125 (173) against 135 (152) tiled, head size 16 92 (141) against 82 (110): off.
 HW_FWD_STREAM, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = False, 32, 8, 64, 1
 HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS = 1, 128, 4, 64, 1
+# How that backward stores dweight: tap by tap, [NH] values W elements apart (each store first moved into a layout
+# of its own), or (HW_STREAM_BWD_DW_TILE, widths 2 and 4) the W taps joined into one [NH, W] tile of contiguous
+# elements and stored once. Compiled for sm_90a (Triton 3.6, scripts/kernel_resources.py) at head size 1: 16 layout
+# moves and 32 shuffles a step tap by tap, 4 and 16 joined (32 / 64 and 8 / 32 with documents), 128 registers
+# either way. Not timed yet: off.
+HW_STREAM_BWD_DW_TILE = False
 
 
 # fmt: off
@@ -421,7 +427,7 @@ def _headwise_fwd_stream_kernel(
 @triton.jit
 def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
                  o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr,
-                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr):
+                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr):
     """dx and dweight at positions tb ... tb + U - 1 of one row, their products dy[t] * x[t - k] added to tap k's
     slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2]."""
     for u in tl.static_range(U):
@@ -432,6 +438,7 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
         p_dw = dw_ptr + ((row + t).to(tl.int64) * H + o_h) * W  # [NH] token t's weight gradients, tap 0
         b_dy = b_dys[u]
         b_dx = b_dy if RESIDUAL else tl.zeros_like(b_dy)
+        b_dws = ()  # DW_TILE: the W taps' dweight, [NH] each, stored together after the taps
         for k in tl.static_range(W):
             # dx[t] takes tap k of output t + k while t + k is in t's document (zeroed after the product, so a
             # weight of another document never reaches it); dweight and dstatic_w take dy[t] * x[t - k] while
@@ -448,9 +455,16 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
                 b_xk = tl.where(row + t - k >= start, b_xk, 0.0)
             b_dx += b_c
             b_p = b_dy * b_xk  # [NH, HSP]
-            tl.store(p_dw + k, tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty), mask=m_h & m_t)
+            if DW_TILE:
+                b_dws = b_dws + (tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty),)
+            else:
+                tl.store(p_dw + k, tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty), mask=m_h & m_t)
             if HAS_STATIC:
                 a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
+        if DW_TILE:  # [NH, W]: the token's NH * W weight gradients are contiguous, one store
+            o_k = tl.arange(0, W)
+            m_dw = (m_h & m_t)[:, None] & (o_k < W)[None, :]
+            tl.store(p_dw[:, None] + o_k[None, :], tu.join_taps(b_dws, W), mask=m_dw)
         m_x = m_hc & (tl.zeros_like(o_d) + t < T)
         tl.store(p_dx + t.to(tl.int64) * D, b_dx.to(p_dx.dtype.element_ty), mask=m_x)
     return a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end
@@ -462,7 +476,7 @@ def _headwise_bwd_stream_kernel(
     x_ptr, w_ptr, s_ptr, dy_ptr, dx_ptr, dw_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D, H, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
@@ -489,15 +503,15 @@ def _headwise_bwd_stream_kernel(
             if one:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE)
             else:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL)
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL, DW_TILE)
         else:
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                 p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE)
     if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
         p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
         tu.slots_store(p_ds, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_hc)
@@ -585,7 +599,8 @@ def _headwise_bwd(
         _headwise_bwd_stream_kernel[(n_tc, tu.cdiv(H, NH), B)](
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
             W=W, HS=D // H, HSP=HSP, NH=NH, U=HW_STREAM_BWD_U, HAS_CU=cu_seqlens is not None,
-            HAS_STATIC=static_w is not None, RESIDUAL=residual, num_warps=HW_STREAM_BWD_WARPS,
+            HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
+            num_warps=HW_STREAM_BWD_WARPS,
         )
         # fmt: on
         if static_w is None:
