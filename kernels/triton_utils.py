@@ -228,6 +228,11 @@ def tiles(T: int, D: int, BT: int, BD: int) -> tuple[int, int]:
     return max(16, min(next_power_of_2(T), BT)), max(16, min(next_power_of_2(D), BD))
 
 
+def stream_positions(T: int, CH: int, U: int) -> int:
+    """Positions a streaming program walks: CH (a multiple of its step U) clamped to the row's whole steps."""
+    return min(CH, cdiv(T, U) * U)
+
+
 def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:
     """(tiles per chunk, chunks): ``n_tiles`` token tiles in contiguous chunks, about ``programs`` programs
     over ``n_cols`` column blocks. The fewer programs, the smaller the fp32 partial buffers; the more, the

@@ -519,17 +519,19 @@ def _headwise_bwd_stream_kernel(
 
 
 def _stream_plan(T: int, H: int, hs: int, CH: int, U: int, channels: int) -> tuple[int, int, int]:
-    """(CH, NH, HSP) of a streaming form: positions a program (clamped to the row, a multiple of U), NH heads of
-    HSP >= hs channels, about ``channels`` channels (at least one head)."""
+    """(CH, NH, HSP) of a streaming form: positions a program, and its heads as ``_heads`` gives them."""
+    return (tu.stream_positions(T, CH, U), *_heads(H, hs, channels))
+
+
+def _heads(H: int, hs: int, channels: int) -> tuple[int, int]:
+    """(NH, HSP): NH heads of HSP >= hs channels, about ``channels`` channels (at least one head)."""
     HSP = tu.next_power_of_2(hs)
-    return min(CH, tu.cdiv(T, U) * U), min(tu.next_power_of_2(H), max(1, channels // HSP)), HSP
+    return min(tu.next_power_of_2(H), max(1, channels // HSP)), HSP
 
 
 def _head_tiles(T: int, H: int, hs: int, tile: int, channels: int) -> tuple[int, int, int]:
-    """(BT, NH, HSP): NH heads of HSP >= hs channels, about ``channels`` channels (at least one head) and
-    ``tile`` elements a tile."""
-    HSP = tu.next_power_of_2(hs)
-    NH = min(tu.next_power_of_2(H), max(1, channels // HSP))
+    """(BT, NH, HSP): ``_heads``, and about ``tile`` elements a tile."""
+    NH, HSP = _heads(H, hs, channels)
     BT = max(1, min(tu.next_power_of_2(T), tile // (NH * HSP)))
     return BT, NH, HSP
 

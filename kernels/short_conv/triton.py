@@ -314,9 +314,8 @@ def _short_conv_bwd_stream_kernel(
 
 
 def _stream_plan(T: int, D: int, CH: int, U: int, BD: int) -> tuple[int, int]:
-    """(positions a program, channels a program) of a streaming form: CH clamped to the row (a multiple of U),
-    BD to D's power of two."""
-    return min(CH, tu.cdiv(T, U) * U), min(BD, tu.next_power_of_2(D))
+    """(positions a program, channels a program) of a streaming form: BD clamped to D's power of two."""
+    return tu.stream_positions(T, CH, U), min(BD, tu.next_power_of_2(D))
 
 
 def _short_conv_fwd(
