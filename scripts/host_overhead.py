@@ -129,13 +129,15 @@ def _parts(kernels: list) -> dict:
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     partial = torch.zeros(8, W, D, device=x.device)
 
-    def bare_launch():  # Triton's launcher alone: arguments bound, the compiled kernel found and launched
+    # Triton's launcher alone (arguments bound, the compiled kernel found and launched), on the tiled forward
+    # kernel: its cost is the launcher's, whichever form the op runs
+    def bare_launch():
         short_triton._short_conv_fwd_kernel[grid](
             x, weight, y, None, T, D, B, 0, 0, W=W, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=True,
             num_warps=short_triton.FWD_WARPS,
         )
 
-    parts["static: one bare launch of the forward kernel"] = bare_launch
+    parts["static: one bare launch of the tiled forward kernel"] = bare_launch
     parts["static: sum of dw's partials (one launch)"] = lambda: tu.sum_partials(partial, weight.dtype)
     return parts
 
