@@ -3,6 +3,7 @@ without a GPU.
 
     python scripts/kernel_resources.py [--ops shortconv,attention,rubiconv] [--arch 90]
     python scripts/kernel_resources.py --ops shortconv --set triton_headwise.HW_HS1_BWD_DS_DEFER=True
+    python scripts/kernel_resources.py --ops shortconv --calls low-rank   # only the calls so labelled
 
 The launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py`` (short convs B=4, T=4096,
 D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
@@ -169,6 +170,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="a tile constant to compile with (a Python literal), e.g. "
                              f"triton_headwise.HW_FWD_TILE=1024; modules: {', '.join(CONSTANT_MODULES)}")
+    parser.add_argument("--calls", default="", metavar="TEXT",
+                        help="only the calls whose label contains TEXT, e.g. 'low-rank' or 'head size 16, no'")
     args = parser.parse_args()
     error = set_constants(args.set, CONSTANT_MODULES)
     if error:
@@ -186,6 +189,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for group in args.ops.split(","):
         for label, call in groups[group]():
+            if args.calls not in label:
+                continue
             reports: list[dict] = []
             with intercepted(target, reports):
                 call()

@@ -129,20 +129,35 @@ GROUPS = [
       (0, True, 512, 64, True, True), (0, True, 512, 32, True, True), (0, True, 1024, 64, True, True),
       (0, True, 1024, 128, True, True), (0, True, 512, 256, True, True), (0, True, 256, 128, True, True),
       (0, False, 512, 128, False, False)]),
-    ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
-     [(32, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (32, 64, 4), (16, 64, 4), (128, 64, 8)]),
+    # the taps as a loop (last value True; kernels/dynamic_conv/triton_lowrank.py): compiled for sm_90a (Triton 3.6,
+    # 2026-12-04) 32x128 4 warps 122 registers against 168 unrolled, 32x64 4 warps 91, 32x32 1 warp 126 (the
+    # dynamic-conv1d anchor's own forward tile), 64x64 4 warps 124.
+    ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS", "LR_FWD_TAP_LOOP"),
+     [(32, 128, 4, False), (32, 128, 4, True), (32, 64, 4, True), (32, 32, 1, True), (64, 64, 4, True),
+      (32, 64, 2, True), (16, 128, 4, False), (32, 128, 8, False), (64, 128, 8, False), (32, 64, 4, False),
+      (16, 64, 4, False), (128, 64, 8, False)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
      ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS", "LR_DX_MAXNREG"),
      [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
       (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
     # where dz is summed (LR_DZ_FORM, kernels/dynamic_conv/triton_lowrank.py): in the dx kernel (shipped), a dz-only
-    # second launch of it ("own"), or the dU kernel ("du"). Compiled for sm_90a (Triton 3.6, 2026-12-04): the dx
-    # launch without dz 90 registers at the 128 cap (78 without), no spills; "own"'s dz launch 124 (102 with
-    # documents); the dU kernel with dz 250 with documents, and without them 32 registers and 5 KB spilled.
-    ("low-rank bwd dz", ["lowrank"], lowrank, ("LR_DZ_FORM", "LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DX_MAXNREG"),
-     [("dx", 64, 64, 8, 128), ("own", 64, 64, 8, 128), ("own", 64, 64, 8, None), ("own", 32, 64, 4, None),
-      ("own", 64, 128, 8, None), ("own", 32, 128, 4, None), ("du", 64, 64, 8, None)]),
+    # second launch of it ("own"), one fused backward kernel that forms dx, dz, dU and dstatic_w ("fused", its own
+    # tiles LR_FU_*), or that kernel without dx beside a dx launch ("with-du"). Compiled for sm_90a (Triton 3.6,
+    # 2026-12-04): the dx launch without dz 90 registers at the 128 cap (78 without), no spills; "own"'s dz launch
+    # 124 (102 with documents); fused 16x64 4 warps 226 (247), 16x32 201 (223), 32x64 8 warps 229 (176), none
+    # spilling, at 16x64 with a 128 cap 880 bytes spilled; without dx 16x64 203 (168), 32x64 8 warps 168 (167).
+    ("low-rank bwd dz", ["lowrank"], lowrank,
+     ("LR_DZ_FORM", "LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DX_MAXNREG", "LR_FU_BT", "LR_FU_BD", "LR_FU_WARPS",
+      "LR_FU_STAGES", "LR_FU_PROGRAMS", "LR_FU_MAXNREG"),
+     [("dx", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("own", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None),
+      ("own", 64, 64, 8, None, 16, 64, 4, 1, 1024, None), ("own", 32, 64, 4, None, 16, 64, 4, 1, 1024, None),
+      ("own", 64, 128, 8, None, 16, 64, 4, 1, 1024, None), ("own", 32, 128, 4, None, 16, 64, 4, 1, 1024, None),
+      ("fused", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("fused", 64, 64, 8, 128, 16, 32, 4, 1, 2048, None),
+      ("fused", 64, 64, 8, 128, 32, 64, 8, 1, 1024, None), ("fused", 64, 64, 8, 128, 32, 64, 8, 3, 1024, None),
+      ("fused", 64, 64, 8, 128, 16, 64, 4, 1, 1024, 128), ("fused", 64, 64, 8, 128, 16, 64, 4, 2, 512, None),
+      ("with-du", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("with-du", 64, 64, 8, 128, 32, 64, 8, 1, 1024, None),
+      ("with-du", 32, 64, 4, None, 16, 64, 4, 1, 1024, None), ("with-du", 64, 128, 8, None, 16, 64, 4, 1, 1024, None)]),
     # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum. Timed on the H200 (2026-12-04,
     # two interleaved rounds), the whole backward: 32x32 1,024 programs deferred 510.6 µs (484.4 with documents),
     # 64x16 2,048 every tile 516.6 (568.2), 64x16 deferred 515.3 (513.4), 32x32 every tile 568.4 (621.7).

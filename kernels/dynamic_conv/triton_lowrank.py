@@ -14,7 +14,9 @@ g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
 and, one program per channel block (all taps) and chunk of token tiles,
     dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
 so the [B, T, W, D] weights and their gradient never reach device memory either. ``LR_DZ_FORM`` can move dz to
-a launch of its own or into the dU kernel (a tune knob, below).
+a launch of its own, or make the whole backward one launch (tune knobs, below): one program per channel block and
+chunk of token tiles forms dx, its channel block's share of dz (an fp32 partial per channel block) and its chunk's
+dU and dstatic_w partials, reading each tile of x and dy from device memory once for all four.
 
 Stacked runs fold into one launch as in ``kernels.short_conv.triton``: x, z [R * B, ...] with U [R, rank, W * D]
 and static_w [R, W, D], row b using run b // B's (``RPW``), dU and dstatic_w summed over each run's chunks as a
@@ -28,6 +30,10 @@ from mixlab.kernels._triton import tl, triton
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
 # candidates on the GPU. Forward: [BT, BD] tiles (both >= 16 for tl.dot).
 LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
+# The taps as a loop (LR_FWD_TAP_LOOP) rather than unrolled: compiled for sm_90a (Triton 3.6, 2026-12-04) at the
+# tile above 122 registers (146 with documents) and 3 layout moves against 168 (158) and 9, Triton pipelining the
+# loop's loads through 11 KB of shared memory; 32 x 64 at 4 warps 91 (94). Not timed yet: off.
+LR_FWD_TAP_LOOP = False
 # Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
 # sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
@@ -51,13 +57,24 @@ LOWRANK_BWD_PROGRAMS = 1024
 LR_DU_DS_DEFER = True
 # Where dz is summed (LR_DZ_FORM): "dx", in the dx kernel over its split's channel blocks, which then reads x at W
 # shifts and holds both products (128 registers with spills, latency-bound in Nsight, 2026-12-03); "own", in a
-# second launch of that kernel that forms no dx (its splits as before); "du", in the dU kernel, which forms g
-# anyway: each channel block's [BT, R] share as g @ U_block^T into an fp32 partial per channel block (D / LR_DU_BD
-# of them, summed in a fixed order). With "own" or "du" the dx launch reads only z, U and dy, every channel block
-# a program (the dynamic-conv1d anchor splits its backward so). Compiled for sm_90a (Triton 3.6,
-# scripts/kernel_resources.py, 2026-12-04): that dx launch 78 registers, no spills; the dz-only launch and the dU
-# kernel with dz are in BENCHMARKS.md. Not timed yet: "dx" stays.
+# second launch of that kernel that forms no dx (its splits as before); "fused", in a single backward kernel
+# (``_dynamic_conv_lowrank_bwd_fused_kernel``) that also forms dx, dU and dstatic_w, so x and dy are read from
+# device memory once for all of them (the dx + dz and dU launches read them twice, "own" three times); "with-du",
+# in that kernel without dx, which a launch of the dx kernel forms alone. With "own" and "with-du" the dx launch
+# reads only z, U and dy, every channel block a program (the dynamic-conv1d anchor splits its backward so, into
+# dx and dU + dz). Compiled for sm_90a (Triton 3.6, scripts/kernel_resources.py, 2026-12-04): that dx launch 78
+# registers (90 at the 128 cap), no spills; the fused kernel below and the dz-only launch in BENCHMARKS.md. Not
+# timed yet: "dx" stays.
 LR_DZ_FORM = "dx"
+# The fused backward ("fused" above): [LR_FU_BT, LR_FU_BD] tiles, about LR_FU_PROGRAMS programs (channel blocks x
+# chunks of token tiles; each chunk's dU partial is R * W * D floats, each channel block's dz partial B * T * R).
+# dstatic_w rides in the dU product as one more rank whose z is 1 (row R of z^T g is sum_t g), so it costs no
+# reduction of its own. Its dx and dz walk the taps as a loop; the dU products, one accumulator a tap, are
+# unrolled (unrolling all of it took 255 registers and spilled at every tile tried). Compiled for sm_90a (Triton 3.6,
+# 2026-12-04), bf16, R=16: 16 x 64 at 4 warps 226 registers (247 with documents), 16 x 32 201 (223), 32 x 64 at
+# 8 warps 229 (176), none spilling; 32 x 64 at 4 warps spills. Without dx ("with-du"): 16 x 64 203 (168), 32 x 64
+# at 8 warps 168 (167). Not timed yet.
+LR_FU_BT, LR_FU_BD, LR_FU_WARPS, LR_FU_STAGES, LR_FU_PROGRAMS, LR_FU_MAXNREG = 16, 64, 4, 1, 1024, None
 
 
 @triton.jit
@@ -77,6 +94,32 @@ def _lowrank_taps(z_ptr, u_ptr, o_zt, m_zt, o_r, m_r, k, o_d, m_d, R, D, W: tl.c
     return b_wk, b_u
 
 
+@triton.jit
+def _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU: tl.constexpr):
+    """x[t - k] of the tokens o_g in fp32, [BT, BD], zero before t's document start (or its row's)."""
+    m_f = m_t & (o_t >= k)
+    b_xk = tl.load(x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :],
+                   other=0.0).to(tl.float32)
+    if HAS_CU:
+        b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
+    return b_xk
+
+
+@triton.jit
+def _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W: tl.constexpr,
+             HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, NATIVE_DOT: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """b_y [BT, BD] plus tap k's term: the tokens' weights of tap k (on chip only) times x[t - k]."""
+    b_w, _ = _lowrank_taps(z_ptr, u_ptr, o_g, m_t, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
+    if HAS_STATIC:
+        b_w += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    b_x = _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)
+    b_y += b_w * b_x
+    if RESIDUAL and k == 0:
+        b_y += b_x
+    return b_y
+
+
 # fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_fwd_kernel(
@@ -84,7 +127,7 @@ def _dynamic_conv_lowrank_fwd_kernel(
     T, D, R, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, TAP_LOOP: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -98,21 +141,14 @@ def _dynamic_conv_lowrank_fwd_kernel(
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
-    for k in tl.static_range(W):
-        # [BT, BD] weights of tap k, on chip only
-        b_w, _ = _lowrank_taps(z_ptr, u_ptr, o_g, m_t, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
-        if HAS_STATIC:
-            b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-            b_w += b_s[None, :]
-        # the load is masked by the row only; taps before the document start are zeroed after it
-        m_k = m_t & (o_t >= k)
-        p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-        b_x = tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
-        if HAS_CU:
-            b_x = tl.where((o_g - k >= start)[:, None], b_x, 0.0)
-        b_y += b_w * b_x
-        if RESIDUAL and k == 0:
-            b_y += b_x
+    if TAP_LOOP:  # one tap's tiles live at a time, and Triton pipelines the loop's loads
+        for k in range(W):
+            b_y = _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W,
+                           HAS_CU, HAS_STATIC, RESIDUAL, NATIVE_DOT, PRECISION)
+    else:
+        for k in tl.static_range(W):
+            b_y = _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W,
+                           HAS_CU, HAS_STATIC, RESIDUAL, NATIVE_DOT, PRECISION)
     p_y = y_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
     tl.store(p_y, b_y.to(y_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 # fmt: on
@@ -162,12 +198,7 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
                 p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
                 b_uk = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
-                m_f = m_t & (o_t >= k)
-                p_xk = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
-                b_xk = tl.load(p_xk, mask=m_f[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                if HAS_CU:
-                    b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
-                b_g = b_dy * b_xk  # [BT, BD]
+                b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
                 b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
         if WITH_DX:
             p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
@@ -181,11 +212,10 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
 # fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_bwd_du_kernel(
-    x_ptr, z_ptr, u_ptr, dy_ptr, dup_ptr, dsp_ptr, dzp_ptr, cu_ptr,  # pointers
-    T, D, R, RPW, N_CH, N_TB, TPC, N_TOK, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr, DS_DEFER: tl.constexpr,  # flags
-    WITH_DZ: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot
@@ -195,10 +225,6 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     k_j = o_j // BD
     d_j = i_d * BD + o_j % BD
     m_j = (k_j < W) & (d_j < D)
-    if WITH_DZ:  # U's columns of this block, for dz's share g @ U_block^T
-        u_ptr += (i_c // N_CH).to(tl.int64) * R * W * D  # the run's U
-        p_u = u_ptr + o_r[:, None].to(tl.int64) * (W * D) + (k_j * D + d_j)[None, :]
-        b_u = tl.load(p_u, mask=m_r[:, None] & m_j[None, :], other=0.0)  # [RP, WP * BD], U's dtype
     b_du = tl.zeros([RP, WP * BD], dtype=tl.float32)  # this chunk's sum of z[t]^T g[t]
     b_ds = tl.zeros([WP * BD], dtype=tl.float32)  # this chunk's sum of g[t]
     b_dsa = tl.zeros([BT, WP * BD], dtype=tl.float32)  # DS_DEFER: the same, token slot by token slot
@@ -217,10 +243,6 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
         b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
         b_du += tl.dot(tl.trans(b_z), b_g, input_precision=PRECISION)
-        if WITH_DZ:  # this block's share of dz for the tile's tokens, row i_d of [NDB, B * T, R]
-            b_dz = tl.dot(b_g, tl.trans(b_u.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
-            p_dz = dzp_ptr + (i_d.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]
-            tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
         if HAS_STATIC:
             if DS_DEFER:
                 b_dsa += b_g
@@ -233,6 +255,76 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
     if HAS_STATIC:
         p_ds = dsp_ptr + (i_c * W + k_j).to(tl.int64) * D + d_j
         tl.store(p_ds, b_ds, mask=m_j)
+# fmt: on
+
+
+# fmt: off
+@triton.jit
+def _dynamic_conv_lowrank_bwd_fused_kernel(
+    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, RPW, N_CH, N_TB, TPC, N_TOK, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr,  # flags
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    i_r = (i_c // N_CH).to(tl.int64)  # the chunk's run: its U and static_w
+    u_ptr += i_r * R * W * D
+    if HAS_STATIC:
+        s_ptr += i_r * W * D
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot (> R with static_w: rank R is its ones)
+    m_d, m_r = o_d < D, o_r < R
+    b_dus = ()  # tap k's sum over the chunk of z[t]^T g[t, (k, .)], [RP, BD] each; row R is dstatic_w's
+    for _ in tl.static_range(W):
+        b_dus = b_dus + (tl.zeros([RP, BD], dtype=tl.float32),)
+    for j in range(TPC):
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        m_td = m_t[:, None] & m_d[None, :]
+        p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+        b_dy = tl.load(p_dy, mask=m_td, other=0.0).to(tl.float32)  # [BT, BD]
+        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        if HAS_STATIC:
+            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z)
+        b_zt = tl.trans(b_z)  # [RP, BT]
+        b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
+        b_dz = tl.zeros([BT, RP], dtype=tl.float32)  # this channel block's share of dz
+        for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
+            b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
+            if WITH_DX:  # tap k of output t + k, which must lie in t's document (loads masked by the row only)
+                m_b = m_t & (o_t + k < T)
+                b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
+                                           PRECISION)
+                if HAS_STATIC:
+                    b_wk += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+                p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+                b_dxk = b_wk * tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+                if HAS_CU:
+                    b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
+                b_dx += b_dxk
+            else:  # U's block of tap k alone, [RP, BD]
+                p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
+                b_uk = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)
+            b_dz = tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), acc=b_dz, input_precision=PRECISION)  # [BT, RP]
+        # dU: each tap's accumulator of its own (unrolled), g formed again from x read back through L1
+        b_new = ()
+        for k in tl.static_range(W):
+            b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)
+            b_new = b_new + (tl.dot(b_zt, b_g, acc=b_dus[k], input_precision=PRECISION),)
+        b_dus = b_new
+        if WITH_DX:
+            p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+            tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
+        p_dz = dzp_ptr + (i_d.to(tl.int64) * N_TOK + o_g)[:, None] * R + o_r[None, :]  # row i_d of [NDB, B*T, R]
+        tl.store(p_dz, b_dz, mask=m_t[:, None] & m_r[None, :])
+    for k in tl.static_range(W):  # this chunk's partials: rows i_c of [chunks, R, W * D] and [chunks, W, D]
+        p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + k * D + o_d[None, :]
+        tl.store(p_du, b_dus[k], mask=m_r[:, None] & m_d[None, :])
+        if HAS_STATIC:
+            b_ds = tl.sum(tl.where((o_r == R)[:, None], b_dus[k], 0.0), axis=0)  # [BD]
+            tl.store(dsp_ptr + (i_c * W + k).to(tl.int64) * D + o_d, b_ds, mask=m_d)
 # fmt: on
 
 
@@ -269,7 +361,7 @@ def _lowrank_fwd(
         x, z, U, static_w, y, cu_seqlens, T, D, R, B // runs, n_cu, n_search, W=W,
         RP=max(16, tu.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
         HAS_STATIC=static_w is not None, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U),
-        PRECISION=tu.dot_precision(x), num_warps=LR_FWD_WARPS,
+        PRECISION=tu.dot_precision(x), TAP_LOOP=LR_FWD_TAP_LOOP, num_warps=LR_FWD_WARPS,
     )
     # fmt: on
     return y
@@ -294,19 +386,20 @@ def _lowrank_bwd(
     WP, RP = tu.next_power_of_2(W), max(16, tu.next_power_of_2(R))
     n_cu, n_search = tu.search_steps(cu_seqlens)
     flags = dict(HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None, PRECISION=tu.dot_precision(x))
-    # dx and dz (LR_DZ_FORM "dx" or "own"): the split count is a function of the shape only, so dz sums its partials
-    # in a fixed order; a launch without dz makes every channel block a program of its own
+    dx = tu.empty((B, T, D), x.dtype, x.device)
+    fused = LR_DZ_FORM in ("fused", "with-du")
+    # dx and dz in the dx kernel: the split count is a function of the shape only, so dz sums its partials in a
+    # fixed order; a launch without dz makes every channel block a program of its own
     BT, BD = tu.tiles(T, D, LR_DX_BT, LR_DX_BD)
     n_db = tu.cdiv(D, BD)
     n_split = max(1, min(LR_DZ_SPLITS, n_db))
-    dx = tu.empty((B, T, D), x.dtype, x.device)
-    dz = tu.empty((B, T, R), z.dtype, x.device)
-    dz_partial = (None if LR_DZ_FORM == "du" else dz if n_split == 1
-                  else tu.empty((n_split, B, T, R), torch.float32, x.device))
-    launches = [(True, True, n_split)] if LR_DZ_FORM == "dx" else [(True, False, n_db)]  # (dx, dz, programs a tile)
-    if LR_DZ_FORM == "own":
-        launches.append((False, True, n_split))
-    for with_dx, with_dz, n_prog in launches:
+    dz = dz_partial = None
+    if not fused:
+        dz = tu.empty((B, T, R), z.dtype, x.device)
+        dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
+    launches = {"dx": [(True, True, n_split)], "own": [(True, False, n_db), (False, True, n_split)],
+                "with-du": [(True, False, n_db)], "fused": []}[LR_DZ_FORM]
+    for with_dx, with_dz, n_prog in launches:  # (dx, dz, programs a tile)
         # fmt: off
         _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_prog, B)](
             x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_prog), n_cu,
@@ -314,24 +407,39 @@ def _lowrank_bwd(
             WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
-    if LR_DZ_FORM != "du" and n_split > 1:
-        dz = tu.sum_partials(dz_partial, z.dtype)
-    # dU and dstatic_w: fp32 partials per chunk of token tiles
-    BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
-    n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
-    du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
-    ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
-    dz_du = tu.empty((n_db, B * T, R), torch.float32, x.device) if LR_DZ_FORM == "du" else None
-    # fmt: off
-    _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
-        x, z, U, dy, du_partial, ds_partial, dz_du, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, B * T,
-        n_cu, n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, WITH_DZ=LR_DZ_FORM == "du",
-        num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
-    )
-    # fmt: on
-    if LR_DZ_FORM == "du":
-        dz = tu.sum_partials(dz_du, z.dtype).view(B, T, R)
+    if fused:
+        # the fused kernel: fp32 partials of dz (per channel block) and of dU, dstatic_w (per chunk), and dx
+        BT, BD = tu.tiles(T, D, LR_FU_BT, LR_FU_BD)
+        n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
+        per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LR_FU_PROGRAMS)  # a run alone's plan
+        dz_partial = tu.empty((n_db, B * T, R), torch.float32, x.device)
+        du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
+        ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
+        # fmt: off
+        _dynamic_conv_lowrank_bwd_fused_kernel[(n_db, runs * n_chunks)](
+            x, z, U, static_w, dy, dx, dz_partial, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb,
+            per_chunk, B * T, n_cu, n_search, W=W, RP=max(16, tu.next_power_of_2(R + (static_w is not None))), BT=BT,
+            BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags, WITH_DX=LR_DZ_FORM == "fused",
+            num_warps=LR_FU_WARPS, num_stages=LR_FU_STAGES, maxnreg=LR_FU_MAXNREG,
+        )
+        # fmt: on
+        dz = tu.sum_partials(dz_partial, z.dtype).view(B, T, R)
+    else:
+        if n_split > 1:
+            dz = tu.sum_partials(dz_partial, z.dtype)
+        # dU and dstatic_w: fp32 partials per chunk of token tiles
+        BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
+        n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
+        per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
+        du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
+        ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
+        # fmt: off
+        _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
+            x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu, n_search,
+            W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
+            num_stages=LR_DU_STAGES,
+        )
+        # fmt: on
     dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)
     if static_w is None:
         return dx, dz, dU, x.new_empty(0)

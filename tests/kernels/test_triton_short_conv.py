@@ -432,19 +432,31 @@ def test_dynamic_conv_lowrank_dstatic_summed_once_a_chunk(B, T, D, R, W, rows, r
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
-@pytest.mark.parametrize("form", ["dx", "own", "du"])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_forward_taps_as_a_loop(B, T, D, R, W, rows, residual, static, dtype, monkeypatch,
+                                                     assert_rel_rms):
+    """The forward with its taps as a loop, not unrolled (a tune knob), or the other way round."""
+    monkeypatch.setattr(triton_lowrank, "LR_FWD_TAP_LOOP", not triton_lowrank.LR_FWD_TAP_LOOP)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("form", ["dx", "own", "fused", "with-du"])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
 def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
                                        assert_rel_rms):
-    """dz summed in each place the tune knob offers: the dx kernel, a dz-only launch of it, or the dU kernel (one
-    fp32 partial per channel block); channel blocks of 16 (several partials and splits), several tiles a chunk
-    (tiles of 16 tokens, 4 programs)."""
+    """dz summed in each place the tune knob offers: the dx kernel, a dz-only launch of it, or the fused backward
+    kernel (one fp32 partial per channel block, dU and dstatic_w in the same pass), with dx there too or in a
+    launch of its own; channel blocks of 16 (several partials and splits), several tiles a chunk (tiles of 16
+    tokens, 4 programs)."""
     monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
     monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
     monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
     monkeypatch.setattr(triton_lowrank, "LR_DU_BD", 16)
     monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
     monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
+    monkeypatch.setattr(triton_lowrank, "LR_FU_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_FU_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_FU_PROGRAMS", 4)
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
@@ -864,6 +876,10 @@ FOLDED = [
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True}, TILED,
                  id="lowrank-dstatic-summed-once-a-chunk"),
+    pytest.param(_lowrank, triton_lowrank,
+                 ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_fused_kernel"),
+                 {"LR_DZ_FORM": "fused", "LR_FU_BT": 16, "LR_FU_PROGRAMS": 4, "LR_FWD_TAP_LOOP": True}, TILED,
+                 id="lowrank-fused-backward"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
                  {"HW_BWD_STREAM_HS": 0, "HW_BWD_TILE": 16 * 2 * 4, "HW_BWD_PROGRAMS": 4}, TILED, id="headwise"),
     pytest.param(_headwise, triton_headwise, ("_dynamic_conv_headwise_fwd_kernel", "_dynamic_conv_headwise_bwd_kernel"),
