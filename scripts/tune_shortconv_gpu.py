@@ -83,6 +83,9 @@ GROUPS = [
     ("head-wise fwd", ["hs1", "hs16"], headwise, ("HW_FWD_TILE", "HW_FWD_WARPS", "HW_FWD_CHANNELS", "HW_FWD_TAP_LOADS"),
      [(512, 4, 128, False), (1024, 4, 128, False), (1024, 4, 128, True), (2048, 4, 32, False), (2048, 4, 32, True),
       (2048, 4, 64, False), (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False)]),
+    # the forward's tile at head size 16 alone (HW_FWD_TILE_WIDE; the group above then serves head size 1). Compiled
+    # for sm_90a (Triton 3.6, 2026-12-04), head size 16: 256 30 registers, 512 32, 1024 44, 2048 80, no spills.
+    ("head-wise fwd wide heads", ["hs16"], headwise, ("HW_FWD_TILE_WIDE",), [(512,), (1024,), (2048,), (256,)]),
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
     # DS_DEFER (True): dstatic_w summed once a chunk, now from one [BT, NH, HSP] sum per tap (its first form, one
     # [WP, BT, NH, HSP] sum updated whole at every tap, timed on the H200 (2026-12-03) at head size 16 280 µs

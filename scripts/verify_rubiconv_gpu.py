@@ -2,6 +2,7 @@
 
     python scripts/verify_rubiconv_gpu.py            # every case, a few minutes on an H200
     python scripts/verify_rubiconv_gpu.py --quick    # the benchmark row (65,536 tokens, D=1024) only
+    python scripts/verify_rubiconv_gpu.py --quick --set rubiconv.SAVE_SPECTRA=True   # a setting before it ships
 
 Each case runs every backend and precision forward and backward with a random upstream gradient, and the
 "torch" backend in float64 on the same (rounded) inputs; it prints the relative RMS error of y, dx and dh with
@@ -22,7 +23,9 @@ import triton
 from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels.rubiconv import gemm
+from mixlab.kernels.rubiconv import triton as rubi
 from mixlab.runners.bench_utils import rel_rms
+from tuning import set_constants
 
 DEVICE = "cuda"
 # (backend, precision) -> relative RMS bound: exact FFT, then the GEMM form (issue #5: fp32-level <= 1e-3)
@@ -118,11 +121,19 @@ def check_bench_row_bitwise() -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the benchmark row only")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="a constant to verify before it ships (a Python literal), e.g. "
+                             "rubiconv.SAVE_SPECTRA=True; modules: rubiconv, gemm")
     args = parser.parse_args()
+    error = set_constants(args.set, {"rubiconv": rubi, "gemm": gemm})
+    if error:
+        print(f"verify_rubiconv_gpu: {error}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("verify_rubiconv_gpu: needs CUDA", file=sys.stderr)
         return 2
-    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}, Triton {triton.__version__}")
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}, Triton {triton.__version__}"
+          + "".join(f"; {assignment}" for assignment in args.set))
     tu.POISON_OUTPUTS = True
     ok = True
     for case in CASES[:1] if args.quick else CASES:

@@ -25,6 +25,11 @@ from mixlab.kernels._triton import tl, triton
 # (NH heads of HSP; at head size 1, 128 channels leave 4 tokens a tile, so each of the W shifted loads re-reads
 # most of the tile: fewer channels buy longer tiles, yet 512 x 128 timed fastest on the H200, BENCHMARKS.md).
 HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 512, 4, 128
+# The forward's tile where heads hold several channels (HW_FWD_TILE above then serves head size 1 only): the two
+# shared one tile when the tune script chose 512 for their sum (2026-12-03); at head size 16 alone 1024 timed
+# faster on the H200 in an earlier kernel (2026-12-02: 81.9 / 89.9 µs without / with 64 documents against 95.9 /
+# 124.4; BENCHMARKS.md). Its own tune group ("head-wise fwd wide heads") times it.
+HW_FWD_TILE_WIDE = 512
 # How the forward reads a token's weights: False, all W taps as one [BT, NH, W] tile (contiguous), each tap then
 # picked out of it and moved into the activations' layout (through shared memory); True, tap by tap as the
 # backward does ([BT, NH] strided loads of the same lines), which at head size 16 need no move at all (at head
@@ -562,7 +567,7 @@ def _headwise_fwd(
         )
         # fmt: on
         return y
-    BT, NH, HSP = _head_tiles(T, H, D // H, HW_FWD_TILE, HW_FWD_CHANNELS)
+    BT, NH, HSP = _head_tiles(T, H, D // H, HW_FWD_TILE if H == D else HW_FWD_TILE_WIDE, HW_FWD_CHANNELS)
     grid = (tu.cdiv(T, BT), tu.cdiv(H, NH), B)
     # fmt: off
     _dynamic_conv_headwise_fwd_kernel[grid](

@@ -299,8 +299,10 @@ def test_dynamic_conv_headwise_hs1_weights_read_as_stored_then_gathered(B, T, D,
 def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_rel_rms):
     """The tune script's knobs, forward and backward: tiles of 4 channels (at head size 1, 7 head blocks, the
     last one half full; at head size 8, heads wider than the block, one a tile); the weights read and dweight
-    stored tap by tap or as one tile; at head size 1 the taps-axis backward on its own tile of 4 channels."""
+    stored tap by tap or as one tile; at head size 1 the taps-axis backward on its own tile of 4 channels; the
+    forward's tile of its head size (head size 1, or wider heads)."""
     _hw_stream(monkeypatch, False)  # the tiled kernels
+    monkeypatch.setattr(triton_headwise, "HW_FWD_TILE_WIDE", 2 * triton_headwise.HW_FWD_TILE)
     monkeypatch.setattr(triton_headwise, "HW_FWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_BWD_CHANNELS", 4)
     monkeypatch.setattr(triton_headwise, "HW_HS1_BWD_TAPS_AXIS", other_way == "taps axis")
@@ -323,7 +325,8 @@ def test_dynamic_conv_headwise_tune_knobs(hs, D, other_way, monkeypatch, assert_
     _check_against_reference(kernels.dynamic_conv_headwise, inputs, gen, assert_rel_rms, FP32,
                              cu_seqlens=_cu([[5, 28], [33]], T), residual=True)
     backward_tile = (16, 4) if triton_headwise.HW_HS1_BWD_TAPS_AXIS else (triton_headwise.HW_BWD_TILE, 4)
-    assert set(tiles) == {(triton_headwise.HW_FWD_TILE, 4), backward_tile}
+    forward_tile = triton_headwise.HW_FWD_TILE if hs == 1 else triton_headwise.HW_FWD_TILE_WIDE
+    assert set(tiles) == {(forward_tile, 4), backward_tile}
 
 
 LOWRANK_CASES = [
