@@ -107,8 +107,13 @@ GROUPS = [
       (1, 128, 8, 64, 1), (1, 64, 4, 64, 1), (1, 128, 2, 64, 1)]),
     # dweight stored as one [heads, W] tile a position (HW_STREAM_BWD_DW_TILE): at head size 1, 4 layout moves and 16
     # shuffles a step against 16 and 32 (Triton 3.6)
-    ("head-wise bwd stream dweight", ["hs1"], headwise, ("HW_STREAM_BWD_DW_TILE", "HW_STREAM_BWD_BD"),
-     [(False, 64), (True, 64), (True, 128), (True, 32)]),
+    # the weights read as one [NH, W] row a position and split into taps (HW_STREAM_BWD_W_ROWS, last value): no
+    # 2-byte loads left (14 of 8 bytes a step), but 17 layout moves and 56 shuffles with the joined dweight, 29 and
+    # 72 without it (Triton 3.6)
+    ("head-wise bwd stream dweight", ["hs1"], headwise,
+     ("HW_STREAM_BWD_DW_TILE", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_W_ROWS"),
+     [(False, 64, False), (True, 64, False), (True, 128, False), (True, 32, False), (True, 64, True),
+      (False, 64, True)]),
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG",
       "HW_BWD_CHANNELS", "HW_BWD_DW_TILE", "HW_BWD_DS_DEFER"),

@@ -100,6 +100,14 @@ HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM
 # moves and 32 shuffles a step tap by tap, 4 and 16 joined (32 / 64 and 8 / 32 with documents), 128 registers
 # either way. Not timed yet: off.
 HW_STREAM_BWD_DW_TILE = False
+# How that backward reads the weights for dx: False, output t's tap k where it is used, weight[t + k, h, k], W
+# elements apart (at head size 1 one 2-byte load per tap and position: 16 a step at U=4, W=4); True (widths 2
+# and 4), each position's W taps of its heads as one contiguous [NH, W] tile (``_hw_weight_rows``), U + W - 1
+# positions a step, split into taps in registers. Compiled for sm_90a (Triton 3.6, 2026-12-04) at head size 1: no
+# 2-byte loads left (14 of 8 bytes a step), but the taps' moves into the rows' layout cost 17 layout moves and 56
+# shuffles a step with the joined dweight above (4 and 16 without W_ROWS), 117 registers (166 with documents).
+# Not timed yet: off.
+HW_STREAM_BWD_W_ROWS = False
 
 
 # fmt: off
@@ -430,11 +438,37 @@ def _headwise_fwd_stream_kernel(
 
 
 @triton.jit
+def _hw_weight_rows(w_ptr, row, first, T, H, o_h, m_h, W: tl.constexpr, N: tl.constexpr):
+    """The weights of positions first ... first + N - 1 of one row: each position's W taps of the heads o_h read
+    as one contiguous [NH, W] tile and split in registers into W [NH, 1] vectors (fp32, zero past T), a flat
+    tuple with position j's tap k at j * W + k. Widths 2 and 4."""
+    NH: tl.constexpr = o_h.shape[0]
+    o_k = tl.arange(0, W)
+    out = ()
+    for j in tl.static_range(N):
+        r = tl.zeros_like(o_h) + (first + j)  # a vector: the interpreter's scalar & vector mask is int32
+        p = w_ptr + ((row + r).to(tl.int64) * H + o_h)[:, None] * W + o_k[None, :]
+        b = tl.load(p, mask=(m_h & (r < T))[:, None], other=0.0).to(tl.float32)  # [NH, W]
+        if W == 2:
+            k0, k1 = tl.split(b)
+            out = out + (k0[:, None], k1[:, None])
+        else:  # [NH, 2, 2][n, a, c] = tap 2a + c: the first split takes c, the second a
+            even, odd = tl.split(tl.reshape(b, [NH, 2, 2]))
+            k0, k2 = tl.split(even)
+            k1, k3 = tl.split(odd)
+            out = out + (k0[:, None], k1[:, None], k2[:, None], k3[:, None])
+    return out
+
+
+@triton.jit
 def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
                  o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr,
-                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr):
+                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr, W_ROWS: tl.constexpr):
     """dx and dweight at positions tb ... tb + U - 1 of one row, their products dy[t] * x[t - k] added to tap k's
-    slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2]."""
+    slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2];
+    W_ROWS: the weights of positions tb ... tb + U + W - 2 read first, as rows."""
+    if W_ROWS:
+        b_wts = _hw_weight_rows(w_ptr, row, tb, T, H, o_h, m_h, W, U + W - 1)
     for u in tl.static_range(U):
         t = tb + u
         if MASKED:
@@ -448,9 +482,12 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
             # dx[t] takes tap k of output t + k while t + k is in t's document (zeroed after the product, so a
             # weight of another document never reaches it); dweight and dstatic_w take dy[t] * x[t - k] while
             # t - k is (past the row every load reads zero)
-            m_wk = m_hc & (tl.zeros_like(o_d) + (t + k) < T)
-            p_wk = w_ptr + ((row + t + k).to(tl.int64) * H + o_hd) * W + k  # as the forward's, [NH, HSP]
-            b_wk = tl.load(p_wk, mask=m_wk, other=0.0).to(tl.float32)
+            if W_ROWS:
+                b_wk = b_wts[(u + k) * W + k]  # [NH, 1], shared by the head's channels
+            else:
+                m_wk = m_hc & (tl.zeros_like(o_d) + (t + k) < T)
+                p_wk = w_ptr + ((row + t + k).to(tl.int64) * H + o_hd) * W + k  # as the forward's, [NH, HSP]
+                b_wk = tl.load(p_wk, mask=m_wk, other=0.0).to(tl.float32)
             if HAS_STATIC:
                 b_wk = b_wk + b_ss[k]
             b_c = b_dys[u + k] * b_wk
@@ -482,6 +519,7 @@ def _headwise_bwd_stream_kernel(
     T, D, H, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
+    W_ROWS: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
@@ -508,15 +546,15 @@ def _headwise_bwd_stream_kernel(
             if one:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE)
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
             else:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL, DW_TILE)
+                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
         else:
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                 p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE)
+                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
     if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
         p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
         tu.slots_store(p_ds, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_hc)
@@ -607,7 +645,7 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
             W=W, HS=D // H, HSP=HSP, NH=NH, U=HW_STREAM_BWD_U, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
-            num_warps=HW_STREAM_BWD_WARPS,
+            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), num_warps=HW_STREAM_BWD_WARPS,
         )
         # fmt: on
         if static_w is None:

@@ -182,13 +182,15 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
     )
 
 
-def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw_tile: bool = False) -> None:
+def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw_tile: bool = False,
+               w_rows: bool = False) -> None:
     """Both head-wise streaming forms on (every head size) or off, as ``_stream``: ``bd`` channels a program (at
     least one head); on, also under the interpreter."""
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
     monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM", on)
     monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_HS", 1 << 30 if on else 0)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_DW_TILE", dw_tile)
+    monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_W_ROWS", w_rows)
     for form in ("FWD", "BWD"):
         monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_CH", ch)
         monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_U", u)
@@ -212,11 +214,14 @@ def test_dynamic_conv_headwise_streaming_forms(B, T, D, hs, W, rows, residual, s
                          [c for c in HEADWISE_CASES if c.values[4] in (2, 4) and c.values[0] * c.values[1] > 1] + [
                              pytest.param(2, 60, 12, 1, 2, [[1, 2, 3, 4, 50], [60]], True, False, FP32,
                                           id="hs1-W2-docs")])
-def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
-                                                      assert_rel_rms):
-    """The streaming backward storing each position's dweight as one [heads, W] tile (a tune knob, widths 2 and 4),
-    at every head size."""
-    _hw_stream(monkeypatch, True, dw_tile=True)
+@pytest.mark.parametrize("dw_tile, w_rows", [(True, False), (False, True), (True, True)],
+                         ids=["dweight-tile", "weight-rows", "both"])
+def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, residual, static, dtype, dw_tile, w_rows,
+                                                      monkeypatch, assert_rel_rms):
+    """The streaming backward's tune knobs of widths 2 and 4, at every head size: each position's dweight stored
+    as one [heads, W] tile, the weights read as one [heads, W] row a position and split into taps in registers,
+    or both."""
+    _hw_stream(monkeypatch, True, dw_tile=dw_tile, w_rows=w_rows)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
