@@ -652,6 +652,28 @@ def test_a_nan_document_changes_no_other_gradient(op_name):
         assert torch.equal(dirty[name][outside], clean[name][outside]), f"d{name} changed by the NaN"
 
 
+@pytest.mark.parametrize("form", ["fused", "with-du"])
+def test_lowrank_untimed_forms_are_blind_and_repeatable(form, monkeypatch):
+    """The low-rank forms that wait for the GPU's timing (the fused backward, with or without dx, and the forward's
+    taps as a loop) keep what the shipped ones promise: documents blind to each other, a NaN document confined to
+    itself, and a second backward bitwise equal to the first."""
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
+    monkeypatch.setattr(triton_lowrank, "LR_FWD_TAP_LOOP", True)
+    monkeypatch.setattr(triton_lowrank, "LR_FU_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_FU_PROGRAMS", 4)
+    for doc in TARGET_DOCS:
+        test_documents_are_blind_to_each_other("dynamic_conv_lowrank", doc.values[0])
+    test_a_nan_document_changes_no_other_gradient("dynamic_conv_lowrank")
+    gen = torch.Generator().manual_seed(20)
+    inputs, _ = _iso_inputs("dynamic_conv_lowrank", gen)
+    upstream, cu = _randn(gen, ISO_B, ISO_T, ISO_D).float(), _cu(ISO_ROWS, ISO_T)
+    first, second = (_fwd_bwd(kernels.dynamic_conv_lowrank, inputs, upstream, "triton", cu_seqlens=cu)
+                     for _ in range(2))
+    assert torch.equal(first[0], second[0])
+    for name, grad in first[1].items():
+        assert torch.equal(grad, second[1][name]), f"d{name} differs between runs"
+
+
 @pytest.mark.parametrize("op_name", OPS)
 def test_leaky_control_is_caught(op_name):
     """Without cu_seqlens a packed row is one document: the perturbation check must see the leak."""
