@@ -103,10 +103,10 @@ HW_STREAM_BWD_DW_TILE = False
 # How that backward reads the weights for dx: False, output t's tap k where it is used, weight[t + k, h, k], W
 # elements apart (at head size 1 one 2-byte load per channel, tap and position: 32 a step at U=4, W=4 and 64
 # channels on 32 threads); True (widths 2 and 4), each position's W taps of its heads as one contiguous [NH, W]
-# tile (``_hw_weight_rows``), U + W - 1 positions a step, split into taps in registers. Compiled for sm_90a (Triton 3.6, 2026-12-04) at head size 1: no
-# 2-byte loads left (14 of 8 bytes a step), but the taps' moves into the rows' layout cost 17 layout moves and 56
-# shuffles a step with the joined dweight above (4 and 16 without W_ROWS), 117 registers (166 with documents).
-# Not timed yet: off.
+# tile (``_hw_weight_rows``), U + W - 1 positions a step, split into taps in registers. Compiled for sm_90a
+# (Triton 3.6, 2026-12-04) at head size 1: no 2-byte loads left (14 of 8 bytes a step), but the taps' moves into
+# the rows' layout cost 17 layout moves and 56 shuffles a step with the joined dweight above (4 and 16 without
+# W_ROWS), 117 registers (166 with documents). Not timed yet: off.
 HW_STREAM_BWD_W_ROWS = False
 
 
