@@ -153,8 +153,8 @@ GROUPS = [
     # second launch of it ("own"), one fused backward kernel that forms dx, dz, dU and dstatic_w ("fused", its own
     # tiles LR_FU_*), or that kernel without dx beside a dx launch ("with-du"). Compiled for sm_90a (Triton 3.6,
     # 2026-12-04): the dx launch without dz 90 registers at the 128 cap (78 without), no spills; "own"'s dz launch
-    # 124 (102 with documents); fused 16x64 4 warps 226 (247), 16x32 201 (223), 32x64 8 warps 229 (176), none
-    # spilling, at 16x64 with a 128 cap 880 bytes spilled; without dx 16x64 203 (168), 32x64 8 warps 168 (167).
+    # 124 (102 with documents); fused 16x64 4 warps 214 (218), 16x32 201 (223), neither spilling, 32x64 8 warps 255
+    # and 8 bytes spilled, 16x64 with a 128 cap 692 bytes spilled; without dx 16x64 203 (168), 32x64 8 warps 168.
     ("low-rank bwd dz", ["lowrank"], lowrank,
      ("LR_DZ_FORM", "LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DX_MAXNREG", "LR_FU_BT", "LR_FU_BD", "LR_FU_WARPS",
       "LR_FU_STAGES", "LR_FU_PROGRAMS", "LR_FU_MAXNREG"),

@@ -71,9 +71,9 @@ LR_DZ_FORM = "dx"
 # dstatic_w rides in the dU product as one more rank whose z is 1 (row R of z^T g is sum_t g), so it costs no
 # reduction of its own. Its dx and dz walk the taps as a loop; the dU products, one accumulator a tap, are
 # unrolled (unrolling all of it took 255 registers and spilled at every tile tried). Compiled for sm_90a (Triton 3.6,
-# 2026-12-04), bf16, R=16: 16 x 64 at 4 warps 226 registers (247 with documents), 16 x 32 201 (223), 32 x 64 at
-# 8 warps 229 (176), none spilling; 32 x 64 at 4 warps spills. Without dx ("with-du"): 16 x 64 203 (168), 32 x 64
-# at 8 warps 168 (167). Not timed yet.
+# 2026-12-04), bf16, R=16: 16 x 64 at 4 warps 214 registers (218 with documents), 16 x 32 201 (223), neither
+# spilling; 32 x 64 spills (8 bytes at 8 warps, ~500 at 4). Without dx ("with-du"): 16 x 64 203 (168), 32 x 64 at
+# 8 warps 168 (167). Not timed yet.
 LR_FU_BT, LR_FU_BD, LR_FU_WARPS, LR_FU_STAGES, LR_FU_PROGRAMS, LR_FU_MAXNREG = 16, 64, 4, 1, 1024, None
 
 
@@ -103,6 +103,29 @@ def _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU: tl.constexpr
     if HAS_CU:
         b_xk = tl.where((o_g - k >= start)[:, None], b_xk, 0.0)
     return b_xk
+
+
+@triton.jit
+def _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R, D, W: tl.constexpr,
+            HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, WITH_DX: tl.constexpr, NATIVE_DOT: tl.constexpr,
+            PRECISION: tl.constexpr):
+    """(b_dx [BT, BD] plus tap k of the outputs t + k, U's block of tap k [RP, BD]): the outputs' weights formed
+    on chip, their products zero where t + k leaves t's document (loads masked by the row only). Without WITH_DX,
+    b_dx as it was and U's block alone (in U's dtype)."""
+    if WITH_DX:
+        m_b = m_t & (o_t + k < T)
+        b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
+        if HAS_STATIC:
+            b_wk += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+        b_dxk = b_wk * tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        if HAS_CU:
+            b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
+        b_dx += b_dxk
+    else:
+        b_uk = tl.load(u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :], mask=m_r[:, None] & m_d[None, :],
+                       other=0.0)
+    return b_dx, b_uk
 
 
 @triton.jit
@@ -181,22 +204,8 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
         b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
-            if WITH_DX:  # tap k of output t + k, which must lie in t's document (loads masked by the row only)
-                m_b = m_t & (o_t + k < T)
-                b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
-                                           PRECISION)
-                if HAS_STATIC:
-                    b_s = tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)  # [BD]
-                    b_wk += b_s[None, :]
-                p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-                b_dyk = tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                b_dxk = b_wk * b_dyk
-                if HAS_CU:
-                    b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
-                b_dx += b_dxk
-            else:  # U's block of tap k alone, [RP, BD]
-                p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
-                b_uk = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)
+            b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R,
+                                 D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
                 b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
                 b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
@@ -293,20 +302,8 @@ def _dynamic_conv_lowrank_bwd_fused_kernel(
         b_dz = tl.zeros([BT, RP], dtype=tl.float32)  # this channel block's share of dz
         for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
             b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
-            if WITH_DX:  # tap k of output t + k, which must lie in t's document (loads masked by the row only)
-                m_b = m_t & (o_t + k < T)
-                b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT,
-                                           PRECISION)
-                if HAS_STATIC:
-                    b_wk += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-                p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-                b_dxk = b_wk * tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-                if HAS_CU:
-                    b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
-                b_dx += b_dxk
-            else:  # U's block of tap k alone, [RP, BD]
-                p_u = u_ptr + o_r[:, None] * (W * D) + k * D + o_d[None, :]
-                b_uk = tl.load(p_u, mask=m_r[:, None] & m_d[None, :], other=0.0)
+            b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R,
+                                 D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
             b_dz = tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), acc=b_dz, input_precision=PRECISION)  # [BT, RP]
         # dU: each tap's accumulator of its own (unrolled), g formed again from x read back through L1
         b_new = ()
