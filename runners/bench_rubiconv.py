@@ -9,6 +9,8 @@ as the row. Rows of the table:
     gemm / triton          the GEMM form (docs/rubiconv.md), precision fp32 and bf16, automatic k (and ``blocks``)
     triton, spectra saved  the triton rows again with ``SAVE_SPECTRA`` on (the backward's correlation reads the
                            F_k spectra the forward and the dx stage stored instead of computing them again)
+    ..., sizes shared      and again with documents' padded sizes shared (``gemm.MERGE_FILTER_COST`` at
+                           MERGE_TRIED): fewer filter spectra for more padding
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
 gate); the leaky row's error is its leak. The GPU name and versions go on top. Public long convs
@@ -19,6 +21,7 @@ row does, so they are timed without a gate.
 import datetime
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Literal
 
 import numpy as np
@@ -38,6 +41,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BOUND_EXACT, BOUND, IO_BOUND = 1e-5, {"fp32": 1e-3, "bf16": 2e-2}, {"fp32": 0.0, "bf16": 1e-2}
 # Lognormal document lengths: median e^6.7 ~ 810 tokens, mean ~1340: about 49 documents in 65,536 tokens.
 LOG_MEAN, LOG_STD = 6.7, 1.0
+# The price of a filter half column (against a document's) that the "sizes shared" rows try (docs/rubiconv.md)
+MERGE_TRIED = 0.4
 
 
 def lognormal_layout(n_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -72,6 +77,18 @@ def pad_to_longest(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.
     idx = torch.where(valid, starts[:, None] + t, 0)
     xs = torch.where(valid[..., None], x[0][idx], 0.0)  # [n_docs, L_max, D]
     return _causal_fft_conv(xs, h)[valid].unsqueeze(0).to(dtype)  # documents in order: token order
+
+
+@contextmanager
+def _settings(save_spectra: bool, merge_filter_cost: float):
+    """RubiConv's untimed settings (``triton.SAVE_SPECTRA``, ``gemm.MERGE_FILTER_COST``) for one call, the shipped
+    ones back after it."""
+    shipped = rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST
+    rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = save_spectra, merge_filter_cost
+    try:
+        yield
+    finally:
+        rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = shipped
 
 
 def _grads(fn: Callable, x: torch.Tensor, h: torch.Tensor, upstream: torch.Tensor) -> list[torch.Tensor]:
@@ -121,22 +138,22 @@ def bench_rubiconv(
             notes.append(f"anchor: {anchor.name}: {anchor.note}")
         else:
             notes.append(f"anchor: {anchor.name}: skipped, {anchor.reason}")
-    for backend, save in (("gemm", False), ("triton", False), ("triton", True)):
+    for backend, save, merge in (("gemm", False, 0.0), ("triton", False, 0.0), ("triton", True, 0.0),
+                                 ("triton", True, MERGE_TRIED)):
         for block in (None, *blocks):
             for precision in ("fp32", "bf16"):
                 label = f"{backend} {precision}, k={plan.k if block is None else block}"
-                label += ", spectra saved" if save else ""
+                label += (", spectra saved" if save else "") + (", sizes shared" if merge else "")
 
-                def run(a, b, backend=backend, block=block, precision=precision, save=save):
+                def run(a, b, backend=backend, block=block, precision=precision, save=save, merge=merge):
                     kwargs = {"block": block, "backend": backend, "precision": precision}
-                    # the flag is read when the forward runs, and the backward follows what it saved
-                    shipped, rubiconv_triton.SAVE_SPECTRA = rubiconv_triton.SAVE_SPECTRA, save
-                    try:
+                    # the flags are read when the forward runs (and plans), and the backward follows what it saved
+                    with _settings(save, merge):
                         return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
-                    finally:
-                        rubiconv_triton.SAVE_SPECTRA = shipped
 
                 methods.append((label, run, BOUND[precision]))
+    with _settings(False, MERGE_TRIED):
+        shared = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
 
     lengths = (cu[1:] - cu[:-1]).cpu()
     lines = [
@@ -147,7 +164,9 @@ def bench_rubiconv(
         f"{int(lengths.max()):,}), D={d}, L_F={n_tokens:,}, {dtype} activations and filter",
         f"- automatic block k={plan.k}: {plan.n_groups} column counts m, padded tokens "
         f"{int((plan.cols * plan.k).sum()):,}, half spectra of {plan.n_cols} (documents) + "
-        f"{plan.n_filter_cols} (filters) columns",
+        f"{plan.n_filter_cols} (filters) columns; sizes shared (a filter half column priced {MERGE_TRIED:g}): "
+        f"{shared.n_groups} column counts, padded tokens {int((shared.cols * shared.k).sum()):,}, half spectra of "
+        f"{shared.n_cols} + {shared.n_filter_cols}",
         f"- median of do_bench (rep {repeats} ms); errors: relative RMS against the float64 torch backend",
         "",
         "| method | fwd ms | fwd+bwd ms | err y | err dx | err dh | gate |",

@@ -103,6 +103,33 @@ def test_plan_groups_documents_by_column_count():
     assert gemm.get_plan(cu, 2, 100, 1000, 16, DEVICE) is gemm.get_plan(cu.clone(), 2, 100, 1000, 16, DEVICE)
 
 
+def test_shared_sizes_round_up_to_the_cheapest_set():
+    """m = 2, 3, 3, 10 at a filter half column priced 1: 2 -> 3 costs no document half column (both have 2) and
+    saves a filter spectrum; 3 -> 10 would cost 12 for 2 saved. Free filters keep every m, dear ones one size."""
+    cols = np.array([10, 2, 3, 3])
+    assert gemm.shared_sizes(cols, 1.0).tolist() == [10, 3, 3, 3]
+    assert gemm.shared_sizes(cols, 0.0).tolist() == [10, 2, 3, 3]
+    assert gemm.shared_sizes(cols, 100.0).tolist() == [10, 10, 10, 10]
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # a document only rounds up, and to an m some document has
+        cols = rng.integers(1, 60, size=30)
+        shared = gemm.shared_sizes(cols, float(rng.uniform(0.1, 5.0)))
+        assert (shared >= cols).all() and set(shared) <= set(cols) and shared.max() == cols.max()
+
+
+@pytest.mark.parametrize("backend", ["gemm", "triton"])
+def test_shared_sizes_stay_exact(backend, monkeypatch, poisoned_outputs):
+    """Documents padded past their shortest size (a filter priced so that most sizes merge): the same answers,
+    fewer filter spectra; the plan cache tells the two prices apart."""
+    rows, T = [[10, 10, 10, 1, 1, 0, 30, 31, 34], [127], [5] * 25 + [2]], 127
+    fewest = gemm.get_plan(_cu(rows, T), 3, T, 300, 16, DEVICE)
+    monkeypatch.setattr(gemm, "MERGE_FILTER_COST", 4.0)
+    shared = gemm.get_plan(_cu(rows, T), 3, T, 300, 16, DEVICE)
+    assert shared.n_groups < fewest.n_groups and (np.sort(shared.cols) >= np.sort(fewest.cols)).all()
+    dtype = torch.float64 if backend == "gemm" else torch.float32
+    _check_backend(backend, "fp32", dtype, 3, T, 3, 300, rows, 16)
+
+
 def test_one_zero_fewer_breaks_the_padding(monkeypatch):
     """The negative control of the padding rule: P - 1 (with k = 1) wraps a document's tail around."""
     gen = torch.Generator().manual_seed(1)
