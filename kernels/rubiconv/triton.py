@@ -322,7 +322,13 @@ def _rubi_block_inv_kernel(
 
 # ---- host side: tables, launchers, autograd ----
 
-BN_BLOCK, BC_BLOCK = 128, 32  # block stages: [BC, BN] tiles over (half columns, k*D values of a column)
+# Launch constants of the three kernels, fixed by shape (no autotuning); scripts/tune_rubiconv_gpu.py times
+# candidates on the GPU. Block stages: a program's [BC, BN] tile of (half columns, k*D values of a column) in
+# the forward, [BB, BN] of (output columns, values) in the inverse; the other of BB and BC is the inner dimension
+# of its dots. Session 12's Nsight profile (BENCHMARKS.md) found all three at 12.5-25% occupancy with neither
+# memory nor tensor cores busy, and these values had never been timed against others.
+FWD_BC, FWD_BB, FWD_BN, FWD_WARPS, FWD_STAGES = 32, 32, 128, 4, 3
+INV_BB, INV_BC, INV_BN, INV_WARPS, INV_STAGES = 32, 32, 128, 8, 3
 # Tests set this to True: the interpreter then rounds fp32 dot operands to tf32 as the GPU path does.
 EMULATE_TF32 = False
 # What the forward saves of x for dh: False, its block spectra Z (the correlation then applies F_k to dy's and
@@ -340,13 +346,15 @@ SAVE_SPECTRA = False
 # accumulator (BD at most 64; 128 without the inverse). Chunks of 16 rows make every dot 16 rows tall, below what
 # Hopper's warpgroup MMA takes in one instruction (64); whole-k chunks need a narrower BD to fit.
 SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 8192
+# ... its channels a program without the inverse (the filter spectra), its warps and pipelining stages
+SPECTRUM_WIDE, SPECTRUM_WARPS, SPECTRUM_STAGES = 128, 8, 3
 
 
 def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
     """(BKD, BKA, BD) of the F_k stage. Each program reads all of F_k (from L2), so a wider BD reads it
     less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at SPECTRUM_ACC fp32
     values, 8,192 of which compile for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
-    widest = min(64, SPECTRUM_ACC // k) if accumulate else 128
+    widest = min(64, SPECTRUM_ACC // k) if accumulate else SPECTRUM_WIDE
     return min(k, SPECTRUM_ROWS), min(k, SPECTRUM_INNER), max(16, min(widest, tu.next_power_of_2(D)))
 
 
@@ -438,12 +446,12 @@ def _block_fwd(src: torch.Tensor, plan: RubiPlan, t: dict, filters: bool) -> tor
     n_src = plan.n_groups if filters else plan.n_docs
     n_cols = plan.n_filter_cols if filters else plan.n_cols
     z = tu.empty((2, n_cols, k, D), t["dot_dtype"], src.device)
-    grid = (n_src, tu.cdiv(int(plan.group_m.max()) // 2 + 1, BC_BLOCK), tu.cdiv(k * D, BN_BLOCK))
+    grid = (n_src, tu.cdiv(int(plan.group_m.max()) // 2 + 1, FWD_BC), tu.cdiv(k * D, FWD_BN))
     _rubi_block_fwd_kernel[grid](
         src, z, docs["start"], docs["len"], docs["m"], docs["col"], docs["gcol"], docs["blk"],
         t["b_r"], t["b_i"], t["tw_r"], t["tw_i"], D, z[0].numel(),
-        K=k, BC=BC_BLOCK, BB=BC_BLOCK, BN=BN_BLOCK, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
-        UPCAST=_upcast(t), num_warps=4,
+        K=k, BC=FWD_BC, BB=FWD_BB, BN=FWD_BN, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
+        UPCAST=_upcast(t), num_warps=FWD_WARPS, num_stages=FWD_STAGES,
     )  # fmt: skip
     return z
 
@@ -476,7 +484,7 @@ def _spectrum(
         D, z[0].numel(), hs[0].numel(), out[0].numel(),
         K=k, BKD=BKD, BKA=BKA, BD=BD, MODE=mode, CONJ_H=conj_h, STORE_S=mode == MODE_CONV and s is not None,
         FROM_S=mode == MODE_CORRELATE and s is not None, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
-        UPCAST=_upcast(t), num_warps=8,
+        UPCAST=_upcast(t), num_warps=SPECTRUM_WARPS, num_stages=SPECTRUM_STAGES,
     )  # fmt: skip
     return out
 
@@ -488,12 +496,12 @@ def _block_inv(o: torch.Tensor, plan: RubiPlan, t: dict, y: torch.Tensor, reduce
     out, src = (t["taps"], t["grp"]) if reduce else (t["doc"], t["doc"])
     n_out = 1 if reduce else plan.n_docs
     longest = plan.max_taps if reduce else int(plan.lengths.max())
-    grid = (n_out, tu.cdiv(tu.cdiv(longest, k), BC_BLOCK), tu.cdiv(k * D, BN_BLOCK))
+    grid = (n_out, tu.cdiv(tu.cdiv(longest, k), INV_BB), tu.cdiv(k * D, INV_BN))
     _rubi_block_inv_kernel[grid](
         o, y, out["start"], out["len"], src["m"], src["col"], src["blk"], src["reach"], t["b_r"], t["b_i"],
         D, o[0].numel(), plan.n_groups,
-        K=k, BB=BC_BLOCK, BC=BC_BLOCK, BN=BN_BLOCK, REDUCE=reduce, DOT_PREC=_dot_precision(t),
-        TF32=_tf32(t), UPCAST=_upcast(t), num_warps=8,
+        K=k, BB=INV_BB, BC=INV_BC, BN=INV_BN, REDUCE=reduce, DOT_PREC=_dot_precision(t),
+        TF32=_tf32(t), UPCAST=_upcast(t), num_warps=INV_WARPS, num_stages=INV_STAGES,
     )  # fmt: skip
 
 

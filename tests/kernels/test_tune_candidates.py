@@ -2,10 +2,13 @@
 one value per constant, and each group's first candidate is what the repository ships (the scripts time the
 shipped setting first, and a candidate that outlived a renamed constant would only fail on the GPU)."""
 
+import ast
 import importlib
 from pathlib import Path
 
 import pytest
+import torch
+from kernel_checks import assert_close, cu_from_rows
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -16,10 +19,12 @@ def _groups(name: str, monkeypatch) -> list[tuple]:
     script = importlib.import_module(name)
     if name == "tune_attention_gpu":
         return [(group, script.attn, consts, candidates) for group, consts, candidates in script.GROUPS]
+    if name == "tune_rubiconv_gpu":
+        return [(group, script.rubi, consts, candidates) for group, _kernel, consts, candidates in script.GROUPS]
     return [(group, module, consts, candidates) for group, _names, module, consts, candidates in script.GROUPS]
 
 
-@pytest.mark.parametrize("name", ["tune_shortconv_gpu", "tune_attention_gpu"])
+@pytest.mark.parametrize("name", ["tune_shortconv_gpu", "tune_attention_gpu", "tune_rubiconv_gpu"])
 def test_candidates_name_shipped_constants_first(name, monkeypatch):
     pytest.importorskip("triton")
     for group, module, consts, candidates in _groups(name, monkeypatch):
@@ -27,3 +32,56 @@ def test_candidates_name_shipped_constants_first(name, monkeypatch):
         assert all(len(values) == len(consts) for values in candidates), group
         assert tuple(getattr(module, c) for c in consts) == candidates[0], group
         assert len(set(candidates)) == len(candidates), group
+
+
+def test_rubiconv_candidates_stay_exact(monkeypatch):
+    """Every RubiConv tile candidate gives y, dx and dh of the float64 reference (interpreter, exact fp32 dots)
+    on a row whose longest document has more half columns (36) and columns (71) than one tile of any candidate
+    holds: a tile that drops or repeats work fails before the GPU times it."""
+    pytest.importorskip("triton")
+    from mixlab import kernels
+    from mixlab.kernels import triton_utils as tu
+
+    monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
+    gen = torch.Generator().manual_seed(0)
+    B, T, D, L_F = 1, 600, 3, 600
+    cu = cu_from_rows([[37, 563]], T)
+    x, h, dy = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((B, T, D), (D, L_F), (B, T, D)))
+
+    def run(dtype: torch.dtype, backend: str) -> list[torch.Tensor]:
+        xl, hl = x.to(dtype).requires_grad_(), h.to(dtype).requires_grad_()
+        y = kernels.rubiconv(xl, hl, cu_seqlens=cu, block=16, backend=backend)
+        return [y, *torch.autograd.grad(y, (xl, hl), dy.to(dtype))]
+
+    want = run(torch.float64, "torch")
+    for group, module, consts, candidates in _groups("tune_rubiconv_gpu", monkeypatch):
+        for values in candidates:
+            for name, value in zip(consts, values, strict=True):
+                monkeypatch.setattr(module, name, value)
+            for out, got, expected in zip(("y", "dx", "dh"), run(torch.float32, "triton"), want, strict=True):
+                assert_close(got, expected.float(), 1e-5, f"{group} {values}: {out}")
+        for name, value in zip(consts, candidates[0], strict=True):
+            monkeypatch.setattr(module, name, value)
+
+
+def test_rubiconv_tune_script_runs_in_the_interpreter(monkeypatch, capsys):
+    """scripts/tune_rubiconv_gpu.py end to end on a tiny row (``--device cpu``): every candidate of a group is
+    timed and passes its error gate, the shipped values come out as the constants to set, and the table at the
+    end times every launch of a forward and backward."""
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = importlib.import_module("tune_rubiconv_gpu")
+    assert script.main(["--device", "cpu", "--tokens", "64", "--d", "4", "--blocks", "16", "--rep", "1",
+                        "--only", "block inv"]) == 0
+    out = capsys.readouterr().out
+    assert "WRONG" not in out and "FAILED" not in out
+    _, _, consts, candidates = next(g for g in script.GROUPS if g[0] == "block inv")
+    lines = [line for line in out.splitlines() if line.startswith(("* ", "  ("))]
+    assert len(lines) == len(candidates)
+    best = [ast.literal_eval(line[2:].split(":")[0]) for line in lines if line.startswith("* ")]
+    assert len(best) == 1 and best[0] in candidates
+    chosen = ", ".join(f"{n} = {v}" for n, v in zip(consts, best[0], strict=True))
+    assert f"mixlab.kernels.rubiconv.triton: {chosen}" in out
+    launches = [line for line in out.splitlines() if line.startswith("| fp32 k=16 | _rubi_")]
+    assert len(launches) == 10
+    assert script.main(["--only", "nope"]) == 2
