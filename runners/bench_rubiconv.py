@@ -91,6 +91,10 @@ def _settings(save_spectra: bool, merge_filter_cost: float):
         rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = shipped
 
 
+def _gmac(work: dict[str, int], label: str) -> str:
+    return f"{work[label] / 1e9:.0f}" if label in work else "—"
+
+
 def _grads(fn: Callable, x: torch.Tensor, h: torch.Tensor, upstream: torch.Tensor) -> list[torch.Tensor]:
     x, h = x.detach().requires_grad_(), h.detach().requires_grad_()
     y = fn(x, h)
@@ -132,6 +136,7 @@ def bench_rubiconv(
         ("pow2 buckets (torch backend)", lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), BOUND_EXACT),
     ]
     notes = []
+    work: dict[str, int] = {}  # label -> modeled multiply-adds of a forward (gemm.RubiPlan.work)
     for anchor in long_conv_anchors():
         if isinstance(anchor, Anchor):
             methods.append((f"anchor: {anchor.name} (leaks)", anchor.fn, None))
@@ -152,6 +157,8 @@ def bench_rubiconv(
                         return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
 
                 methods.append((label, run, BOUND[precision]))
+                with _settings(save, merge):
+                    work[label] = gemm.get_plan(cu, 1, n_tokens, n_tokens, block, dev).work() * d
     with _settings(False, MERGE_TRIED):
         shared = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
 
@@ -167,10 +174,11 @@ def bench_rubiconv(
         f"{plan.n_filter_cols} (filters) columns; sizes shared (a filter half column priced {MERGE_TRIED:g}): "
         f"{shared.n_groups} column counts, padded tokens {int((shared.cols * shared.k).sum()):,}, half spectra of "
         f"{shared.n_cols} + {shared.n_filter_cols}",
-        f"- median of do_bench (rep {repeats} ms); errors: relative RMS against the float64 torch backend",
+        f"- median of do_bench (rep {repeats} ms); errors: relative RMS against the float64 torch backend; GMAC: "
+        "the GEMM form's modeled multiply-adds of a forward at its block (a model, not a timing)",
         "",
-        "| method | fwd ms | fwd+bwd ms | err y | err dx | err dh | gate |",
-        "|---|---|---|---|---|---|---|",
+        "| method | fwd ms | fwd+bwd ms | err y | err dx | err dh | gate | GMAC |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, fn, bound in methods:
         try:
@@ -178,7 +186,7 @@ def bench_rubiconv(
         except Exception as err:  # noqa: BLE001 - one broken method must not hide the other rows
             first_line = str(err).splitlines()[0][:120] if str(err) else ""
             notes.append(f"{label}: {type(err).__name__}: {first_line}")
-            lines.append(f"| {label} | — | — | — | — | — | error |")
+            lines.append(f"| {label} | — | — | — | — | — | error | {_gmac(work, label)} |")
             continue
         errs = [rel_rms(a, b) for a, b in zip(got, want, strict=True)]
         bound = None if bound is None else max(bound, IO_BOUND[dtype])
@@ -194,5 +202,5 @@ def bench_rubiconv(
             fwd = f"{median_time_ms(forward, repeats, x.device):.3f}"
             total = f"{median_time_ms(lambda fn=fn: _grads(fn, x, h, upstream), repeats, x.device):.3f}"
         err_cells = " | ".join(f"{e:.1e}" for e in errs)
-        lines.append(f"| {label} | {fwd} | {total} | {err_cells} | {gate} |")
+        lines.append(f"| {label} | {fwd} | {total} | {err_cells} | {gate} | {_gmac(work, label)} |")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes])

@@ -148,6 +148,15 @@ class RubiPlan:
         """Filter taps any spectrum uses: the filter source is h[:, :max_taps]."""
         return int(self.group_taps.max())
 
+    def work(self) -> int:
+        """Real multiply-adds per channel of one forward in the GEMM form: the documents' block stage and its
+        inverse (2 * k * mh * m each), the filters' block stage, and the F_k stage (4 * k * k a half column each
+        way: forward and inverse for the documents, forward for the filters). A model to compare blocks k by,
+        not a timing: the block stages grow with m * m and the F_k stage with k * k."""
+        k, m, gm = self.k, self.cols, self.group_m
+        mh, gh = m // 2 + 1, gm // 2 + 1
+        return int(4 * k * (mh * m).sum() + 2 * k * (gh * gm).sum() + 8 * k * k * mh.sum() + 4 * k * k * gh.sum())
+
     def col_group(self) -> np.ndarray:
         """int64 [n_cols]: for each document half column, the filter half column of the same m and c."""
         out = []

@@ -90,6 +90,25 @@ def test_auto_block_squares_the_longest_padded_document():
     assert gemm.auto_block(np.array([40000]), 1) == 256  # only 40000 tokens to pad
 
 
+def test_modeled_work_counts_each_stage():
+    """One document of 100 tokens at k=16: P=208, m=13, mh=7. Block stage and its inverse, [7, 13] complex
+    times [13, 16] real: 2 * 7 * 13 * 16 multiply-adds each; the filter's block stage once more; F_k, 4 * 16 * 16 a
+    half column each way for the document and forward for the filter."""
+    plan = gemm.build_plan(_cu([[100]], 100), 1, 100, 100, 16, DEVICE)
+    assert plan.cols.tolist() == [13]
+    assert plan.work() == 2 * (2 * 7 * 13 * 16) + 2 * 7 * 13 * 16 + 2 * 7 * (4 * 16 * 16) + 7 * (4 * 16 * 16)
+
+
+def test_modeled_work_orders_the_blocks_as_the_h200_timed_them():
+    """`mixlab bench rubiconv`'s row, timed on the H200 (2026-12-04, BENCHMARKS.md): Triton fp32 forward k=64 6.19
+    ms, k=128 6.91, k=256 13.88 (fwd+bwd 13.85, 15.79, 36.75). The model orders the three blocks the same way."""
+    from mixlab.runners.bench_rubiconv import lognormal_layout
+
+    cu = lognormal_layout(65536, 0, torch.device("cpu"))
+    work = [gemm.build_plan(cu, 1, 65536, 65536, k, torch.device("cpu")).work() for k in (64, 128, 256)]
+    assert work == sorted(work)
+
+
 def test_plan_groups_documents_by_column_count():
     cu = _cu([[17, 20, 24, 3, 0, 36], [100]], 100)
     plan = gemm.build_plan(cu, 2, 100, 1000, 16, DEVICE)
