@@ -100,6 +100,15 @@ GROUPS = [
      ("HW_FWD_STREAM", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
      [(False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
       (True, 32, 4, 64, 1), (True, 32, 8, 32, 1)]),
+    # the streaming forward of heads wider than one channel on its own tiles, a head's channels as [groups, padded
+    # width] so each thread reads its head's taps as one vector (HW_FWD_STREAM_WIDE; head size 1 stays as the group
+    # above leaves it). Compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout moves or shuffles,
+    # registers without (with) 64 documents: U=8 128 channels a warp 68 (125), U=4 59 (71), U=16 94 (190).
+    ("head-wise fwd wide stream", ["hs16"], headwise,
+     ("HW_FWD_STREAM_WIDE", "HW_STREAM_FWD_WIDE_CH", "HW_STREAM_FWD_WIDE_U", "HW_STREAM_FWD_WIDE_BD",
+      "HW_STREAM_FWD_WIDE_WARPS"),
+     [(False, 32, 8, 128, 1), (True, 32, 8, 128, 1), (True, 64, 8, 128, 1), (True, 32, 4, 128, 1),
+      (True, 32, 16, 128, 1), (True, 32, 8, 256, 2), (True, 128, 8, 128, 1), (True, 64, 4, 128, 1)]),
     # HW_BWD_STREAM_HS: the head sizes up to which the backward streams (0 never, 16 both cases here)
     ("head-wise bwd stream", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_STREAM_BWD_CH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_WARPS"),

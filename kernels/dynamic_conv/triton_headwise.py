@@ -108,6 +108,17 @@ HW_STREAM_BWD_DW_TILE = False
 # the rows' layout cost 17 layout moves and 56 shuffles a step with the joined dweight above (4 and 16 without
 # W_ROWS), 117 registers (166 with documents). Not timed yet: off.
 HW_STREAM_BWD_W_ROWS = False
+# The streaming forward where heads hold several channels, on tiles of its own. As above, a position's weights load
+# tap by tap as [NH, HSP] tiles whose HSP channels of a head read the same element: each a 2-byte load of its own,
+# 64 a step at head size 16 (U=8, 64 channels), with 23 layout moves and 38 shuffles (Triton 3.6); it timed 92 µs
+# at best against 82 tiled. Here, where HS is a multiple of the padded width WP, the channels form a [NH, HSP // WP,
+# WP] tile whose last axis lines up with the taps: channel g * WP + j of head h loads tap j, so a thread's WP
+# channels read the head's WP taps as one vector, and tap k reaches all of them by a sum over that axis inside the
+# thread. Compiled for sm_90a (Triton 3.6, 2026-12-05) at head size 16, U=8, 128 channels a warp: 68 registers, no
+# layout move, no shuffle, 19 loads of 8 bytes a step (the static forward's streaming kernel: 86, none, none, 19 x
+# 8 B). At 64 channels a warp a thread holds 2 channels, so the sum crosses threads (32 shuffles). Not timed: off.
+HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS = (
+    False, 32, 8, 128, 1)
 
 
 # fmt: off
@@ -377,11 +388,33 @@ def _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, HS: tl.constex
 
 
 @triton.jit
-def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, i_doc, start, end,
+def _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr,
+                          HSP: tl.constexpr, NH: tl.constexpr, HAS_STATIC: tl.constexpr):
+    """``_hw_stream_setup`` with the channels as a [NH, HSP // WP, WP] tile (``HW_STREAM_FWD_TAP_AXIS``): channel
+    g * WP + j of each head; also the tap j each channel reads ([NH, HSP // WP, WP])."""
+    o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
+    o_j = tl.arange(0, WP)[None, None, :]  # [1, 1, WP] tap a channel reads
+    o_c = tl.arange(0, HSP // WP)[None, :, None] * WP + o_j  # [1, G, WP] channels within a head
+    m_h = o_h < H
+    o_d = o_h[:, None, None] * HS + o_c  # [NH, G, WP] channels
+    m_hc = m_h[:, None, None] & (o_c < HS)
+    o_hd = o_h[:, None, None] + tl.zeros_like(o_d)  # [NH, G, WP] each channel's head
+    o_jw = o_j + tl.zeros_like(o_d)  # [NH, G, WP]
+    b_ss = ()
+    if HAS_STATIC:
+        s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
+        for k in tl.static_range(W):
+            b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, G, WP]
+    return o_h, m_h, o_d, m_hc, o_hd, o_jw, b_ss
+
+
+@triton.jit
+def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, o_jw, i_doc, start, end,
                  W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, HAS_STATIC: tl.constexpr,
-                 RESIDUAL: tl.constexpr):
-    """Outputs tb ... tb + U - 1 of one row ([NH, HSP] each) from b_xs = x[tb - W + 1] ... x[tb + U - 1]; MASKED:
-    each position finds its document and reads zero before its start, else no tap of the step leaves it."""
+                 RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr):
+    """Outputs tb ... tb + U - 1 of one row (channel tiles) from b_xs = x[tb - W + 1] ... x[tb + U - 1]; MASKED:
+    each position finds its document and reads zero before its start, else no tap of the step leaves it.
+    TAP_AXIS: the tiles are [NH, G, WP] and o_jw the tap each channel reads (``_hw_stream_setup_taps``)."""
     for u in tl.static_range(U):
         t = tb + u
         if MASKED:  # positions past T (the last step's tail) stay in the row's last document
@@ -390,9 +423,14 @@ def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_
         # L1), so that they take x's layout ([NH] loads would be moved into it through shared memory)
         p_w = w_ptr + ((row + t).to(tl.int64) * H + o_hd) * W
         m_w = m_hc & (tl.zeros_like(o_d) + t < T)
+        if TAP_AXIS:  # channel (g, j) reads tap j: a head's W taps, one vector a thread
+            b_w = tl.load(p_w + o_jw, mask=m_w & (o_jw < W), other=0.0).to(tl.float32)  # [NH, G, WP]
         b_y = tl.zeros_like(b_xs[0])
         for k in tl.static_range(W):
-            b_wk = tl.load(p_w + k, mask=m_w, other=0.0).to(tl.float32)  # [NH, HSP]
+            if TAP_AXIS:  # tap k from the thread's own copy of it, at each of the head's channels
+                b_wk = tl.sum(tl.where(o_jw == k, b_w, 0.0), axis=2, keep_dims=True)  # [NH, G, 1]
+            else:
+                b_wk = tl.load(p_w + k, mask=m_w, other=0.0).to(tl.float32)  # [NH, HSP]
             if HAS_STATIC:
                 b_wk = b_wk + b_ss[k]  # [NH, HSP]
             b_x = b_xs[u + W - 1 - k]  # x[t - k], zero before the row (load mask)
@@ -412,12 +450,18 @@ def _headwise_fwd_stream_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, cu_ptr,  # pointers
     T, D, H, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr,  # flags
+    WP: tl.constexpr,
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
+    if TAP_AXIS:
+        o_h, m_h, o_d, m_hc, o_hd, o_jw, b_ss = _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W, WP, HS, HSP, NH,
+                                                                      HAS_STATIC)
+    else:
+        o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
+        o_jw = o_hd  # unused
     row = i_b * T  # the row's position 0 on the B*T axis
-    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP] (TAP_AXIS: [NH, G, WP])
     p_y = y_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
     i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
@@ -427,13 +471,15 @@ def _headwise_fwd_stream_kernel(
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
             if one:
                 i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
-                                                 m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL)
+                                                 m_hc, o_jw, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL,
+                                                 TAP_AXIS)
             else:
                 i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
-                                                 m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL)
+                                                 m_hc, o_jw, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL,
+                                                 TAP_AXIS)
         else:
-            _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, i_doc, start, end,
-                         W, U, False, HAS_STATIC, RESIDUAL)
+            _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, o_jw, i_doc, start, end,
+                         W, U, False, HAS_STATIC, RESIDUAL, TAP_AXIS)
 # fmt: on
 
 
@@ -595,13 +641,20 @@ def _headwise_fwd(
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if tu.streams(HW_FWD_STREAM and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
-        CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD)
+    wide = HW_FWD_STREAM_WIDE and H < D
+    if tu.streams((HW_FWD_STREAM or wide) and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
+        if wide:
+            CH, U = HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U
+            BD, warps = HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS
+        else:
+            CH, U, BD, warps = HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS
+        CH, NH, HSP = _stream_plan(T, H, D // H, CH, U, BD)
+        WP = tu.next_power_of_2(W)
         # fmt: off
         _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
             x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, CH, n_cu, n_search, W=W, HS=D // H, HSP=HSP,
-            NH=NH, U=HW_STREAM_FWD_U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
-            RESIDUAL=residual, num_warps=HW_STREAM_FWD_WARPS,
+            NH=NH, U=U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
+            RESIDUAL=residual, TAP_AXIS=wide and (D // H) % WP == 0, WP=WP, num_warps=warps,
         )
         # fmt: on
         return y
