@@ -109,6 +109,14 @@ GROUPS = [
       "HW_STREAM_FWD_WIDE_WARPS"),
      [(False, 32, 8, 128, 1), (True, 32, 8, 128, 1), (True, 64, 8, 128, 1), (True, 32, 4, 128, 1),
       (True, 32, 16, 128, 1), (True, 32, 8, 256, 2), (True, 128, 8, 128, 1), (True, 64, 4, 128, 1)]),
+    # and its backward (HW_BWD_STREAM_WIDE): compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout
+    # moves, registers without (with) 64 documents: U=4 128 channels a warp 128 (168), U=2 96 (127), 256 channels
+    # on 2 warps 139 (182, 12 barriers a step)
+    ("head-wise bwd wide stream", ["hs16"], headwise,
+     ("HW_BWD_STREAM_WIDE", "HW_STREAM_BWD_WIDE_CH", "HW_STREAM_BWD_WIDE_U", "HW_STREAM_BWD_WIDE_BD",
+      "HW_STREAM_BWD_WIDE_WARPS"),
+     [(False, 128, 4, 128, 1), (True, 128, 4, 128, 1), (True, 128, 2, 128, 1), (True, 256, 4, 128, 1),
+      (True, 64, 2, 128, 1), (True, 128, 4, 256, 2), (True, 64, 4, 128, 1)]),
     # HW_BWD_STREAM_HS: the head sizes up to which the backward streams (0 never, 16 both cases here)
     ("head-wise bwd stream", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_STREAM_BWD_CH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_WARPS"),

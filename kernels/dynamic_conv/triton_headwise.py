@@ -119,6 +119,15 @@ HW_STREAM_BWD_W_ROWS = False
 # 8 B). At 64 channels a warp a thread holds 2 channels, so the sum crosses threads (32 shuffles). Not timed: off.
 HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS = (
     False, 32, 8, 128, 1)
+# The streaming backward of wide heads on the same layout (it timed 214 µs at head size 16 on the plain one against
+# 172 tiled): each position's W taps read once as a vector a thread, output t + k's tap k for dx taken out of it by
+# a sum inside the thread; dweight's W sums over a head's channels gathered into one [NH, G, WP] tile (tap k at
+# place k), summed over the groups once and stored by each head's first group from that tile's own layout. Compiled
+# for sm_90a (Triton 3.6, 2026-12-05) at head size 16, U=4, 128 channels a warp: 128 registers (168 with
+# documents), no layout move, no barrier, 32 shuffles (the groups' sums) and 21 loads of 8 bytes a step, against
+# 106, 31 moves, 86 shuffles, 32 x 2 B and 14 x 4 B loads on the plain layout. Not timed: off.
+HW_BWD_STREAM_WIDE, HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U, HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS = (
+    False, 128, 4, 128, 1)
 
 
 # fmt: off
@@ -390,8 +399,9 @@ def _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, HS: tl.constex
 @triton.jit
 def _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, WP: tl.constexpr, HS: tl.constexpr,
                           HSP: tl.constexpr, NH: tl.constexpr, HAS_STATIC: tl.constexpr):
-    """``_hw_stream_setup`` with the channels as a [NH, HSP // WP, WP] tile (``HW_STREAM_FWD_TAP_AXIS``): channel
-    g * WP + j of each head; also the tap j each channel reads ([NH, HSP // WP, WP])."""
+    """``_hw_stream_setup`` with the channels as a [NH, HSP // WP, WP] tile (``HW_FWD_STREAM_WIDE``): channel
+    g * WP + j of each head; also the tap j each channel reads and the mask of each head's first group (g = 0),
+    both [NH, HSP // WP, WP]."""
     o_h = i_h * NH + tl.arange(0, NH)  # [NH] heads
     o_j = tl.arange(0, WP)[None, None, :]  # [1, 1, WP] tap a channel reads
     o_c = tl.arange(0, HSP // WP)[None, :, None] * WP + o_j  # [1, G, WP] channels within a head
@@ -400,12 +410,13 @@ def _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, WP: tl.co
     m_hc = m_h[:, None, None] & (o_c < HS)
     o_hd = o_h[:, None, None] + tl.zeros_like(o_d)  # [NH, G, WP] each channel's head
     o_jw = o_j + tl.zeros_like(o_d)  # [NH, G, WP]
+    m_g0 = m_hc & (o_c < WP)  # [NH, G, WP]: the first group of each head
     b_ss = ()
     if HAS_STATIC:
         s_ptr += (i_b // RPW).to(tl.int64) * W * D  # the row's run's static weights
         for k in tl.static_range(W):
             b_ss = b_ss + (tl.load(s_ptr + k * D + o_d, mask=m_hc, other=0.0).to(tl.float32),)  # [NH, G, WP]
-    return o_h, m_h, o_d, m_hc, o_hd, o_jw, b_ss
+    return o_h, m_h, o_d, m_hc, o_hd, o_jw, m_g0, b_ss
 
 
 @triton.jit
@@ -455,8 +466,8 @@ def _headwise_fwd_stream_kernel(
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if TAP_AXIS:
-        o_h, m_h, o_d, m_hc, o_hd, o_jw, b_ss = _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W, WP, HS, HSP, NH,
-                                                                      HAS_STATIC)
+        o_h, m_h, o_d, m_hc, o_hd, o_jw, _, b_ss = _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W, WP, HS, HSP,
+                                                                         NH, HAS_STATIC)
     else:
         o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
         o_jw = o_hd  # unused
@@ -508,13 +519,22 @@ def _hw_weight_rows(w_ptr, row, first, T, H, o_h, m_h, W: tl.constexpr, N: tl.co
 
 @triton.jit
 def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                 o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr,
-                 HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr, W_ROWS: tl.constexpr):
+                 o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W: tl.constexpr, U: tl.constexpr,
+                 MASKED: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,
+                 W_ROWS: tl.constexpr, TAP_AXIS: tl.constexpr):
     """dx and dweight at positions tb ... tb + U - 1 of one row, their products dy[t] * x[t - k] added to tap k's
     slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2];
-    W_ROWS: the weights of positions tb ... tb + U + W - 2 read first, as rows."""
+    W_ROWS: the weights of positions tb ... tb + U + W - 2 read first, as rows. TAP_AXIS: the tiles are
+    [NH, G, WP], o_jw the tap each channel reads and m_g0 each head's first group (``_hw_stream_setup_taps``),
+    and those weights are read first on that layout."""
     if W_ROWS:
         b_wts = _hw_weight_rows(w_ptr, row, tb, T, H, o_h, m_h, W, U + W - 1)
+    if TAP_AXIS:  # position tb + j's taps, channel (g, j') holding tap j': one vector a thread
+        b_wts = ()
+        for j in tl.static_range(U + W - 1):
+            r = tl.zeros_like(o_d) + (tb + j)
+            p_w = w_ptr + ((row + r).to(tl.int64) * H + o_hd) * W + o_jw
+            b_wts = b_wts + (tl.load(p_w, mask=m_hc & (o_jw < W) & (r < T), other=0.0).to(tl.float32),)
     for u in tl.static_range(U):
         t = tb + u
         if MASKED:
@@ -524,11 +544,14 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
         b_dy = b_dys[u]
         b_dx = b_dy if RESIDUAL else tl.zeros_like(b_dy)
         b_dws = ()  # DW_TILE: the W taps' dweight, [NH] each, stored together after the taps
+        b_dwg = tl.zeros_like(b_dy)  # TAP_AXIS: tap k's sums over each thread's channels at place k of that axis
         for k in tl.static_range(W):
             # dx[t] takes tap k of output t + k while t + k is in t's document (zeroed after the product, so a
             # weight of another document never reaches it); dweight and dstatic_w take dy[t] * x[t - k] while
             # t - k is (past the row every load reads zero)
-            if W_ROWS:
+            if TAP_AXIS:  # [NH, G, 1]: output t + k's tap k, at each of the head's channels
+                b_wk = tl.sum(tl.where(o_jw == k, b_wts[u + k], 0.0), axis=2, keep_dims=True)
+            elif W_ROWS:
                 b_wk = b_wts[(u + k) * W + k]  # [NH, 1], shared by the head's channels
             else:
                 m_wk = m_hc & (tl.zeros_like(o_d) + (t + k) < T)
@@ -542,14 +565,21 @@ def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5,
                 b_c = tl.where(row + t + k < end, b_c, 0.0)
                 b_xk = tl.where(row + t - k >= start, b_xk, 0.0)
             b_dx += b_c
-            b_p = b_dy * b_xk  # [NH, HSP]
-            if DW_TILE:
+            b_p = b_dy * b_xk  # [NH, HSP] (TAP_AXIS: [NH, G, WP])
+            if TAP_AXIS:
+                b_dwg = tl.where(o_jw == k, tl.sum(b_p, axis=2, keep_dims=True), b_dwg)
+            elif DW_TILE:
                 b_dws = b_dws + (tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty),)
             else:
                 tl.store(p_dw + k, tl.sum(b_p, axis=1).to(p_dw.dtype.element_ty), mask=m_h & m_t)
             if HAS_STATIC:
                 a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
-        if DW_TILE:  # [NH, W]: the token's NH * W weight gradients are contiguous, one store
+        if TAP_AXIS:  # summed over the groups: the token's NH * W weight gradients, stored by the first group on
+            # the tile's own layout (a [NH, W] store would first move the sum into a layout of its own)
+            b_dw = tl.broadcast_to(tl.sum(b_dwg, axis=1, keep_dims=True), b_dwg.shape).to(p_dw.dtype.element_ty)
+            m_dw = m_g0 & (o_jw < W) & ((tl.zeros_like(o_d) + t) < T)
+            tl.store(p_dw[:, None, None] + o_jw, b_dw, mask=m_dw)
+        elif DW_TILE:  # [NH, W]: the token's NH * W weight gradients are contiguous, one store
             o_k = tl.arange(0, W)
             m_dw = (m_h & m_t)[:, None] & (o_k < W)[None, :]
             tl.store(p_dw[:, None] + o_k[None, :], tu.join_taps(b_dws, W), mask=m_dw)
@@ -565,25 +595,30 @@ def _headwise_bwd_stream_kernel(
     T, D, H, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
-    W_ROWS: tl.constexpr,  # flags
+    W_ROWS: tl.constexpr, TAP_AXIS: tl.constexpr, WP: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
+    if TAP_AXIS:
+        o_h, m_h, o_d, m_hc, o_hd, o_jw, m_g0, b_ss = _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W, WP, HS,
+                                                                            HSP, NH, HAS_STATIC)
+    else:
+        o_h, m_h, o_d, m_hc, o_hd, b_ss = _hw_stream_setup(s_ptr, i_h, i_b, D, H, RPW, W, HS, HSP, NH, HAS_STATIC)
+        o_jw, m_g0 = o_hd, m_hc  # unused
     row = i_b * T
-    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP]
+    p_x = x_ptr + row.to(tl.int64) * D + o_d  # [NH, HSP] (TAP_AXIS: [NH, G, WP])
     p_dy = dy_ptr + row.to(tl.int64) * D + o_d
     p_dx = dx_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
     i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
     # dstatic_w[k] = sum_t dy[t] * x[t - k] over this program's positions, tap k in slot k (widths up to tu.SLOTS)
-    a0 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a1 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a2 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a3 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a4 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a5 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a6 = tl.zeros([NH, HSP], dtype=tl.float32)
-    a7 = tl.zeros([NH, HSP], dtype=tl.float32)
+    a0 = tl.zeros_like(o_d).to(tl.float32)
+    a1 = tl.zeros_like(a0)
+    a2 = tl.zeros_like(a0)
+    a3 = tl.zeros_like(a0)
+    a4 = tl.zeros_like(a0)
+    a5 = tl.zeros_like(a0)
+    a6 = tl.zeros_like(a0)
+    a7 = tl.zeros_like(a0)
     for tb in range(t0, t0 + CH, U):
         b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
         b_dys = tu.stream_rows(p_dy, o_d, m_hc, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
@@ -592,15 +627,18 @@ def _headwise_bwd_stream_kernel(
             if one:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
+                    o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL,
+                    DW_TILE, W_ROWS, TAP_AXIS)
             else:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                     p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
+                    o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL,
+                    DW_TILE, W_ROWS, TAP_AXIS)
         else:
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
                 p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                o_h, m_h, o_hd, o_d, m_hc, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE, W_ROWS)
+                o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE,
+                W_ROWS, TAP_AXIS)
     if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
         p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
         tu.slots_store(p_ds, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_hc)
@@ -687,8 +725,15 @@ def _headwise_bwd(
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if tu.streams(D // H <= HW_BWD_STREAM_HS and W <= tu.SLOTS, _headwise_bwd_stream_kernel):
-        CH, NH, HSP = _stream_plan(T, H, D // H, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD)
+    wide = HW_BWD_STREAM_WIDE and H < D
+    if tu.streams((D // H <= HW_BWD_STREAM_HS or wide) and W <= tu.SLOTS, _headwise_bwd_stream_kernel):
+        if wide:
+            CH, U = HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U
+            BD, warps = HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS
+        else:
+            CH, U, BD, warps = HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS
+        CH, NH, HSP = _stream_plan(T, H, D // H, CH, U, BD)
+        WP = tu.next_power_of_2(W)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)
         dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
@@ -696,9 +741,10 @@ def _headwise_bwd(
         # fmt: off
         _headwise_bwd_stream_kernel[(n_tc, tu.cdiv(H, NH), B)](
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
-            W=W, HS=D // H, HSP=HSP, NH=NH, U=HW_STREAM_BWD_U, HAS_CU=cu_seqlens is not None,
+            W=W, HS=D // H, HSP=HSP, NH=NH, U=U, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
-            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), num_warps=HW_STREAM_BWD_WARPS,
+            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), TAP_AXIS=wide and (D // H) % WP == 0, WP=WP,
+            num_warps=warps,
         )
         # fmt: on
         if static_w is None:

@@ -192,6 +192,7 @@ def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_DW_TILE", dw_tile)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_W_ROWS", w_rows)
     monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM_WIDE", False)  # wide heads on the plain layout too
+    monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_WIDE", False)
     for form in ("FWD", "BWD"):
         monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_CH", ch)
         monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_U", u)
@@ -216,17 +217,18 @@ def test_dynamic_conv_headwise_streaming_forms(B, T, D, hs, W, rows, residual, s
                                                                  "fp16-hs16-docs", "hs3-not-a-power-of-two")] + [
     pytest.param(1, 127, 8, 8, 3, [list(range(1, 16)) + [7]], False, False, FP32, id="docs-of-every-length-hs8-W3"),
     pytest.param(2, 50, 48, 16, 4, [[1, 2, 3, 4, 40], [50]], True, True, FP32, id="hs16-W4-H3-docs-static-residual")])
-def test_dynamic_conv_headwise_streaming_forward_wide_heads(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
-                                                          assert_rel_rms):
-    """The streaming forward of wide heads, with a head's channels laid out as [groups, padded width] (each channel
-    reads the tap of its place in the group), where the head size is a multiple of the padded width (hs3 keeps the
-    plain layout); 128 channels a program, so two of them split H=3 heads of 16 and the second is partly masked.
-    The head size 1 forward stays tiled."""
+def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
+                                                   assert_rel_rms):
+    """The streaming forward and backward of wide heads, with a head's channels laid out as [groups, padded width]
+    (each channel reads the tap of its place in the group; dweight gathered on that axis), where the head size is a
+    multiple of the padded width (hs3 keeps the plain layout); 128 channels a program, so two of them split H=3
+    heads of 16 and the second is partly masked."""
     _hw_stream(monkeypatch, False)
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", True)
-    monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM_WIDE", True)
-    for name, value in (("CH", 12), ("U", 4), ("BD", 128)):
-        monkeypatch.setattr(triton_headwise, f"HW_STREAM_FWD_WIDE_{name}", value)
+    for form in ("FWD", "BWD"):
+        monkeypatch.setattr(triton_headwise, f"HW_{form}_STREAM_WIDE", True)
+        for name, value in (("CH", 12), ("U", 4), ("BD", 128)):
+            monkeypatch.setattr(triton_headwise, f"HW_STREAM_{form}_WIDE_{name}", value)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
