@@ -157,10 +157,15 @@ GROUPS = [
     # the taps as a loop (last value True; kernels/dynamic_conv/triton_lowrank.py): compiled for sm_90a (Triton 3.6,
     # 2026-12-04) 32x128 4 warps 122 registers against 168 unrolled, 32x64 4 warps 91, 32x32 1 warp 126 (the
     # dynamic-conv1d anchor's own forward tile), 64x64 4 warps 124.
-    ("low-rank fwd", ["lowrank"], lowrank, ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS", "LR_FWD_TAP_LOOP"),
-     [(32, 128, 4, False), (32, 128, 4, True), (32, 64, 4, True), (32, 32, 1, True), (64, 64, 4, True),
-      (32, 64, 2, True), (16, 128, 4, False), (32, 128, 8, False), (64, 128, 8, False), (32, 64, 4, False),
-      (16, 64, 4, False), (128, 64, 8, False)]),
+    # the loop's pipelining stages last (LR_FWD_STAGES; compiled for sm_90a, Triton 3.6, 2026-12-05, at 32x64 4
+    # warps: 2 stages 94 registers (72 with documents) and 5 KB of shared memory, 3 stages 91 (94) and 7 KB, 4 stages
+    # 91 (93) and 9 KB; 32x32 1 warp at 4 stages 126 (127))
+    ("low-rank fwd", ["lowrank"], lowrank,
+     ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS", "LR_FWD_TAP_LOOP", "LR_FWD_STAGES"),
+     [(32, 128, 4, False, 3), (32, 128, 4, True, 3), (32, 64, 4, True, 3), (32, 32, 1, True, 3),
+      (64, 64, 4, True, 3), (32, 64, 2, True, 3), (16, 128, 4, False, 3), (32, 128, 8, False, 3),
+      (64, 128, 8, False, 3), (32, 64, 4, False, 3), (16, 64, 4, False, 3), (128, 64, 8, False, 3),
+      (32, 64, 4, True, 2), (32, 64, 4, True, 4), (32, 32, 1, True, 4)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
      ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS", "LR_DX_MAXNREG"),
      [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),

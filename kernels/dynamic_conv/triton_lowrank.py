@@ -34,6 +34,9 @@ LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
 # tile above 122 registers (146 with documents) and 3 layout moves against 168 (158) and 9, Triton pipelining the
 # loop's loads through 11 KB of shared memory; 32 x 64 at 4 warps 91 (94). Not timed yet: off.
 LR_FWD_TAP_LOOP = False
+# Pipelining stages of that loop (Triton's default, 3, issues the loads of the next two taps ahead of the current
+# tap's dot); the unrolled form has no loop to pipeline.
+LR_FWD_STAGES = 3
 # Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
 # sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
@@ -358,7 +361,7 @@ def _lowrank_fwd(
         x, z, U, static_w, y, cu_seqlens, T, D, R, B // runs, n_cu, n_search, W=W,
         RP=max(16, tu.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
         HAS_STATIC=static_w is not None, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U),
-        PRECISION=tu.dot_precision(x), TAP_LOOP=LR_FWD_TAP_LOOP, num_warps=LR_FWD_WARPS,
+        PRECISION=tu.dot_precision(x), TAP_LOOP=LR_FWD_TAP_LOOP, num_warps=LR_FWD_WARPS, num_stages=LR_FWD_STAGES,
     )
     # fmt: on
     return y
