@@ -55,6 +55,7 @@ def _operand(b, table_ptr, TF32: tl.constexpr, UPCAST: tl.constexpr):
 def _rubi_block_fwd_kernel(
     x_ptr,
     z_ptr,
+    item_ptr,
     start_ptr,
     len_ptr,
     m_ptr,
@@ -67,6 +68,7 @@ def _rubi_block_fwd_kernel(
     twi_ptr,
     D,
     Z_PLANE,
+    N_ITEMS,
     K: tl.constexpr,
     BC: tl.constexpr,
     BB: tl.constexpr,
@@ -75,11 +77,11 @@ def _rubi_block_fwd_kernel(
     TF32: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    i_doc, i_c, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # item_ptr [2, N_ITEMS]: each program's document and tile of its half columns (``_items``)
+    i_item, i_n = tl.program_id(0), tl.program_id(1)
+    i_doc, i_c = tl.load(item_ptr + i_item), tl.load(item_ptr + N_ITEMS + i_item)
     m = tl.load(m_ptr + i_doc)
     mh = m // 2 + 1
-    if i_c * BC >= mh:
-        return
     start = tl.load(start_ptr + i_doc).to(tl.int64)
     L = tl.load(len_ptr + i_doc)
     blk = tl.load(blk_ptr + i_doc)
@@ -259,6 +261,7 @@ def _rubi_spectrum_kernel(
 def _rubi_block_inv_kernel(
     o_ptr,
     y_ptr,
+    item_ptr,
     out_start_ptr,
     out_len_ptr,
     m_ptr,
@@ -270,6 +273,7 @@ def _rubi_block_inv_kernel(
     D,
     O_PLANE,
     N_SRC,
+    N_ITEMS,
     K: tl.constexpr,
     BB: tl.constexpr,
     BC: tl.constexpr,
@@ -279,10 +283,10 @@ def _rubi_block_inv_kernel(
     TF32: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    i_out, i_b, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # item_ptr [2, N_ITEMS]: each program's output and tile of its columns (``_items``)
+    i_item, i_n = tl.program_id(0), tl.program_id(1)
+    i_out, i_b = tl.load(item_ptr + i_item), tl.load(item_ptr + N_ITEMS + i_item)
     L = tl.load(out_len_ptr + i_out)
-    if i_b * BB * K >= L:
-        return
     o_b = i_b * BB + tl.arange(0, BB)  # [BB] output columns b
     o_n = i_n * BN + tl.arange(0, BN)  # [BN] values of a column
     o_a = o_n // D
@@ -439,17 +443,43 @@ def _tf32(t: dict) -> bool:
     return t["tf32"]
 
 
+def _items(plan: RubiPlan, kind: str, tile: int) -> torch.Tensor:
+    """int32 [2, n]: (source, tile) of every program of a block stage that has work, the grid's first axis. The
+    forward's sources are the documents ("docs") or the filters' m-groups ("filters"), its tiles of ``tile`` half
+    columns; the inverse's are the documents ("outputs") or the one filter-gradient output ("taps"), its tiles of
+    ``tile`` output columns. A grid over (source, the most tiles any source has) would leave most programs of a
+    row of mostly short documents with nothing to do (at k=64 and 32 half columns a tile, 86 of the benchmark
+    row's 147 (document, tile) pairs)."""
+
+    def make() -> torch.Tensor:
+        def cdiv(a, b):
+            return -(-a // b)
+
+        if kind == "docs":
+            counts = cdiv(plan.half_cols, tile)
+        elif kind == "filters":
+            counts = cdiv(plan.group_m // 2 + 1, tile)
+        elif kind == "outputs":
+            counts = cdiv(cdiv(plan.lengths, plan.k), tile)
+        else:
+            counts = np.array([cdiv(cdiv(plan.max_taps, plan.k), tile)])
+        src = np.repeat(np.arange(len(counts)), counts)
+        idx = np.arange(len(src)) - np.repeat(np.cumsum(counts) - counts, counts)  # tile within its source
+        return host_to_device(np.stack([src, idx]).astype(np.int32), torch.int32, plan.device)
+
+    return plan.cached(("items", kind, tile), make)
+
+
 def _block_fwd(src: torch.Tensor, plan: RubiPlan, t: dict, filters: bool) -> torch.Tensor:
     """src: [n, D] tokens (x or dy; with ``filters`` the filter taps h^T) -> spectra [2, cols, k, D]."""
     k, D = plan.k, src.shape[1]
     docs = t["grp"] if filters else t["doc"]
-    n_src = plan.n_groups if filters else plan.n_docs
     n_cols = plan.n_filter_cols if filters else plan.n_cols
     z = tu.empty((2, n_cols, k, D), t["dot_dtype"], src.device)
-    grid = (n_src, tu.cdiv(int(plan.group_m.max()) // 2 + 1, FWD_BC), tu.cdiv(k * D, FWD_BN))
-    _rubi_block_fwd_kernel[grid](
-        src, z, docs["start"], docs["len"], docs["m"], docs["col"], docs["gcol"], docs["blk"],
-        t["b_r"], t["b_i"], t["tw_r"], t["tw_i"], D, z[0].numel(),
+    items = _items(plan, "filters" if filters else "docs", FWD_BC)
+    _rubi_block_fwd_kernel[(items.shape[1], tu.cdiv(k * D, FWD_BN))](
+        src, z, items, docs["start"], docs["len"], docs["m"], docs["col"], docs["gcol"], docs["blk"],
+        t["b_r"], t["b_i"], t["tw_r"], t["tw_i"], D, z[0].numel(), items.shape[1],
         K=k, BC=FWD_BC, BB=FWD_BB, BN=FWD_BN, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
         UPCAST=_upcast(t), num_warps=FWD_WARPS, num_stages=FWD_STAGES,
     )  # fmt: skip
@@ -494,12 +524,10 @@ def _block_inv(o: torch.Tensor, plan: RubiPlan, t: dict, y: torch.Tensor, reduce
     or with ``reduce`` the [max_taps, D] sum of the m-groups' filter-gradient pieces."""
     k, D = plan.k, o.shape[-1]
     out, src = (t["taps"], t["grp"]) if reduce else (t["doc"], t["doc"])
-    n_out = 1 if reduce else plan.n_docs
-    longest = plan.max_taps if reduce else int(plan.lengths.max())
-    grid = (n_out, tu.cdiv(tu.cdiv(longest, k), INV_BB), tu.cdiv(k * D, INV_BN))
-    _rubi_block_inv_kernel[grid](
-        o, y, out["start"], out["len"], src["m"], src["col"], src["blk"], src["reach"], t["b_r"], t["b_i"],
-        D, o[0].numel(), plan.n_groups,
+    items = _items(plan, "taps" if reduce else "outputs", INV_BB)
+    _rubi_block_inv_kernel[(items.shape[1], tu.cdiv(k * D, INV_BN))](
+        o, y, items, out["start"], out["len"], src["m"], src["col"], src["blk"], src["reach"], t["b_r"], t["b_i"],
+        D, o[0].numel(), plan.n_groups, items.shape[1],
         K=k, BB=INV_BB, BC=INV_BC, BN=INV_BN, REDUCE=reduce, DOT_PREC=_dot_precision(t),
         TF32=_tf32(t), UPCAST=_upcast(t), num_warps=INV_WARPS, num_stages=INV_STAGES,
     )  # fmt: skip
