@@ -11,6 +11,11 @@ is a sum along that axis. Backward programs own (a head block, a chunk of token 
     dx[t] = sum_k (weight[t + k, h, k] + static_w[k]) * dy[t + k]     for t + k in t's document
 and dstatic_w[k] = sum_t dy[t] * x[t - k] goes through fp32 partials per chunk (``kernels.triton_utils``).
 
+The streaming forms walk each row's positions a few at a time, keeping the last W rows of x (and dy) in registers
+(``kernels.short_conv.triton`` explains them). Where heads hold several channels they may take a second layout,
+[NH, HSP // WP, WP] (WP the width rounded up to a power of two): channel g * WP + j reads tap j of its head, so a
+thread's WP channels read the head's taps as one vector and pass tap k to one another inside the thread.
+
 Stacked runs fold into one launch as in ``kernels.short_conv.triton``: x and weight [R * B, ...] with static_w
 [R, W, D], row b using run b // B's (``RPW``), dstatic_w summed over each run's chunks as a run alone sums them
 (``_fold_runs``).
