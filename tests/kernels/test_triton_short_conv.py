@@ -946,6 +946,10 @@ FOLDED = [
                  ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"),
                  {"HW_FWD_STREAM": True, "HW_BWD_STREAM_HS": 1, "HW_STREAM_FWD_CH": 12, "HW_STREAM_FWD_U": 4,
                   "HW_STREAM_BWD_CH": 12, "HW_STREAM_BWD_U": 4}, STREAMED, id="headwise-hs1-streamed"),
+    pytest.param(_headwise, triton_headwise, ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"),
+                 {"HW_FWD_STREAM_WIDE": True, "HW_BWD_STREAM_WIDE": True, "HW_STREAM_FWD_WIDE_CH": 12,
+                  "HW_STREAM_FWD_WIDE_U": 4, "HW_STREAM_BWD_WIDE_CH": 12, "HW_STREAM_BWD_WIDE_U": 4}, STREAMED,
+                 id="headwise-wide-heads-streamed"),
 ]
 
 
