@@ -1,6 +1,6 @@
 """Time candidate tile/warp/stage constants of RubiConv's three Triton kernels on a GPU (issue #25).
 
-Usage, on the GPU box from the checkout (about 5 minutes on an H200 with the defaults):
+Usage, on the GPU box from the checkout (not yet run on a GPU: `--only` one group at a time keeps a call short):
 
     PYTHONPATH=. python scripts/tune_rubiconv_gpu.py --rounds 2
     PYTHONPATH=. python scripts/tune_rubiconv_gpu.py --only "spectrum" --set rubiconv.SAVE_SPECTRA=True
