@@ -650,9 +650,19 @@ def _headwise_bwd_stream_kernel(
 # fmt: on
 
 
-def _stream_plan(T: int, H: int, hs: int, CH: int, U: int, channels: int) -> tuple[int, int, int]:
-    """(CH, NH, HSP) of a streaming form: positions a program, and its heads as ``_heads`` gives them."""
-    return (tu.stream_positions(T, CH, U), *_heads(H, hs, channels))
+def _stream_form(T: int, H: int, hs: int, backward: bool, wide: bool) -> tuple[int, int, int, int, int]:
+    """(CH, U, warps, NH, HSP) of a streaming form at its constants, the wide heads' own where ``wide`` (read at
+    each call, so that the tune script's settings take): positions a program, a step, and its heads as ``_heads``
+    gives them."""
+    if backward:
+        CH, U, BD, warps = ((HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U, HW_STREAM_BWD_WIDE_BD,
+                             HW_STREAM_BWD_WIDE_WARPS) if wide else
+                            (HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS))
+    else:
+        CH, U, BD, warps = ((HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_WIDE_BD,
+                             HW_STREAM_FWD_WIDE_WARPS) if wide else
+                            (HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS))
+    return tu.stream_positions(T, CH, U), U, warps, *_heads(H, hs, BD)
 
 
 def _heads(H: int, hs: int, channels: int) -> tuple[int, int]:
@@ -686,12 +696,7 @@ def _headwise_fwd(
     n_cu, n_search = tu.search_steps(cu_seqlens)
     wide = HW_FWD_STREAM_WIDE and H < D
     if tu.streams((HW_FWD_STREAM or wide) and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
-        if wide:
-            CH, U = HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U
-            BD, warps = HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS
-        else:
-            CH, U, BD, warps = HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS
-        CH, NH, HSP = _stream_plan(T, H, D // H, CH, U, BD)
+        CH, U, warps, NH, HSP = _stream_form(T, H, D // H, backward=False, wide=wide)
         WP = tu.next_power_of_2(W)
         # fmt: off
         _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
@@ -732,12 +737,7 @@ def _headwise_bwd(
     n_cu, n_search = tu.search_steps(cu_seqlens)
     wide = HW_BWD_STREAM_WIDE and H < D
     if tu.streams((D // H <= HW_BWD_STREAM_HS or wide) and W <= tu.SLOTS, _headwise_bwd_stream_kernel):
-        if wide:
-            CH, U = HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U
-            BD, warps = HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS
-        else:
-            CH, U, BD, warps = HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS
-        CH, NH, HSP = _stream_plan(T, H, D // H, CH, U, BD)
+        CH, U, warps, NH, HSP = _stream_form(T, H, D // H, backward=True, wide=wide)
         WP = tu.next_power_of_2(W)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)
