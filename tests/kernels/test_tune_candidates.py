@@ -37,29 +37,37 @@ def test_candidates_name_shipped_constants_first(name, monkeypatch):
 def test_rubiconv_candidates_stay_exact(monkeypatch):
     """Every RubiConv tile candidate gives y, dx and dh of the float64 reference (interpreter, exact fp32 dots)
     on a row whose longest document has more half columns (36) and columns (71) than one tile of any candidate
-    holds: a tile that drops or repeats work fails before the GPU times it."""
+    holds (k=16), and on one at k=64, where the F_k stage's chunks of frequency rows differ between candidates: a
+    tile that drops or repeats work fails before the GPU times it."""
     pytest.importorskip("triton")
     from mixlab import kernels
     from mixlab.kernels import triton_utils as tu
 
     monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
     gen = torch.Generator().manual_seed(0)
-    B, T, D, L_F = 1, 600, 3, 600
-    cu = cu_from_rows([[37, 563]], T)
-    x, h, dy = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((B, T, D), (D, L_F), (B, T, D)))
+    # (T, D, L_F, document lengths, block k)
+    rows = [(600, 3, 600, [37, 563], 16), (130, 2, 20, [3, 127], 64)]
+    cases = []
+    for T, D, L_F, lengths, block in rows:
+        x, h, dy = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((1, T, D), (D, L_F),
+                                                                                         (1, T, D)))
+        cases.append((x, h, dy, cu_from_rows([lengths], T), block))
 
-    def run(dtype: torch.dtype, backend: str) -> list[torch.Tensor]:
+    def run(case: tuple, dtype: torch.dtype, backend: str) -> list[torch.Tensor]:
+        x, h, dy, cu, block = case
         xl, hl = x.to(dtype).requires_grad_(), h.to(dtype).requires_grad_()
-        y = kernels.rubiconv(xl, hl, cu_seqlens=cu, block=16, backend=backend)
+        y = kernels.rubiconv(xl, hl, cu_seqlens=cu, block=block, backend=backend)
         return [y, *torch.autograd.grad(y, (xl, hl), dy.to(dtype))]
 
-    want = run(torch.float64, "torch")
+    wants = [run(case, torch.float64, "torch") for case in cases]
     for group, module, consts, candidates in _groups("tune_rubiconv_gpu", monkeypatch):
         for values in candidates:
             for name, value in zip(consts, values, strict=True):
                 monkeypatch.setattr(module, name, value)
-            for out, got, expected in zip(("y", "dx", "dh"), run(torch.float32, "triton"), want, strict=True):
-                assert_close(got, expected.float(), 1e-5, f"{group} {values}: {out}")
+            for case, want in zip(cases, wants, strict=True):
+                for out, got, expected in zip(("y", "dx", "dh"), run(case, torch.float32, "triton"), want,
+                                              strict=True):
+                    assert_close(got, expected.float(), 1e-5, f"{group} {values}, k={case[-1]}: {out}")
         for name, value in zip(consts, candidates[0], strict=True):
             monkeypatch.setattr(module, name, value)
 
