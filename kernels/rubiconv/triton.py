@@ -452,9 +452,7 @@ def _items(plan: RubiPlan, kind: str, tile: int) -> torch.Tensor:
     row's 147 (document, tile) pairs)."""
 
     def make() -> torch.Tensor:
-        def cdiv(a, b):
-            return -(-a // b)
-
+        cdiv = tu.cdiv  # on int64 arrays as on ints
         if kind == "docs":
             counts = cdiv(plan.half_cols, tile)
         elif kind == "filters":
