@@ -10,7 +10,8 @@ as the row. Rows of the table:
     triton, spectra saved  the triton rows again with ``SAVE_SPECTRA`` on (the backward's correlation reads the
                            F_k spectra the forward and the dx stage stored instead of computing them again)
     ..., sizes shared      and again with documents' padded sizes shared (``gemm.MERGE_FILTER_COST`` at
-                           MERGE_TRIED): fewer filter spectra for more padding
+                           MERGE_TRIED): fewer filter spectra for more padding. These last rows are what
+                           ``kernels.rubiconv`` runs by default; the rows before them turn the two settings off.
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
 gate); the leaky row's error is its leak. The GPU name and versions go on top. Public long convs
@@ -81,7 +82,7 @@ def pad_to_longest(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.
 
 @contextmanager
 def _settings(save_spectra: bool, merge_filter_cost: float):
-    """RubiConv's untimed settings (``triton.SAVE_SPECTRA``, ``gemm.MERGE_FILTER_COST``) for one call, the shipped
+    """RubiConv's speed settings (``triton.SAVE_SPECTRA``, ``gemm.MERGE_FILTER_COST``) for one call, the shipped
     ones back after it."""
     shipped = rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST
     rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = save_spectra, merge_filter_cost
@@ -127,7 +128,8 @@ def bench_rubiconv(
     h = (torch.randn(d, n_tokens, generator=gen, device=dev) / math.sqrt(n_tokens)).to(torch_dtype)
     upstream = torch.randn(1, n_tokens, d, generator=gen, device=dev)
     want = _grads(lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), x.double(), h.double(), upstream.double())
-    plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
+    with _settings(False, 0.0):  # the layout's own sizes; the shared ones are described beside them
+        plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
 
     methods: list[tuple[str, Callable, float | None]] = [
         ("leaky single FFT (leaks)", lambda a, b: rubiconv_ref(a, b), None),

@@ -39,20 +39,20 @@ from tuning import set_constants, settle, use
 GROUPS = [
     # [BC, BN] half columns x column values a program, BB document columns a dot
     ("block fwd", "_rubi_block_fwd_kernel", ("FWD_BC", "FWD_BB", "FWD_BN", "FWD_WARPS", "FWD_STAGES"),
-     [(32, 32, 128, 4, 3), (16, 32, 128, 4, 3), (32, 32, 64, 4, 3), (32, 16, 128, 4, 3), (32, 32, 128, 8, 3),
-      (32, 32, 256, 8, 3), (64, 32, 128, 8, 3), (32, 32, 128, 4, 2), (16, 16, 128, 4, 4)]),
+     [(16, 16, 128, 4, 4), (32, 32, 128, 4, 3), (16, 32, 128, 4, 3), (32, 32, 64, 4, 3), (32, 16, 128, 4, 3),
+      (32, 32, 128, 8, 3), (32, 32, 256, 8, 3), (64, 32, 128, 8, 3), (32, 32, 128, 4, 2)]),
     # frequency rows a chunk, inner dimension a dot, the inverse's accumulator cap, the filter's channels a
     # program, warps, stages; the last candidate takes all k rows in one chunk, so each program reads its column
     # of Z once instead of once a chunk (k / 16 times)
     ("spectrum", "_rubi_spectrum_kernel",
      ("SPECTRUM_ROWS", "SPECTRUM_INNER", "SPECTRUM_ACC", "SPECTRUM_WIDE", "SPECTRUM_WARPS", "SPECTRUM_STAGES"),
-     [(16, 32, 8192, 128, 8, 3), (16, 32, 4096, 128, 8, 3), (16, 16, 8192, 128, 8, 3), (32, 32, 8192, 128, 8, 3),
-      (16, 32, 4096, 128, 4, 3), (16, 32, 8192, 64, 8, 3), (16, 32, 8192, 128, 8, 2), (16, 64, 8192, 128, 8, 3),
+     [(16, 32, 4096, 128, 4, 3), (16, 32, 8192, 128, 8, 3), (16, 32, 4096, 128, 8, 3), (16, 16, 8192, 128, 8, 3),
+      (32, 32, 8192, 128, 8, 3), (16, 32, 8192, 64, 8, 3), (16, 32, 8192, 128, 8, 2), (16, 64, 8192, 128, 8, 3),
       (16, 16, 4096, 128, 8, 2), (128, 32, 4096, 128, 8, 3)]),
     # [BB, BN] output columns x column values a program, BC half columns a dot
     ("block inv", "_rubi_block_inv_kernel", ("INV_BB", "INV_BC", "INV_BN", "INV_WARPS", "INV_STAGES"),
-     [(32, 32, 128, 8, 3), (32, 32, 128, 4, 3), (64, 32, 128, 8, 3), (32, 32, 256, 8, 3), (16, 32, 128, 4, 3),
-      (32, 16, 128, 8, 3), (32, 32, 64, 4, 3), (32, 32, 128, 8, 2)]),
+     [(32, 16, 128, 8, 3), (32, 32, 128, 8, 3), (32, 32, 128, 4, 3), (64, 32, 128, 8, 3), (32, 32, 256, 8, 3),
+      (16, 32, 128, 4, 3), (32, 32, 64, 4, 3), (32, 32, 128, 8, 2)]),
 ]
 MODULES = {"rubiconv": rubi, "gemm": gemm}
 

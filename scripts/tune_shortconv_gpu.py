@@ -56,7 +56,7 @@ GROUPS = [
       (False, 16, 32, 2, 1, 4096, None, True), (False, 16, 32, 2, 1, 2048, None, True),
       (False, 16, 64, 4, 1, 1024, None, True), (False, 32, 64, 4, 1, 2048, None, True),
       (False, 16, 64, 4, 1, 2048, 80, True)]),
-    # the streaming forms against the tiled (first candidate): one program per row, CH positions walked U a step,
+    # the streaming forms (True) against the tiled (False): one program per row, CH positions walked U a step,
     # BD channels. Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp at 128
     # channels: fwd U=8 64 registers, U=16 85, U=4 60; bwd U=8 128, U=16 206 (255 + spills with documents), U=4 96;
     # 256 channels in 1 warp 116 / 205, in 2 warps as 128 in 1. No layout moves, no shuffles, 8-byte loads.
@@ -85,21 +85,21 @@ GROUPS = [
       (2048, 4, 64, False), (1024, 4, 32, False), (2048, 8, 32, False), (4096, 8, 64, False)]),
     # the forward's tile at head size 16 alone (HW_FWD_TILE_WIDE; the group above then serves head size 1). Compiled
     # for sm_90a (Triton 3.6, 2026-12-04), head size 16: 256 30 registers, 512 32, 1024 44, 2048 80, no spills.
-    ("head-wise fwd wide heads", ["hs16"], headwise, ("HW_FWD_TILE_WIDE",), [(512,), (1024,), (2048,), (256,)]),
+    ("head-wise fwd wide heads", ["hs16"], headwise, ("HW_FWD_TILE_WIDE",), [(1024,), (512,), (2048,), (256,)]),
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
     # DS_DEFER (True): dstatic_w summed once a chunk, now from one [BT, NH, HSP] sum per tap (its first form, one
     # [WP, BT, NH, HSP] sum updated whole at every tap, timed on the H200 (2026-12-03) at head size 16 280 µs
     # against the shipped 197). Timed on the H200 (2026-12-04, two interleaved rounds), head size 16: 1024x128
     # deferred 175.1 µs (191.6 with documents), 512x128 deferred 205.2, every tile 196.9 (221.4), 256x128 268.6;
     # head size 1 takes its own kernel (the next group) and stays at 493 in all of them.
-    # the streaming forms (``kernels.short_conv.triton`` explains them) against the tiled (first candidate).
+    # the streaming forms (``kernels.short_conv.triton`` explains them) against the tiled (False).
     # Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp, 128 channels: head size 16
     # fwd 74 registers, no layout move, bwd 146 (16 moves, 48 shuffles: dweight's sum over a head's channels);
     # head size 1 fwd 132, bwd 254 (27-35 moves).
     ("head-wise fwd stream", ["hs1", "hs16"], headwise,
      ("HW_FWD_STREAM", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
-     [(False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
-      (True, 32, 4, 64, 1), (True, 32, 8, 32, 1)]),
+     [(True, 32, 4, 64, 1), (False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
+      (True, 32, 8, 32, 1)]),
     # the streaming forward of heads wider than one channel on its own tiles, a head's channels as [groups, padded
     # width] so each thread reads its head's taps as one vector (HW_FWD_STREAM_WIDE; head size 1 stays as the group
     # above leaves it). Compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout moves or shuffles,
@@ -107,7 +107,7 @@ GROUPS = [
     ("head-wise fwd wide stream", ["hs16"], headwise,
      ("HW_FWD_STREAM_WIDE", "HW_STREAM_FWD_WIDE_CH", "HW_STREAM_FWD_WIDE_U", "HW_STREAM_FWD_WIDE_BD",
       "HW_STREAM_FWD_WIDE_WARPS"),
-     [(False, 32, 8, 128, 1), (True, 32, 8, 128, 1), (True, 64, 8, 128, 1), (True, 32, 4, 128, 1),
+     [(True, 32, 4, 128, 1), (False, 32, 8, 128, 1), (True, 32, 8, 128, 1), (True, 64, 8, 128, 1),
       (True, 32, 16, 128, 1), (True, 32, 8, 256, 2), (True, 128, 8, 128, 1), (True, 64, 4, 128, 1)]),
     # and its backward (HW_BWD_STREAM_WIDE): compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout
     # moves, registers without (with) 64 documents: U=4 128 channels a warp 128 (168), U=2 96 (127), 256 channels
@@ -115,12 +115,12 @@ GROUPS = [
     ("head-wise bwd wide stream", ["hs16"], headwise,
      ("HW_BWD_STREAM_WIDE", "HW_STREAM_BWD_WIDE_CH", "HW_STREAM_BWD_WIDE_U", "HW_STREAM_BWD_WIDE_BD",
       "HW_STREAM_BWD_WIDE_WARPS"),
-     [(False, 128, 4, 128, 1), (True, 128, 4, 128, 1), (True, 128, 2, 128, 1), (True, 256, 4, 128, 1),
+     [(True, 128, 2, 128, 1), (False, 128, 4, 128, 1), (True, 128, 4, 128, 1), (True, 256, 4, 128, 1),
       (True, 64, 2, 128, 1), (True, 128, 4, 256, 2), (True, 64, 4, 128, 1)]),
     # HW_BWD_STREAM_HS: the head sizes up to which the backward streams (0 never, 16 both cases here)
     ("head-wise bwd stream", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_STREAM_BWD_CH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_WARPS"),
-     [(1, 128, 4, 64, 1), (0, 128, 4, 64, 1), (16, 128, 4, 64, 1), (1, 128, 4, 32, 1), (1, 256, 4, 64, 1),
+     [(1, 128, 4, 32, 1), (1, 128, 4, 64, 1), (0, 128, 4, 64, 1), (16, 128, 4, 64, 1), (1, 256, 4, 64, 1),
       (1, 128, 8, 64, 1), (1, 64, 4, 64, 1), (1, 128, 2, 64, 1)]),
     # dweight stored as one [heads, W] tile a position (HW_STREAM_BWD_DW_TILE): at head size 1, 4 layout moves and 16
     # shuffles a step against 16 and 32 (Triton 3.6)
@@ -129,7 +129,7 @@ GROUPS = [
     # 72 without it (Triton 3.6)
     ("head-wise bwd stream dweight", ["hs1"], headwise,
      ("HW_STREAM_BWD_DW_TILE", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_W_ROWS"),
-     [(False, 64, False), (True, 64, False), (True, 128, False), (True, 32, False), (True, 64, True),
+     [(True, 32, True), (False, 64, False), (True, 64, False), (True, 128, False), (True, 32, False), (True, 64, True),
       (False, 64, True)]),
     ("head-wise bwd", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_BWD_TILE", "HW_BWD_WARPS", "HW_BWD_STAGES", "HW_BWD_PROGRAMS", "HW_BWD_MAXNREG",
@@ -162,26 +162,26 @@ GROUPS = [
     # 91 (93) and 9 KB; 32x32 1 warp at 4 stages 126 (127))
     ("low-rank fwd", ["lowrank"], lowrank,
      ("LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS", "LR_FWD_TAP_LOOP", "LR_FWD_STAGES"),
-     [(32, 128, 4, False, 3), (32, 128, 4, True, 3), (32, 64, 4, True, 3), (32, 32, 1, True, 3),
-      (64, 64, 4, True, 3), (32, 64, 2, True, 3), (16, 128, 4, False, 3), (32, 128, 8, False, 3),
-      (64, 128, 8, False, 3), (32, 64, 4, False, 3), (16, 64, 4, False, 3), (128, 64, 8, False, 3),
-      (32, 64, 4, True, 2), (32, 64, 4, True, 4), (32, 32, 1, True, 4)]),
+     [(64, 64, 4, True, 3), (32, 128, 4, False, 3), (32, 128, 4, True, 3), (32, 64, 4, True, 3), (32, 32, 1, True, 3),
+      (32, 64, 2, True, 3), (16, 128, 4, False, 3), (32, 128, 8, False, 3), (64, 128, 8, False, 3),
+      (32, 64, 4, False, 3), (16, 64, 4, False, 3), (128, 64, 8, False, 3), (32, 64, 4, True, 2), (32, 64, 4, True, 4),
+      (32, 32, 1, True, 4)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
      ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS", "LR_DX_MAXNREG"),
-     [(64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None), (32, 64, 4, 4, None),
-      (32, 64, 4, 2, None), (32, 64, 4, 8, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
+     [(32, 64, 4, 8, None), (64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None),
+      (32, 64, 4, 4, None), (32, 64, 4, 2, None), (16, 64, 4, 4, None), (16, 64, 4, 8, None), (64, 128, 8, 2, None),
       (32, 64, 4, 1, None)]),
-    # where dz is summed (LR_DZ_FORM, kernels/dynamic_conv/triton_lowrank.py): in the dx kernel (shipped), a dz-only
-    # second launch of it ("own"), one fused backward kernel that forms dx, dz, dU and dstatic_w ("fused", its own
-    # tiles LR_FU_*), or that kernel without dx beside a dx launch ("with-du"). Compiled for sm_90a (Triton 3.6,
+    # where dz is summed (LR_DZ_FORM, kernels/dynamic_conv/triton_lowrank.py): in the dx kernel, a dz-only
+    # second launch of it ("own", shipped), one fused backward kernel that forms dx, dz, dU and dstatic_w ("fused",
+    # its own tiles LR_FU_*), or that kernel without dx beside a dx launch ("with-du"). Compiled for sm_90a (Triton 3.6,
     # 2026-12-04): the dx launch without dz 90 registers at the 128 cap (78 without), no spills; "own"'s dz launch
     # 124 (102 with documents); fused 16x64 4 warps 214 (218), 16x32 201 (223), neither spilling, 32x64 8 warps 255
     # and 8 bytes spilled, 16x64 with a 128 cap 692 bytes spilled; without dx 16x64 203 (168), 32x64 8 warps 168.
     ("low-rank bwd dz", ["lowrank"], lowrank,
      ("LR_DZ_FORM", "LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DX_MAXNREG", "LR_FU_BT", "LR_FU_BD", "LR_FU_WARPS",
       "LR_FU_STAGES", "LR_FU_PROGRAMS", "LR_FU_MAXNREG"),
-     [("dx", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("own", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None),
-      ("own", 64, 64, 8, None, 16, 64, 4, 1, 1024, None), ("own", 32, 64, 4, None, 16, 64, 4, 1, 1024, None),
+     [("own", 32, 64, 4, None, 16, 64, 4, 1, 1024, None), ("dx", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None),
+      ("own", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("own", 64, 64, 8, None, 16, 64, 4, 1, 1024, None),
       ("own", 64, 128, 8, None, 16, 64, 4, 1, 1024, None), ("own", 32, 128, 4, None, 16, 64, 4, 1, 1024, None),
       ("fused", 64, 64, 8, 128, 16, 64, 4, 1, 1024, None), ("fused", 64, 64, 8, 128, 16, 32, 4, 1, 2048, None),
       ("fused", 64, 64, 8, 128, 32, 64, 8, 1, 1024, None), ("fused", 64, 64, 8, 128, 32, 64, 8, 3, 1024, None),

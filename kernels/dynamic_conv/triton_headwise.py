@@ -33,8 +33,10 @@ HW_FWD_TILE, HW_FWD_WARPS, HW_FWD_CHANNELS = 512, 4, 128
 # The forward's tile where heads hold several channels (HW_FWD_TILE above then serves head size 1 only): the two
 # shared one tile when the tune script chose 512 for their sum (2026-12-03); at head size 16 alone 1024 timed
 # faster on the H200 in an earlier kernel (2026-12-02: 81.9 / 89.9 µs without / with 64 documents against 95.9 /
-# 124.4; BENCHMARKS.md). Its own tune group ("head-wise fwd wide heads") times it.
-HW_FWD_TILE_WIDE = 512
+# 124.4; BENCHMARKS.md). Its own tune group ("head-wise fwd wide heads") timed it on the H200 (2026-12-05, two
+# interleaved rounds): 1024 79.3 / 87.1 µs without / with 64 documents, 512 82.5 / 110.3, 2048 91.3 / 82.5. It
+# serves the wide heads only where the streaming forward below does not (HW_FWD_STREAM_WIDE off, or odd head sizes).
+HW_FWD_TILE_WIDE = 1024
 # How the forward reads a token's weights: False, all W taps as one [BT, NH, W] tile (contiguous), each tap then
 # picked out of it and moved into the activations' layout (through shared memory); True, tap by tap as the
 # backward does ([BT, NH] strided loads of the same lines), which at head size 16 need no move at all (at head
@@ -96,23 +98,28 @@ HW_HS1_BWD_GATHER = True
 # BENCHMARKS.md), raw launchers, µs without (with 64) documents: backward at 128 positions, 4 a step, 64 channels:
 # head size 1 340 (421) against 486 (531) for the tiled kernel above, head size 16 214 (255) against 172 (188); so
 # the backward streams at head sizes up to HW_BWD_STREAM_HS (0: never). The forward at its best setting (32, 8, 64
-# channels): head size 1 125 (173) against 135 (152) tiled, head size 16 92 (141) against 82 (110): off.
-HW_FWD_STREAM, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = False, 32, 8, 64, 1
-HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS = 1, 128, 4, 64, 1
+# channels): head size 1 125 (173) against 135 (152) tiled, head size 16 92 (141) against 82 (110). Wide heads
+# now stream on a layout of their own (HW_FWD_STREAM_WIDE below), so the forward's choice here concerns head size 1:
+# at 4 positions a step it timed 126.3 (137.6) against 136 (152) tiled (2026-12-05, with the joined dweight and
+# weight rows below: the backward at 128 positions, 4 a step, 32 channels 238.6 (246.4)).
+HW_FWD_STREAM, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = True, 32, 4, 64, 1
+HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS = 1, 128, 4, 32, 1
 # How that backward stores dweight: tap by tap, [NH] values W elements apart (each store first moved into a layout
 # of its own), or (HW_STREAM_BWD_DW_TILE, widths 2 and 4) the W taps joined into one [NH, W] tile of contiguous
 # elements and stored once. Compiled for sm_90a (Triton 3.6, scripts/kernel_resources.py) at head size 1: 16 layout
 # moves and 32 shuffles a step tap by tap, 4 and 16 joined (32 / 64 and 8 / 32 with documents), 128 registers
-# either way. Not timed yet: off.
-HW_STREAM_BWD_DW_TILE = False
+# either way. Timed on the H200 (2026-12-05, two interleaved rounds, raw backward at head size 1, µs without / with
+# 64 documents): joined 271.6 / 364.8, tap by tap 342.0 / 426.0; with W_ROWS below, 236.6 / 317.7 against 257.7 /
+# 335.2.
+HW_STREAM_BWD_DW_TILE = True
 # How that backward reads the weights for dx: False, output t's tap k where it is used, weight[t + k, h, k], W
 # elements apart (at head size 1 one 2-byte load per channel, tap and position: 32 a step at U=4, W=4 and 64
 # channels on 32 threads); True (widths 2 and 4), each position's W taps of its heads as one contiguous [NH, W]
 # tile (``_hw_weight_rows``), U + W - 1 positions a step, split into taps in registers. Compiled for sm_90a
 # (Triton 3.6, 2026-12-04) at head size 1: no 2-byte loads left (14 of 8 bytes a step), but the taps' moves into
 # the rows' layout cost 17 layout moves and 56 shuffles a step with the joined dweight above (4 and 16 without
-# W_ROWS), 117 registers (166 with documents). Not timed yet: off.
-HW_STREAM_BWD_W_ROWS = False
+# W_ROWS), 117 registers (166 with documents). Timed on the H200 (2026-12-05): on, see DW_TILE above.
+HW_STREAM_BWD_W_ROWS = True
 # The streaming forward where heads hold several channels, on tiles of its own. As above, a position's weights load
 # tap by tap as [NH, HSP] tiles whose HSP channels of a head read the same element: each a 2-byte load of its own,
 # 64 a step at head size 16 (U=8, 64 channels), with 23 layout moves and 38 shuffles (Triton 3.6); it timed 92 µs
@@ -121,18 +128,22 @@ HW_STREAM_BWD_W_ROWS = False
 # channels read the head's WP taps as one vector, and tap k reaches all of them by a sum over that axis inside the
 # thread. Compiled for sm_90a (Triton 3.6, 2026-12-05) at head size 16, U=8, 128 channels a warp: 68 registers, no
 # layout move, no shuffle, 19 loads of 8 bytes a step (the static forward's streaming kernel: 86, none, none, 19 x
-# 8 B). At 64 channels a warp a thread holds 2 channels, so the sum crosses threads (32 shuffles). Not timed: off.
+# 8 B). At 64 channels a warp a thread holds 2 channels, so the sum crosses threads (32 shuffles). Timed on the
+# H200 (2026-12-05, two interleaved rounds, raw forward at head size 16, µs without / with 64 documents): U=4 61.8 /
+# 83.9, U=8 73.2 / 96.2, U=16 86.7 / 153.1, against 79.1 / 86.7 tiled.
 HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS = (
-    False, 32, 8, 128, 1)
+    True, 32, 4, 128, 1)
 # The streaming backward of wide heads on the same layout (it timed 214 µs at head size 16 on the plain one against
 # 172 tiled): each position's W taps read once as a vector a thread, output t + k's tap k for dx taken out of it by
 # a sum inside the thread; dweight's W sums over a head's channels gathered into one [NH, G, WP] tile (tap k at
 # place k), summed over the groups once and stored by each head's first group from that tile's own layout. Compiled
 # for sm_90a (Triton 3.6, 2026-12-05) at head size 16, U=4, 128 channels a warp: 128 registers (168 with
 # documents), no layout move, no barrier, 32 shuffles (the groups' sums) and 21 loads of 8 bytes a step, against
-# 106, 31 moves, 86 shuffles, 32 x 2 B and 14 x 4 B loads on the plain layout. Not timed: off.
+# 106, 31 moves, 86 shuffles, 32 x 2 B and 14 x 4 B loads on the plain layout. Timed on the H200 (2026-12-05, two
+# interleaved rounds, raw backward at head size 16, µs without / with 64 documents): U=2 134.8 / 134.1, U=4 123.8 /
+# 147.9 (its rounds 102-146 apart), against 174.7 / 190.8 tiled; a later tune at these settings 122.3 / 119.4.
 HW_BWD_STREAM_WIDE, HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U, HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS = (
-    False, 128, 4, 128, 1)
+    True, 128, 2, 128, 1)
 
 
 # fmt: off

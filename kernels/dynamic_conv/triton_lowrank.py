@@ -29,22 +29,28 @@ from mixlab.kernels._triton import tl, triton
 
 # Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
 # candidates on the GPU. Forward: [BT, BD] tiles (both >= 16 for tl.dot).
-LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 32, 128, 4
-# The taps as a loop (LR_FWD_TAP_LOOP) rather than unrolled: compiled for sm_90a (Triton 3.6, 2026-12-04) at the
-# tile above 122 registers (146 with documents) and 3 layout moves against 168 (158) and 9, Triton pipelining the
-# loop's loads through 11 KB of shared memory; 32 x 64 at 4 warps 91 (94). Not timed yet: off.
-LR_FWD_TAP_LOOP = False
+LR_FWD_BT, LR_FWD_BD, LR_FWD_WARPS = 64, 64, 4
+# The taps as a loop (LR_FWD_TAP_LOOP) rather than unrolled: compiled for sm_90a (Triton 3.6, 2026-12-04) at
+# 32 x 128 122 registers (146 with documents) and 3 layout moves against 168 (158) and 9, Triton pipelining the
+# loop's loads through 11 KB of shared memory; 32 x 64 at 4 warps 91 (94). Timed on the H200 (2026-12-05, two
+# interleaved rounds, raw forward, µs without / with 64 documents): the loop at 64 x 64 93.0 / 101.6, at 32 x 128
+# 92.0 / 114.3; unrolled at 32 x 128 102.9 / 125.0.
+LR_FWD_TAP_LOOP = True
 # Pipelining stages of that loop (Triton's default, 3, issues the loads of the next two taps ahead of the current
 # tap's dot); the unrolled form has no loop to pipeline.
 LR_FWD_STAGES = 3
 # Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
-# sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills.
-LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 64, 64, 8, 1, 4
+# sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills. With dz in a launch of its
+# own (LR_DZ_FORM below) the whole backward timed on the H200 (2026-12-05, two interleaved rounds) 484.2 / 484.1 µs
+# without / with 64 documents at 32 x 64, 4 warps, 8 splits; 496.2 / 487.4 at 4 splits, 494.0 / 497.9 at 64 x 64
+# and 8 warps.
+LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 32, 64, 4, 1, 8
 # Register cap of the dx kernel (None: the compiler's choice, 218-255 at every tile tried, one block of 8 warps
-# an SM); 128 fits two despite the spills (scripts/kernel_resources.py) and timed fastest on the H200 (512 against
-# 539 µs at [64, 128] uncapped, 576 against 644 with 64 documents; BENCHMARKS.md).
-LR_DX_MAXNREG = 128
+# an SM); 128 fits two despite the spills (scripts/kernel_resources.py) and timed fastest on the H200 with dz in
+# the dx kernel (512 against 539 µs at [64, 128] uncapped, 576 against 644 with 64 documents; BENCHMARKS.md). With
+# dz on its own the dx launch takes 78 registers, and the cap timed slower (2026-12-05: 529.1 against 495.7 µs).
+LR_DX_MAXNREG = None
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 32, 32, 4, 1
@@ -66,9 +72,10 @@ LR_DU_DS_DEFER = True
 # in that kernel without dx, which a launch of the dx kernel forms alone. With "own" and "with-du" the dx launch
 # reads only z, U and dy, every channel block a program (the dynamic-conv1d anchor splits its backward so, into
 # dx and dU + dz). Compiled for sm_90a (Triton 3.6, scripts/kernel_resources.py, 2026-12-04): that dx launch 78
-# registers (90 at the 128 cap), no spills; the fused kernel below and the dz-only launch in BENCHMARKS.md. Not
-# timed yet: "dx" stays.
-LR_DZ_FORM = "dx"
+# registers (90 at the 128 cap), no spills; the fused kernel below and the dz-only launch in BENCHMARKS.md. Timed
+# on the H200 (2026-12-05, two interleaved rounds, the whole raw backward, µs without / with 64 documents): "own"
+# 480.0 / 469.4 at its best dx tile, "dx" 508.4 / 481.4, "fused" 591.2 / 708.3 at its best.
+LR_DZ_FORM = "own"
 # The fused backward ("fused" above): [LR_FU_BT, LR_FU_BD] tiles, about LR_FU_PROGRAMS programs (channel blocks x
 # chunks of token tiles; each chunk's dU partial is R * W * D floats, each channel block's dz partial B * T * R).
 # dstatic_w rides in the dU product as one more rank whose z is 1 (row R of z^T g is sum_t g), so it costs no
@@ -76,7 +83,8 @@ LR_DZ_FORM = "dx"
 # unrolled (unrolling all of it took 255 registers and spilled at every tile tried). Compiled for sm_90a (Triton 3.6,
 # 2026-12-04), bf16, R=16: 16 x 64 at 4 warps 214 registers (218 with documents), 16 x 32 201 (223), neither
 # spilling; 32 x 64 spills (8 bytes at 8 warps, ~500 at 4). Without dx ("with-du"): 16 x 64 203 (168), 32 x 64 at
-# 8 warps 168 (167). Not timed yet.
+# 8 warps 168 (167). Timed on the H200 (2026-12-05): the whole backward at best 591 / 708 µs without / with 64
+# documents, against 480 / 469 with dz on its own (LR_DZ_FORM).
 LR_FU_BT, LR_FU_BD, LR_FU_WARPS, LR_FU_STAGES, LR_FU_PROGRAMS, LR_FU_MAXNREG = 16, 64, 4, 1, 1024, None
 
 

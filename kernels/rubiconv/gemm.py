@@ -42,8 +42,9 @@ MIN_BLOCK, MAX_BLOCK = 16, 512
 # backward). MERGE_FILTER_COST is what one filter half column costs against one document half column: above 0,
 # documents' m are rounded up to the sizes that minimise the sum of both (``shared_sizes``); 0 keeps every m.
 # With 0.3-0.5 (session 12's H200 profile suggests about 0.3 at k=128) that model saves 4-15% on the benchmark's
-# lognormal rows; untimed: off.
-MERGE_FILTER_COST = 0.0
+# lognormal rows. At 0.4 the H200 timed the Triton op there (2026-12-05, fp32, spectra saved, BENCHMARKS.md) at
+# 3.03 / 6.50 ms fwd / fwd+bwd against 3.66 / 7.57 at k=64, 2.66 / 5.93 against 3.43 / 7.15 at k=32.
+MERGE_FILTER_COST = 0.4
 _PLANS: OrderedDict = OrderedDict()
 _PLAN_CACHE_SIZE = 32
 

@@ -330,9 +330,11 @@ def _rubi_block_inv_kernel(
 # candidates on the GPU. Block stages: a program's [BC, BN] tile of (half columns, k*D values of a column) in
 # the forward, [BB, BN] of (output columns, values) in the inverse; the other of BB and BC is the inner dimension
 # of its dots. Session 12's Nsight profile (BENCHMARKS.md) found all three at 12.5-25% occupancy with neither
-# memory nor tensor cores busy, and these values had never been timed against others.
-FWD_BC, FWD_BB, FWD_BN, FWD_WARPS, FWD_STAGES = 32, 32, 128, 4, 3
-INV_BB, INV_BC, INV_BN, INV_WARPS, INV_STAGES = 32, 32, 128, 8, 3
+# memory nor tensor cores busy. The tune script timed them on the H200 (2026-12-05, two interleaved rounds, the
+# benchmark's row, BENCHMARKS.md): the block forward's launches at k=64 2.32 ms here against 3.62 at 32 x 32 and 3
+# stages, the inverse's 1.40 against 1.86 at BC=32.
+FWD_BC, FWD_BB, FWD_BN, FWD_WARPS, FWD_STAGES = 16, 16, 128, 4, 4
+INV_BB, INV_BC, INV_BN, INV_WARPS, INV_STAGES = 32, 16, 128, 8, 3
 # Tests set this to True: the interpreter then rounds fp32 dot operands to tf32 as the GPU path does.
 EMULATE_TF32 = False
 # What the forward saves of x for dh: False, its block spectra Z (the correlation then applies F_k to dy's and
@@ -341,17 +343,20 @@ EMULATE_TF32 = False
 # stage does for dy's, so the correlation only multiplies and transforms back. The same values from the same
 # operations, so dh is bitwise the same. Without dx (x not requiring a gradient) the dx stage still runs, for
 # dy's S. Timed on the H200 (2026-12-04, BENCHMARKS.md): fwd+bwd 5-24% faster at every block and both precisions,
-# errors unchanged; off until scripts/verify_rubiconv_gpu.py passes with it on (issue #25).
-SAVE_SPECTRA = False
+# errors unchanged; scripts/verify_rubiconv_gpu.py passed with it on (2026-12-05).
+SAVE_SPECTRA = True
 
 
 # F_k stage tiles (``_spectrum_tiles``): SPECTRUM_ROWS frequency rows a chunk (at most k), SPECTRUM_INNER of the
 # DFT's inner dimension a dot, and with the inverse at most SPECTRUM_ACC fp32 values in each plane of its [k, BD]
 # accumulator (BD at most 64; 128 without the inverse). Chunks of 16 rows make every dot 16 rows tall, below what
 # Hopper's warpgroup MMA takes in one instruction (64); whole-k chunks need a narrower BD to fit.
-SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 8192
-# ... its channels a program without the inverse (the filter spectra), its warps and pipelining stages
-SPECTRUM_WIDE, SPECTRUM_WARPS, SPECTRUM_STAGES = 128, 8, 3
+SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 4096
+# ... its channels a program without the inverse (the filter spectra), its warps and pipelining stages. Timed on the
+# H200 (2026-12-05, BENCHMARKS.md), the stage's launches in one forward and backward: at k=32 and 64 with shared
+# sizes 4 warps and 4,096 values 1.71 / 3.07 ms against 2.07 / 5.80 at 8 warps and 8,192; at k=128 without shared
+# sizes 32 rows and 8 warps were best (5.18 ms against 6.96 here), so k=128 runs below its best.
+SPECTRUM_WIDE, SPECTRUM_WARPS, SPECTRUM_STAGES = 128, 4, 3
 
 
 def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
