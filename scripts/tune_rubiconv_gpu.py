@@ -49,6 +49,10 @@ GROUPS = [
      [(16, 32, 4096, 128, 4, 3), (16, 32, 8192, 128, 8, 3), (16, 32, 4096, 128, 8, 3), (16, 16, 8192, 128, 8, 3),
       (32, 32, 8192, 128, 8, 3), (16, 32, 8192, 64, 8, 3), (16, 32, 8192, 128, 8, 2), (16, 64, 8192, 128, 8, 3),
       (16, 16, 4096, 128, 8, 2), (128, 32, 4096, 128, 8, 3)]),
+    # the same stage's rows, accumulator cap and warps from block SPECTRUM_LARGE_K on (the group above then serves
+    # the smaller blocks); at k=128 the last candidate takes all rows in one chunk
+    ("spectrum large k", "_rubi_spectrum_kernel", ("SPECTRUM_LARGE_ROWS", "SPECTRUM_LARGE_ACC", "SPECTRUM_LARGE_WARPS"),
+     [(32, 8192, 8), (16, 8192, 8), (16, 4096, 8), (16, 4096, 4), (128, 4096, 8)]),
     # [BB, BN] output columns x column values a program, BC half columns a dot
     ("block inv", "_rubi_block_inv_kernel", ("INV_BB", "INV_BC", "INV_BN", "INV_WARPS", "INV_STAGES"),
      [(32, 16, 128, 8, 3), (32, 32, 128, 8, 3), (32, 32, 128, 4, 3), (64, 32, 128, 8, 3), (32, 32, 256, 8, 3),

@@ -354,17 +354,28 @@ SAVE_SPECTRA = True
 SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 4096
 # ... its channels a program without the inverse (the filter spectra), its warps and pipelining stages. Timed on the
 # H200 (2026-12-05, BENCHMARKS.md), the stage's launches in one forward and backward: at k=32 and 64 with shared
-# sizes 4 warps and 4,096 values 1.71 / 3.07 ms against 2.07 / 5.80 at 8 warps and 8,192; at k=128 without shared
-# sizes 32 rows and 8 warps were best (5.18 ms against 6.96 here), so k=128 runs below its best.
+# sizes 4 warps and 4,096 values 1.71 / 3.07 ms against 2.07 / 5.80 at 8 warps and 8,192.
 SPECTRUM_WIDE, SPECTRUM_WARPS, SPECTRUM_STAGES = 128, 4, 3
+# From block SPECTRUM_LARGE_K on, the rows a chunk, the accumulator's cap and the warps above give way to these: at
+# k=128 (without shared sizes, the same day) 32 rows, 8,192 values and 8 warps timed 5.18 ms, the values above 6.96.
+SPECTRUM_LARGE_K = 128
+SPECTRUM_LARGE_ROWS, SPECTRUM_LARGE_ACC, SPECTRUM_LARGE_WARPS = 32, 8192, 8
+
+
+def _spectrum_setting(k: int) -> tuple[int, int, int]:
+    """(rows a chunk, accumulator cap, warps) of the F_k stage at block k."""
+    if k >= SPECTRUM_LARGE_K:
+        return SPECTRUM_LARGE_ROWS, SPECTRUM_LARGE_ACC, SPECTRUM_LARGE_WARPS
+    return SPECTRUM_ROWS, SPECTRUM_ACC, SPECTRUM_WARPS
 
 
 def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
     """(BKD, BKA, BD) of the F_k stage. Each program reads all of F_k (from L2), so a wider BD reads it
-    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at SPECTRUM_ACC fp32
-    values, 8,192 of which compile for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
-    widest = min(64, SPECTRUM_ACC // k) if accumulate else SPECTRUM_WIDE
-    return min(k, SPECTRUM_ROWS), min(k, SPECTRUM_INNER), max(16, min(widest, tu.next_power_of_2(D)))
+    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at the setting's cap of
+    fp32 values, 8,192 of which compile for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
+    rows, cap, _ = _spectrum_setting(k)
+    widest = min(64, cap // k) if accumulate else SPECTRUM_WIDE
+    return min(k, rows), min(k, SPECTRUM_INNER), max(16, min(widest, tu.next_power_of_2(D)))
 
 
 def _round_tf32(a: torch.Tensor) -> torch.Tensor:
@@ -517,7 +528,7 @@ def _spectrum(
         D, z[0].numel(), hs[0].numel(), out[0].numel(),
         K=k, BKD=BKD, BKA=BKA, BD=BD, MODE=mode, CONJ_H=conj_h, STORE_S=mode == MODE_CONV and s is not None,
         FROM_S=mode == MODE_CORRELATE and s is not None, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
-        UPCAST=_upcast(t), num_warps=SPECTRUM_WARPS, num_stages=SPECTRUM_STAGES,
+        UPCAST=_upcast(t), num_warps=_spectrum_setting(k)[2], num_stages=SPECTRUM_STAGES,
     )  # fmt: skip
     return out
 

@@ -82,6 +82,23 @@ def test_padded_lengths_follow_spec_5_2():
     assert gemm.padded_lengths(lengths, 10, 1).tolist() == [1, 24, 25, 26, 109]
 
 
+def test_spectrum_stage_takes_its_large_block_setting_from_the_threshold_on():
+    """Blocks from SPECTRUM_LARGE_K on take the large setting's rows, accumulator cap and warps; smaller ones the
+    plain setting's (k=64 and k=128: the two the H200 timed them at)."""
+    rt = rubiconv_triton
+    small = (rt.SPECTRUM_ROWS, rt.SPECTRUM_ACC, rt.SPECTRUM_WARPS)
+    large = (rt.SPECTRUM_LARGE_ROWS, rt.SPECTRUM_LARGE_ACC, rt.SPECTRUM_LARGE_WARPS)
+    assert small != large
+    assert rt._spectrum_setting(rt.SPECTRUM_LARGE_K // 2) == small
+    assert rt._spectrum_setting(rt.SPECTRUM_LARGE_K) == large
+    assert rt._spectrum_setting(2 * rt.SPECTRUM_LARGE_K) == large
+    k = rt.SPECTRUM_LARGE_K
+    assert rt._spectrum_tiles(k, 1024, accumulate=True) == (min(k, large[0]), min(k, rt.SPECTRUM_INNER),
+                                                            min(64, large[1] // k))
+    assert rt._spectrum_tiles(k // 2, 1024, accumulate=True) == (min(k // 2, small[0]), min(k // 2, rt.SPECTRUM_INNER),
+                                                                 min(64, small[1] // (k // 2)))
+
+
 def test_auto_block_squares_the_longest_padded_document():
     assert gemm.auto_block(np.array([3, 5]), 64) == 16
     assert gemm.auto_block(np.array([3, 300]), 1000) == 32  # 599 > 16^2

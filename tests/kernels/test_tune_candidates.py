@@ -38,8 +38,8 @@ def test_rubiconv_candidates_stay_exact(monkeypatch):
     """Every RubiConv tile candidate gives y, dx and dh of the float64 reference (interpreter, exact fp32 dots)
     on a row whose longest document has more half columns (36) and columns (71) than one tile of any candidate
     holds (k=16, the block stages' candidates), and on one at k=64, where the F_k stage's chunks of frequency rows
-    differ between candidates (the spectrum kernel's): a tile that drops or repeats work fails before the GPU times
-    it."""
+    differ between candidates (the spectrum kernel's; the large-k group's there too, its threshold lowered to 64): a
+    tile that drops or repeats work fails before the GPU times it."""
     pytest.importorskip("triton")
     from mixlab import kernels
     from mixlab.kernels import triton_utils as tu
@@ -62,7 +62,8 @@ def test_rubiconv_candidates_stay_exact(monkeypatch):
 
     wants = [run(case, torch.float64, "torch") for case in cases]
     for group, module, consts, candidates in _groups("tune_rubiconv_gpu", monkeypatch):
-        rows_of_group = [1] if group == "spectrum" else [0]
+        rows_of_group = [1] if group.startswith("spectrum") else [0]
+        monkeypatch.setattr(module, "SPECTRUM_LARGE_K", 64 if group == "spectrum large k" else 1 << 30)
         for values in candidates:
             for name, value in zip(consts, values, strict=True):
                 monkeypatch.setattr(module, name, value)
