@@ -46,12 +46,14 @@ LOG_MEAN, LOG_STD = 6.7, 1.0
 MERGE_TRIED = 0.4
 
 
-def lognormal_layout(n_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
-    """cu_seqlens of one row of n_tokens cut into lognormal document lengths (the last one cut to fit)."""
+def lognormal_layout(n_tokens: int, seed: int, device: torch.device, median: float | None = None) -> torch.Tensor:
+    """cu_seqlens of one row of n_tokens cut into lognormal document lengths (the last one cut to fit), of median
+    ``median`` tokens (default e^LOG_MEAN)."""
     rng = np.random.default_rng(seed)
+    log_mean = LOG_MEAN if median is None else math.log(median)
     offsets = [0]
     while offsets[-1] < n_tokens:
-        length = max(1, int(rng.lognormal(LOG_MEAN, LOG_STD)))
+        length = max(1, int(rng.lognormal(log_mean, LOG_STD)))
         offsets.append(min(n_tokens, offsets[-1] + length))
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
@@ -110,19 +112,23 @@ def bench_rubiconv(
     blocks: tuple[int, ...] = (),
     seed: int = 0,
     device: str | None = None,
+    median_length: int | None = None,
 ) -> str:
     """Benchmark RubiConv on one packed row of ``n_tokens`` tokens and ``d`` channels; returns markdown.
 
     ``dtype``: fp32 or bf16 activations and filter. ``repeats``: do_bench's rep, milliseconds of timed runs
     per measurement. ``blocks``: extra block sizes k for the gemm and triton rows. ``device``: default CUDA
-    when available (a CPU run needs TRITON_INTERPRET=1 for the triton rows and tiny sizes).
+    when available (a CPU run needs TRITON_INTERPRET=1 for the triton rows and tiny sizes). ``median_length``:
+    the documents' median length (default e^LOG_MEAN, about 812 tokens); rows of short documents favour a small k.
     """
     check("dtype", dtype, Literal[tuple(DTYPES)])
     for name, value in (("n_tokens", n_tokens), ("d", d), ("repeats", repeats)):
         check(name, value, PositiveInt)
+    if median_length is not None:
+        check("median_length", median_length, PositiveInt)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = DTYPES[dtype]
-    cu = lognormal_layout(n_tokens, seed, dev)
+    cu = lognormal_layout(n_tokens, seed, dev, median_length)
     gen = torch.Generator(device=dev).manual_seed(seed)
     x = torch.randn(1, n_tokens, d, generator=gen, device=dev).to(torch_dtype)
     h = (torch.randn(d, n_tokens, generator=gen, device=dev) / math.sqrt(n_tokens)).to(torch_dtype)
@@ -169,8 +175,9 @@ def bench_rubiconv(
         f"# RubiConv, {datetime.date.today().isoformat()}",
         "",
         device_line(dev, cpu_name="CPU"),
-        f"- one packed row of {n_tokens:,} tokens, {len(lengths)} lognormal documents (seed {seed}, longest "
-        f"{int(lengths.max()):,}), D={d}, L_F={n_tokens:,}, {dtype} activations and filter",
+        f"- one packed row of {n_tokens:,} tokens, {len(lengths)} lognormal documents (seed {seed}, median "
+        f"{int(lengths.median()):,}, longest {int(lengths.max()):,}), D={d}, L_F={n_tokens:,}, {dtype} activations "
+        "and filter",
         f"- automatic block k={plan.k}: {plan.n_groups} column counts m, padded tokens "
         f"{int((plan.cols * plan.k).sum()):,}, half spectra of {plan.n_cols} (documents) + "
         f"{plan.n_filter_cols} (filters) columns; sizes shared (a filter half column priced {MERGE_TRIED:g}): "

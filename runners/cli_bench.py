@@ -49,12 +49,14 @@ def bench_rubiconv_cmd(
     blocks: str = typer.Option("", help="Extra block sizes k for the gemm and triton rows, e.g. 64,256."),
     seed: int = typer.Option(0, help="Seed of the document lengths and data."),
     repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    median_length: int | None = typer.Option(None, help="Median document length (default about 812 tokens)."),
 ) -> None:
     """RubiConv backends against a leaky single FFT, a per-document loop, pad-to-longest and pow2 buckets."""
     from mixlab.runners.bench_rubiconv import bench_rubiconv
 
     extra = parse_shape(blocks, len(blocks.split(",")), "block sizes, e.g. 64,256") if blocks else ()
-    typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed))
+    typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed,
+                              median_length=median_length))
 
 
 @bench_app.command("attention")

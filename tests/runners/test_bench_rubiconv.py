@@ -3,6 +3,7 @@ and gets timings, the Triton rows come three times (Z saved, spectra saved, size
 the same errors, and the flags the later sets turn on are back as shipped afterwards."""
 
 import pytest
+import torch
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubiconv_triton
 from mixlab.runners import bench_rubiconv as bench
@@ -31,3 +32,22 @@ def test_the_triton_rows_with_saved_spectra_pass_and_match():
             assert cells[-2] == "PASS", label
         # the modeled work: on the GEMM form's rows only
         assert (cells[-1] != "—") == label.startswith(("gemm", "triton")), label
+
+
+def test_a_shorter_median_cuts_the_row_into_more_and_shorter_documents():
+    cpu = torch.device("cpu")
+    default, short = bench.lognormal_layout(65536, 0, cpu), bench.lognormal_layout(65536, 0, cpu, median=64)
+    assert default[-1] == short[-1] == 65536 and default[0] == short[0] == 0
+    assert torch.equal(default, bench.lognormal_layout(65536, 0, cpu, median=None))
+    assert len(short) > 5 * len(default)
+    assert 40 <= short.diff().float().median() <= 100  # median 64, but the row's last document is cut to fit
+
+
+def test_bench_rubiconv_names_a_bad_median_length(capsys):
+    from mixlab.runners.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "rubiconv", "--median-length", "0", "--n-tokens", "64", "--d", "1"])
+    err = capsys.readouterr().err
+    assert exc.value.code != 0
+    assert "median_length" in err and len(err.strip().splitlines()) == 1
