@@ -100,6 +100,11 @@ GROUPS = [
      ("HW_FWD_STREAM", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
      [(True, 32, 4, 64, 1), (False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
       (True, 32, 8, 32, 1)]),
+    # the streaming forward's weights read as one [heads, W] row a position (HW_FWD_STREAM_W_ROWS; head size 1 here,
+    # head size 16 streams on the taps-aligned layout): compiled for sm_90a (Triton 3.6, 2026-12-05) at U=4, 64
+    # channels, 15 wider loads against 39, but 12 layout moves and 32 shuffles a step
+    ("head-wise fwd stream rows", ["hs1"], headwise, ("HW_FWD_STREAM_W_ROWS", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD"),
+     [(False, 4, 64), (True, 4, 64), (True, 8, 64), (True, 4, 128), (True, 2, 64)]),
     # the streaming forward of heads wider than one channel on its own tiles, a head's channels as [groups, padded
     # width] so each thread reads its head's taps as one vector (HW_FWD_STREAM_WIDE; head size 1 stays as the group
     # above leaves it). Compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout moves or shuffles,

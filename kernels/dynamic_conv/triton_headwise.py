@@ -120,6 +120,14 @@ HW_STREAM_BWD_DW_TILE = True
 # the rows' layout cost 17 layout moves and 56 shuffles a step with the joined dweight above (4 and 16 without
 # W_ROWS), 117 registers (166 with documents). Timed on the H200 (2026-12-05): on, see DW_TILE above.
 HW_STREAM_BWD_W_ROWS = True
+# The streaming forward's weights as rows too (HW_FWD_STREAM_W_ROWS, widths 2 and 4, heads off the taps-aligned
+# layout below): each position's W taps of its heads read as one contiguous [NH, W] tile and split into taps in
+# registers, where tap by tap each is a 2-byte load a channel (at head size 1, 32 a step at U=4 and 64 channels,
+# 64 with documents; the forward there runs at 75% of the copy rate, BENCHMARKS.md session 31). Compiled for sm_90a
+# (Triton 3.6, 2026-12-05) at head size 1, U=4, 64 channels: 7 loads of 4 bytes and 8 of 8 a step against 32 of 2
+# and 7 of 4, but 12 layout moves and 32 shuffles a step (24 and 64 with documents) to bring the taps into x's
+# layout; 63 registers (96). Untimed: off.
+HW_FWD_STREAM_W_ROWS = False
 # The streaming forward where heads hold several channels, on tiles of its own. As above, a position's weights load
 # tap by tap as [NH, HSP] tiles whose HSP channels of a head read the same element: each a 2-byte load of its own,
 # 64 a step at head size 16 (U=8, 64 channels), with 23 layout moves and 38 shuffles (Triton 3.6); it timed 92 µs
@@ -436,12 +444,15 @@ def _hw_stream_setup_taps(s_ptr, i_h, i_b, D, H, RPW, W: tl.constexpr, WP: tl.co
 
 
 @triton.jit
-def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, o_jw, i_doc, start, end,
-                 W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, HAS_STATIC: tl.constexpr,
-                 RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr):
+def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_h, m_h, o_hd, o_d, m_hc, o_jw, i_doc, start,
+                 end, W: tl.constexpr, U: tl.constexpr, MASKED: tl.constexpr, HAS_STATIC: tl.constexpr,
+                 RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr, W_ROWS: tl.constexpr):
     """Outputs tb ... tb + U - 1 of one row (channel tiles) from b_xs = x[tb - W + 1] ... x[tb + U - 1]; MASKED:
     each position finds its document and reads zero before its start, else no tap of the step leaves it.
-    TAP_AXIS: the tiles are [NH, G, WP] and o_jw the tap each channel reads (``_hw_stream_setup_taps``)."""
+    TAP_AXIS: the tiles are [NH, G, WP] and o_jw the tap each channel reads (``_hw_stream_setup_taps``). W_ROWS:
+    the weights of positions tb ... tb + U - 1 read first, as rows (``_hw_weight_rows``)."""
+    if W_ROWS:
+        b_wts = _hw_weight_rows(w_ptr, row, tb, T, H, o_h, m_h, W, U)
     for u in tl.static_range(U):
         t = tb + u
         if MASKED:  # positions past T (the last step's tail) stay in the row's last document
@@ -456,6 +467,8 @@ def _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_
         for k in tl.static_range(W):
             if TAP_AXIS:  # tap k from the thread's own copy of it, at each of the head's channels
                 b_wk = tl.sum(tl.where(o_jw == k, b_w, 0.0), axis=2, keep_dims=True)  # [NH, G, 1]
+            elif W_ROWS:
+                b_wk = b_wts[u * W + k]  # [NH, 1]
             else:
                 b_wk = tl.load(p_w + k, mask=m_w, other=0.0).to(tl.float32)  # [NH, HSP]
             if HAS_STATIC:
@@ -478,7 +491,7 @@ def _headwise_fwd_stream_kernel(
     T, D, H, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr,  # flags
-    WP: tl.constexpr,
+    WP: tl.constexpr, W_ROWS: tl.constexpr,
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if TAP_AXIS:
@@ -497,16 +510,16 @@ def _headwise_fwd_stream_kernel(
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
             if one:
-                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
-                                                 m_hc, o_jw, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL,
-                                                 TAP_AXIS)
+                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_h, m_h, o_hd,
+                                                 o_d, m_hc, o_jw, i_doc, start, end, W, U, False, HAS_STATIC,
+                                                 RESIDUAL, TAP_AXIS, W_ROWS)
             else:
-                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d,
-                                                 m_hc, o_jw, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL,
-                                                 TAP_AXIS)
+                i_doc, start, end = _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_h, m_h, o_hd,
+                                                 o_d, m_hc, o_jw, i_doc, start, end, W, U, True, HAS_STATIC,
+                                                 RESIDUAL, TAP_AXIS, W_ROWS)
         else:
-            _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_hd, o_d, m_hc, o_jw, i_doc, start, end,
-                         W, U, False, HAS_STATIC, RESIDUAL, TAP_AXIS)
+            _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_h, m_h, o_hd, o_d, m_hc, o_jw, i_doc,
+                         start, end, W, U, False, HAS_STATIC, RESIDUAL, TAP_AXIS, W_ROWS)
 # fmt: on
 
 
@@ -713,7 +726,8 @@ def _headwise_fwd(
         _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
             x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, CH, n_cu, n_search, W=W, HS=D // H, HSP=HSP,
             NH=NH, U=U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
-            RESIDUAL=residual, TAP_AXIS=wide and (D // H) % WP == 0, WP=WP, num_warps=warps,
+            RESIDUAL=residual, TAP_AXIS=wide and (D // H) % WP == 0, WP=WP,
+            W_ROWS=HW_FWD_STREAM_W_ROWS and W in (2, 4) and not (wide and (D // H) % WP == 0), num_warps=warps,
         )
         # fmt: on
         return y

@@ -183,7 +183,7 @@ def test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, as
 
 
 def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw_tile: bool = False,
-               w_rows: bool = False) -> None:
+               w_rows: bool = False, fwd_w_rows: bool = False) -> None:
     """Both head-wise streaming forms on (every head size) or off, as ``_stream``: ``bd`` channels a program (at
     least one head); on, also under the interpreter."""
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
@@ -191,6 +191,7 @@ def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw
     monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_HS", 1 << 30 if on else 0)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_DW_TILE", dw_tile)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_W_ROWS", w_rows)
+    monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM_W_ROWS", fwd_w_rows)
     monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM_WIDE", False)  # wide heads on the plain layout too
     monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_WIDE", False)
     for form in ("FWD", "BWD"):
@@ -236,14 +237,15 @@ def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residu
                          [c for c in HEADWISE_CASES if c.values[4] in (2, 4) and c.values[0] * c.values[1] > 1] + [
                              pytest.param(2, 60, 12, 1, 2, [[1, 2, 3, 4, 50], [60]], True, False, FP32,
                                           id="hs1-W2-docs")])
-@pytest.mark.parametrize("dw_tile, w_rows", [(True, False), (False, True), (True, True)],
-                         ids=["dweight-tile", "weight-rows", "both"])
+@pytest.mark.parametrize("dw_tile, w_rows, fwd_w_rows", [(True, False, False), (False, True, False),
+                                                       (True, True, True)],
+                         ids=["dweight-tile", "weight-rows", "all-with-forward-rows"])
 def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, residual, static, dtype, dw_tile, w_rows,
-                                                      monkeypatch, assert_rel_rms):
-    """The streaming backward's tune knobs of widths 2 and 4, at every head size: each position's dweight stored
-    as one [heads, W] tile, the weights read as one [heads, W] row a position and split into taps in registers,
-    or both."""
-    _hw_stream(monkeypatch, True, dw_tile=dw_tile, w_rows=w_rows)
+                                                      fwd_w_rows, monkeypatch, assert_rel_rms):
+    """The streaming forms' tune knobs of widths 2 and 4, at every head size: each position's dweight stored as
+    one [heads, W] tile, the backward's weights read as one [heads, W] row a position and split into taps in
+    registers, or both, and then the forward's weights read as rows too."""
+    _hw_stream(monkeypatch, True, dw_tile=dw_tile, w_rows=w_rows, fwd_w_rows=fwd_w_rows)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
