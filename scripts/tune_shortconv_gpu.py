@@ -96,10 +96,12 @@ GROUPS = [
     # Compiled for sm_90a (scripts/kernel_resources.py, Triton 3.9, 2026-12-04), 1 warp, 128 channels: head size 16
     # fwd 74 registers, no layout move, bwd 146 (16 moves, 48 shuffles: dweight's sum over a head's channels);
     # head size 1 fwd 132, bwd 254 (27-35 moves).
+    # HW_FWD_STREAM_HS: the head sizes up to which the forward streams on this layout (0 never; head size 16 streams
+    # on the taps-aligned layout below while HW_FWD_STREAM_WIDE is on)
     ("head-wise fwd stream", ["hs1", "hs16"], headwise,
-     ("HW_FWD_STREAM", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
-     [(True, 32, 4, 64, 1), (False, 32, 8, 64, 1), (True, 32, 8, 64, 1), (True, 32, 8, 128, 1), (True, 64, 8, 64, 1),
-      (True, 32, 8, 32, 1)]),
+     ("HW_FWD_STREAM_HS", "HW_STREAM_FWD_CH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD", "HW_STREAM_FWD_WARPS"),
+     [(1, 32, 4, 64, 1), (0, 32, 8, 64, 1), (1, 32, 8, 64, 1), (1, 32, 8, 128, 1), (1, 64, 8, 64, 1),
+      (1, 32, 8, 32, 1)]),
     # the streaming forward's weights read as one [heads, W] row a position (HW_FWD_STREAM_W_ROWS; head size 1 here,
     # head size 16 streams on the taps-aligned layout): compiled for sm_90a (Triton 3.6, 2026-12-05) at U=4, 64
     # channels, 15 wider loads against 39, but 12 layout moves and 32 shuffles a step

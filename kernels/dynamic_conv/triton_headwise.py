@@ -99,10 +99,11 @@ HW_HS1_BWD_GATHER = True
 # head size 1 340 (421) against 486 (531) for the tiled kernel above, head size 16 214 (255) against 172 (188); so
 # the backward streams at head sizes up to HW_BWD_STREAM_HS (0: never). The forward at its best setting (32, 8, 64
 # channels): head size 1 125 (173) against 135 (152) tiled, head size 16 92 (141) against 82 (110). Wide heads
-# now stream on a layout of their own (HW_FWD_STREAM_WIDE below), so the forward's choice here concerns head size 1:
-# at 4 positions a step it timed 126.3 (137.6) against 136 (152) tiled (2026-12-05, with the joined dweight and
-# weight rows below: the backward at 128 positions, 4 a step, 32 channels 238.6 (246.4)).
-HW_FWD_STREAM, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = True, 32, 4, 64, 1
+# now stream on a layout of their own (HW_FWD_STREAM_WIDE below), so the forward, too, streams on this one at head
+# sizes up to HW_FWD_STREAM_HS (0: never): at head size 1 and 4 positions a step it timed 126.3 (137.6) against 136
+# (152) tiled (2026-12-05, with the joined dweight and weight rows below: the backward at 128 positions, 4 a step,
+# 32 channels 238.6 (246.4)). Head sizes that neither covers take the tiled kernels.
+HW_FWD_STREAM_HS, HW_STREAM_FWD_CH, HW_STREAM_FWD_U, HW_STREAM_FWD_BD, HW_STREAM_FWD_WARPS = 1, 32, 4, 64, 1
 HW_BWD_STREAM_HS, HW_STREAM_BWD_CH, HW_STREAM_BWD_U, HW_STREAM_BWD_BD, HW_STREAM_BWD_WARPS = 1, 128, 4, 32, 1
 # How that backward stores dweight: tap by tap, [NH] values W elements apart (each store first moved into a layout
 # of its own), or (HW_STREAM_BWD_DW_TILE, widths 2 and 4) the W taps joined into one [NH, W] tile of contiguous
@@ -138,7 +139,8 @@ HW_FWD_STREAM_W_ROWS = False
 # layout move, no shuffle, 19 loads of 8 bytes a step (the static forward's streaming kernel: 86, none, none, 19 x
 # 8 B). At 64 channels a warp a thread holds 2 channels, so the sum crosses threads (32 shuffles). Timed on the
 # H200 (2026-12-05, two interleaved rounds, raw forward at head size 16, µs without / with 64 documents): U=4 61.8 /
-# 83.9, U=8 73.2 / 96.2, U=16 86.7 / 153.1, against 79.1 / 86.7 tiled.
+# 83.9, U=8 73.2 / 96.2, U=16 86.7 / 153.1, against 79.1 / 86.7 tiled. Head sizes of other widths stream on the
+# plain layout up to HW_FWD_STREAM_HS and take the tiled kernel past it (as the backward: HW_BWD_STREAM_HS).
 HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_WIDE_BD, HW_STREAM_FWD_WIDE_WARPS = (
     True, 32, 4, 128, 1)
 # The streaming backward of wide heads on the same layout (it timed 214 µs at head size 16 on the plain one against
@@ -718,16 +720,16 @@ def _headwise_fwd(
     x, weight, static_w = tu.contiguous(x, weight, static_w)
     y = tu.empty((B, T, D), x.dtype, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    wide = HW_FWD_STREAM_WIDE and H < D
-    if tu.streams((HW_FWD_STREAM or wide) and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
+    WP = tu.next_power_of_2(W)
+    wide = HW_FWD_STREAM_WIDE and H < D and (D // H) % WP == 0  # the taps-aligned layout fits
+    if tu.streams((D // H <= HW_FWD_STREAM_HS or wide) and W <= tu.SLOTS, _headwise_fwd_stream_kernel):
         CH, U, warps, NH, HSP = _stream_form(T, H, D // H, backward=False, wide=wide)
-        WP = tu.next_power_of_2(W)
         # fmt: off
         _headwise_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(H, NH), B)](
             x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, CH, n_cu, n_search, W=W, HS=D // H, HSP=HSP,
             NH=NH, U=U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
-            RESIDUAL=residual, TAP_AXIS=wide and (D // H) % WP == 0, WP=WP,
-            W_ROWS=HW_FWD_STREAM_W_ROWS and W in (2, 4) and not (wide and (D // H) % WP == 0), num_warps=warps,
+            RESIDUAL=residual, TAP_AXIS=wide, WP=WP, W_ROWS=HW_FWD_STREAM_W_ROWS and W in (2, 4) and not wide,
+            num_warps=warps,
         )
         # fmt: on
         return y
@@ -760,10 +762,10 @@ def _headwise_bwd(
     rows = B // runs  # of each run
     dy, x, weight, static_w = tu.contiguous(dy, x, weight, static_w)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    wide = HW_BWD_STREAM_WIDE and H < D
+    WP = tu.next_power_of_2(W)
+    wide = HW_BWD_STREAM_WIDE and H < D and (D // H) % WP == 0  # the taps-aligned layout fits
     if tu.streams((D // H <= HW_BWD_STREAM_HS or wide) and W <= tu.SLOTS, _headwise_bwd_stream_kernel):
         CH, U, warps, NH, HSP = _stream_form(T, H, D // H, backward=True, wide=wide)
-        WP = tu.next_power_of_2(W)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)
         dweight = tu.empty((B, T, H, W), weight.dtype, x.device)
@@ -773,7 +775,7 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
             W=W, HS=D // H, HSP=HSP, NH=NH, U=U, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
-            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), TAP_AXIS=wide and (D // H) % WP == 0, WP=WP,
+            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), TAP_AXIS=wide, WP=WP,
             num_warps=warps,
         )
         # fmt: on

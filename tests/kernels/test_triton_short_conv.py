@@ -187,7 +187,7 @@ def _hw_stream(monkeypatch, on: bool, ch: int = 12, u: int = 4, bd: int = 64, dw
     """Both head-wise streaming forms on (every head size) or off, as ``_stream``: ``bd`` channels a program (at
     least one head); on, also under the interpreter."""
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", on)
-    monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM", on)
+    monkeypatch.setattr(triton_headwise, "HW_FWD_STREAM_HS", 1 << 30 if on else 0)
     monkeypatch.setattr(triton_headwise, "HW_BWD_STREAM_HS", 1 << 30 if on else 0)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_DW_TILE", dw_tile)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_W_ROWS", w_rows)
@@ -222,8 +222,8 @@ def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residu
                                                    assert_rel_rms):
     """The streaming forward and backward of wide heads, with a head's channels laid out as [groups, padded width]
     (each channel reads the tap of its place in the group; dweight gathered on that axis), where the head size is a
-    multiple of the padded width (hs3 keeps the plain layout); 128 channels a program, so two of them split H=3
-    heads of 16 and the second is partly masked."""
+    multiple of the padded width (hs3 takes the tiled kernels); 128 channels a program, so two of them split H=3 heads
+    of 16 and the second is partly masked."""
     _hw_stream(monkeypatch, False)
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", True)
     for form in ("FWD", "BWD"):
@@ -247,6 +247,25 @@ def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, resi
     registers, or both, and then the forward's weights read as rows too."""
     _hw_stream(monkeypatch, True, dw_tile=dw_tile, w_rows=w_rows, fwd_w_rows=fwd_w_rows)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("hs, W, streams", [(1, 4, True), (16, 4, True), (8, 4, True), (16, 3, True), (6, 2, True),
+                                             (3, 4, False), (2, 4, False), (3, 2, False)],
+                         ids=["hs1", "hs16", "hs8", "hs16-W3", "hs6-W2", "hs3", "hs2-W4", "hs3-W2"])
+def test_shipped_constants_stream_only_the_head_sizes_timed_streaming(hs, W, streams, monkeypatch):
+    """At the shipped constants head size 1 streams on the plain layout and head sizes that are multiples of the
+    padded width on the taps-aligned one; the others, for which no streaming form was timed faster, take the
+    tiled kernels, forward and backward."""
+    monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", True)
+    spies = {}
+    for name in ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"):
+        spies[name] = _LaunchSpy(getattr(triton_headwise, name))
+        monkeypatch.setattr(triton_headwise, name, spies[name])
+    gen = torch.Generator().manual_seed(0)
+    x = _randn(gen, 1, 6, 2 * hs).float().requires_grad_()
+    weight = _randn(gen, 1, 6, 2, W).float().requires_grad_()
+    kernels.dynamic_conv_headwise(x, weight, backend="triton").sum().backward()
+    assert [bool(spy.grids) for spy in spies.values()] == [streams, streams]
 
 
 @pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype",
@@ -946,7 +965,7 @@ FOLDED = [
                  id="headwise-hs1-gathered"),
     pytest.param(functools.partial(_headwise, H=8), triton_headwise,
                  ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"),
-                 {"HW_FWD_STREAM": True, "HW_BWD_STREAM_HS": 1, "HW_STREAM_FWD_CH": 12, "HW_STREAM_FWD_U": 4,
+                 {"HW_FWD_STREAM_HS": 1, "HW_BWD_STREAM_HS": 1, "HW_STREAM_FWD_CH": 12, "HW_STREAM_FWD_U": 4,
                   "HW_STREAM_BWD_CH": 12, "HW_STREAM_BWD_U": 4}, STREAMED, id="headwise-hs1-streamed"),
     pytest.param(_headwise, triton_headwise, ("_headwise_fwd_stream_kernel", "_headwise_bwd_stream_kernel"),
                  {"HW_FWD_STREAM_WIDE": True, "HW_BWD_STREAM_WIDE": True, "HW_STREAM_FWD_WIDE_CH": 12,
