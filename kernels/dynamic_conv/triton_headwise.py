@@ -775,7 +775,7 @@ def _headwise_bwd(
             x, weight, static_w, dy, dx, dweight, ds_partial, cu_seqlens, T, D, H, rows, CH, n_tc, n_cu, n_search,
             W=W, HS=D // H, HSP=HSP, NH=NH, U=U, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
-            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4), TAP_AXIS=wide, WP=WP,
+            W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4) and not wide, TAP_AXIS=wide, WP=WP,
             num_warps=warps,
         )
         # fmt: on
