@@ -29,7 +29,7 @@ from mixlab import kernels
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubi
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
-from mixlab.runners.bench_rubiconv import BOUND, lognormal_layout
+from mixlab.runners.bench_rubiconv import BOUND, _grads, lognormal_layout
 from mixlab.runners.bench_utils import median_time_ms, rel_rms
 from tuning import set_constants, settle, use
 
@@ -73,7 +73,8 @@ class _Case:
         self.x = torch.randn(1, tokens, d, generator=gen, device=device)
         self.h = torch.randn(d, tokens, generator=gen, device=device) / math.sqrt(tokens)
         self.dy = torch.randn(1, tokens, d, generator=gen, device=device)
-        self.want = self._grads(lambda a, b: rubiconv_ref(a, b, cu_seqlens=self.cu), torch.float64)
+        self.want = _grads(lambda a, b: rubiconv_ref(a, b, cu_seqlens=self.cu), self.x.double(), self.h.double(),
+                           self.dy.double())
         self.plan = plan = gemm.get_plan(self.cu, 1, tokens, tokens, block, device)
         self.t = t = rubi._tables(plan, precision)
         x, dy = self.x.view(-1, d), self.dy.view(-1, d)
@@ -115,23 +116,14 @@ class _Case:
             ],
         }
 
-    def _grads(self, fn, dtype: torch.dtype) -> list[torch.Tensor]:
-        x, h = self.x.to(dtype).requires_grad_(), self.h.to(dtype).requires_grad_()
-        y = fn(x, h)
-        return [y.detach(), *torch.autograd.grad(y, (x, h), self.dy.to(dtype))]
-
     def op(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return kernels.rubiconv(a, b, cu_seqlens=self.cu, block=self.block, backend="triton",
                                 precision=self.precision)
 
     def error(self) -> float:
         """Worst relative RMS of y, dx and dh of the whole op against the float64 reference."""
-        got = self._grads(self.op, torch.float32)
+        got = _grads(self.op, self.x, self.h, self.dy)
         return max(rel_rms(a, b) for a, b in zip(got, self.want, strict=True))
-
-
-def _ms(fn, rep: int, device: torch.device) -> float:
-    return median_time_ms(fn, rep, device)
 
 
 def _time_candidate(cases: list[_Case], kernel: str, values: tuple, rep: int) -> tuple[float, float, str]:
@@ -140,7 +132,7 @@ def _time_candidate(cases: list[_Case], kernel: str, values: tuple, rep: int) ->
     score, worst, cells = 0.0, 0.0, []
     for case in cases:
         try:
-            ms = sum(_ms(fn, rep, case.x.device) for _, fn, _ in case.launches[kernel])
+            ms = sum(median_time_ms(fn, rep, case.x.device) for _, fn, _ in case.launches[kernel])
             err = case.error()
         except Exception as exc:  # noqa: BLE001 - a candidate that fails to compile is reported, not fatal
             print(f"  {values}: {case.name} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
@@ -178,7 +170,7 @@ def _table(cases: list[_Case], rep: int) -> None:
         total = 0.0
         for kernel, launches in case.launches.items():
             for label, fn, nbytes in launches:
-                ms = _ms(fn, rep, case.x.device)
+                ms = median_time_ms(fn, rep, case.x.device)
                 total += ms
                 rate = nbytes / ms / 1e6
                 print(f"| {case.name} | {kernel} | {label} | {ms:.3f} | {nbytes / 1e6:,.1f} | {rate:,.0f} |")
@@ -189,8 +181,8 @@ def _table(cases: list[_Case], rep: int) -> None:
         def forward(case=case):
             with torch.no_grad():
                 case.op(case.x, case.h)
-        fwd = _ms(forward, rep, case.x.device)
-        total = _ms(lambda case=case: case._grads(case.op, torch.float32), rep, case.x.device)
+        fwd = median_time_ms(forward, rep, case.x.device)
+        total = median_time_ms(lambda case=case: _grads(case.op, case.x, case.h, case.dy), rep, case.x.device)
         print(f"| {case.name} | {fwd:.3f} | {total:.3f} | {case.error():.1e} |")
 
 
