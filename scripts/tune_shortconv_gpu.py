@@ -106,7 +106,7 @@ GROUPS = [
     # head size 16 streams on the taps-aligned layout): compiled for sm_90a (Triton 3.6, 2026-12-05) at U=4, 64
     # channels, 15 wider loads against 39, but 12 layout moves and 32 shuffles a step
     ("head-wise fwd stream rows", ["hs1"], headwise, ("HW_FWD_STREAM_W_ROWS", "HW_STREAM_FWD_U", "HW_STREAM_FWD_BD"),
-     [(False, 4, 64), (True, 4, 64), (True, 8, 64), (True, 4, 128), (True, 2, 64)]),
+     [(True, 4, 64), (False, 4, 64), (True, 8, 64), (True, 4, 128), (True, 2, 64)]),
     # the streaming forward of heads wider than one channel on its own tiles, a head's channels as [groups, padded
     # width] so each thread reads its head's taps as one vector (HW_FWD_STREAM_WIDE; head size 1 stays as the group
     # above leaves it). Compiled for sm_90a (Triton 3.6, 2026-12-05), head size 16, no layout moves or shuffles,
@@ -125,6 +125,17 @@ GROUPS = [
      [(True, 128, 2, 128, 1), (False, 128, 4, 128, 1), (True, 128, 4, 128, 1), (True, 256, 4, 128, 1),
       (True, 64, 2, 128, 1), (True, 128, 4, 256, 2), (True, 64, 4, 128, 1)]),
     # HW_BWD_STREAM_HS: the head sizes up to which the backward streams (0 never, 16 both cases here)
+    # the streaming backward carrying the rows it shares with the next step in registers (HW_STREAM_BWD_*PREFETCH),
+    # x, dy and, on the taps-aligned layout, the weights. Compiled for sm_90a (Triton 3.6, 2026-12-05), registers
+    # without (with) 64 documents and global loads a step: head size 16, U=2 149 (157), 6 x 8 B against 96 (127),
+    # 15 x 8 B; U=1 95 (127), 3 x 8 B; U=4 168 (220), 12 x 8 B. Head size 1 (weights as rows), U=4 74 (95), 8 x 2 B
+    # and 7 x 8 B; U=2 58 (57)
+    ("head-wise bwd wide prefetch", ["hs16"], headwise,
+     ("HW_STREAM_BWD_WIDE_PREFETCH", "HW_STREAM_BWD_WIDE_U", "HW_STREAM_BWD_WIDE_CH"),
+     [(False, 2, 128), (True, 2, 128), (True, 1, 128), (True, 4, 128), (True, 2, 256), (True, 1, 64)]),
+    ("head-wise bwd stream prefetch", ["hs1"], headwise,
+     ("HW_STREAM_BWD_PREFETCH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_CH"),
+     [(False, 4, 128), (True, 4, 128), (True, 2, 128), (True, 4, 256)]),
     ("head-wise bwd stream", ["hs1", "hs16"], headwise,
      ("HW_BWD_STREAM_HS", "HW_STREAM_BWD_CH", "HW_STREAM_BWD_U", "HW_STREAM_BWD_BD", "HW_STREAM_BWD_WARPS"),
      [(1, 128, 4, 32, 1), (1, 128, 4, 64, 1), (0, 128, 4, 64, 1), (16, 128, 4, 64, 1), (1, 256, 4, 64, 1),
@@ -198,12 +209,29 @@ GROUPS = [
     # DS_DEFER (last value): dstatic_w summed once a chunk from a [BT, WP * BD] sum. Timed on the H200 (2026-12-04,
     # two interleaved rounds), the whole backward: 32x32 1,024 programs deferred 510.6 µs (484.4 with documents),
     # 64x16 2,048 every tile 516.6 (568.2), 64x16 deferred 515.3 (513.4), 32x32 every tile 568.4 (621.7).
+    # (the "wide" form's tiles, the shipped form first)
     ("low-rank bwd dU", ["lowrank"], lowrank,
-     ("LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS", "LR_DU_DS_DEFER"),
-     [(32, 32, 4, 1, 1024, True), (64, 16, 4, 1, 2048, False), (32, 32, 4, 1, 512, True),
-      (32, 32, 4, 1, 2048, True), (16, 32, 4, 1, 1024, True), (64, 32, 8, 1, 1024, True),
-      (32, 64, 8, 1, 1024, True), (16, 64, 4, 1, 1024, True), (32, 32, 8, 1, 1024, True),
-      (32, 32, 4, 2, 1024, True)]),
+     ("LR_DU_FORM", "LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LR_DU_STAGES", "LOWRANK_BWD_PROGRAMS", "LR_DU_DS_DEFER"),
+     [("taps-t", 64, 64, 4, 1, 1024, True), ("wide", 32, 32, 4, 1, 1024, True), ("wide", 64, 16, 4, 1, 2048, False),
+      ("wide", 32, 32, 4, 1, 512, True), ("wide", 32, 32, 4, 1, 2048, True), ("wide", 16, 32, 4, 1, 1024, True),
+      ("wide", 64, 32, 8, 1, 1024, True), ("wide", 32, 64, 8, 1, 1024, True), ("wide", 16, 64, 4, 1, 1024, True),
+      ("wide", 32, 32, 8, 1, 1024, True), ("wide", 32, 32, 4, 2, 1024, True)]),
+    # the dU kernel's form (LR_DU_FORM): one [BT, WP * BD] tile of g ("wide") or one [BT, BD] tile a tap, plain
+    # ("taps") or transposed so that the dot has BD rows ("taps-t": a warpgroup's dot from 64 rows on). Compiled for
+    # sm_90a (Triton 3.6, 2026-12-05), registers without documents: wide 32x32 154; taps 32x32 194, 32x64 174;
+    # taps-t 32x32 164, 32x64 140 (wgmma), 64x64 184 (177 with documents), 32x128 at 8 warps 128, 64x128 spills
+    ("low-rank bwd dU form", ["lowrank"], lowrank,
+     ("LR_DU_FORM", "LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LOWRANK_BWD_PROGRAMS"),
+     [("taps-t", 64, 64, 4, 1024), ("wide", 32, 32, 4, 1024), ("taps", 32, 64, 4, 1024), ("taps-t", 32, 64, 4, 1024),
+      ("taps-t", 64, 64, 4, 512), ("taps-t", 64, 64, 4, 2048), ("taps-t", 64, 32, 4, 1024),
+      ("taps-t", 32, 128, 8, 1024), ("taps-t", 128, 64, 8, 1024)]),
+    # the dz-only launch's own tiles (LR_DZ_*; "own"): its dot g @ U^T has BT rows, a warpgroup's from 64 on at 4 warps.
+    # Compiled for sm_90a (Triton 3.6, 2026-12-05), registers without documents: 32x64 93 (mma.sync), 64x32 80 and
+    # 64x64 119 (wgmma), 64x128 225, 128x64 at 8 warps 122
+    ("low-rank bwd dz tiles", ["lowrank"], lowrank,
+     ("LR_DZ_BT", "LR_DZ_BD", "LR_DZ_WARPS", "LR_DZ_SPLITS"),
+     [(32, 64, 4, 8), (64, 32, 4, 8), (64, 64, 4, 8), (64, 32, 4, 16), (64, 64, 4, 4), (128, 64, 8, 8),
+      (128, 32, 8, 8), (64, 32, 4, 4)]),
 ]
 
 

@@ -127,8 +127,9 @@ HW_STREAM_BWD_W_ROWS = True
 # 64 with documents; the forward there runs at 75% of the copy rate, BENCHMARKS.md session 31). Compiled for sm_90a
 # (Triton 3.6, 2026-12-05) at head size 1, U=4, 64 channels: 7 loads of 4 bytes and 8 of 8 a step against 32 of 2
 # and 7 of 4, but 12 layout moves and 32 shuffles a step (24 and 64 with documents) to bring the taps into x's
-# layout; 63 registers (96). Untimed: off.
-HW_FWD_STREAM_W_ROWS = False
+# layout; 63 registers (96). Timed on the H200 (2026-12-05 session 32, two interleaved rounds, raw forward at head
+# size 1, µs without / with 64 documents): 108.5 / 133.3 against 125.4 / 136.1 tap by tap; on.
+HW_FWD_STREAM_W_ROWS = True
 # The streaming forward where heads hold several channels, on tiles of its own. As above, a position's weights load
 # tap by tap as [NH, HSP] tiles whose HSP channels of a head read the same element: each a 2-byte load of its own,
 # 64 a step at head size 16 (U=8, 64 channels), with 23 layout moves and 38 shuffles (Triton 3.6); it timed 92 µs
@@ -154,6 +155,12 @@ HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_W
 # 147.9 (its rounds 102-146 apart), against 174.7 / 190.8 tiled; a later tune at these settings 122.3 / 119.4.
 HW_BWD_STREAM_WIDE, HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U, HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS = (
     True, 128, 2, 128, 1)
+# Software pipelining by hand in the streaming backward (``kernels.short_conv.triton``'s STREAM_*_PREFETCH): a step
+# loads the next step's U new rows of x and dy (and, on the taps-aligned layout, of the weights) before its own work
+# and keeps the W - 1 rows it shares with the next in registers, where without it each step reads U + W - 1 rows
+# of each (the shared ones again, through L1: 2.5 times the rows at U=2, W=4). Wide heads and the rest each have
+# their own switch.
+HW_STREAM_BWD_WIDE_PREFETCH, HW_STREAM_BWD_PREFETCH = False, False
 
 
 # fmt: off
@@ -549,23 +556,31 @@ def _hw_weight_rows(w_ptr, row, first, T, H, o_h, m_h, W: tl.constexpr, N: tl.co
 
 
 @triton.jit
-def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                 o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W: tl.constexpr, U: tl.constexpr,
+def _hw_tap_rows(w_ptr, row, first, T, H, o_hd, o_jw, m_hc, W: tl.constexpr, N: tl.constexpr):
+    """The weights of positions first ... first + N - 1 of one row on the taps-aligned layout (channel (g, j)
+    holding tap j of its head: one vector a thread), N [NH, G, WP] tiles in fp32, zero at or past T."""
+    rows = ()
+    for j in tl.static_range(N):
+        r = tl.zeros_like(o_hd) + (first + j)
+        p_w = w_ptr + ((row + r).to(tl.int64) * H + o_hd) * W + o_jw
+        rows = rows + (tl.load(p_w, mask=m_hc & (o_jw < W) & (r < T), other=0.0).to(tl.float32),)
+    return rows
+
+
+@triton.jit
+def _hw_bwd_step(p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_wtr, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D,
+                 H, o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W: tl.constexpr, U: tl.constexpr,
                  MASKED: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,
                  W_ROWS: tl.constexpr, TAP_AXIS: tl.constexpr):
     """dx and dweight at positions tb ... tb + U - 1 of one row, their products dy[t] * x[t - k] added to tap k's
     slot (dstatic_w), from b_xs = x[tb - W + 1] ... x[tb + U - 1] and b_dys = dy[tb] ... dy[tb + U + W - 2];
     W_ROWS: the weights of positions tb ... tb + U + W - 2 read first, as rows. TAP_AXIS: the tiles are
     [NH, G, WP], o_jw the tap each channel reads and m_g0 each head's first group (``_hw_stream_setup_taps``),
-    and those weights are read first on that layout."""
+    and b_wtr those positions' weights on that layout (``_hw_tap_rows``; unused otherwise)."""
     if W_ROWS:
         b_wts = _hw_weight_rows(w_ptr, row, tb, T, H, o_h, m_h, W, U + W - 1)
     if TAP_AXIS:  # position tb + j's taps, channel (g, j') holding tap j': one vector a thread
-        b_wts = ()
-        for j in tl.static_range(U + W - 1):
-            r = tl.zeros_like(o_d) + (tb + j)
-            p_w = w_ptr + ((row + r).to(tl.int64) * H + o_hd) * W + o_jw
-            b_wts = b_wts + (tl.load(p_w, mask=m_hc & (o_jw < W) & (r < T), other=0.0).to(tl.float32),)
+        b_wts = b_wtr
     for u in tl.static_range(U):
         t = tb + u
         if MASKED:
@@ -626,7 +641,7 @@ def _headwise_bwd_stream_kernel(
     T, D, H, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, DW_TILE: tl.constexpr,  # flags
-    W_ROWS: tl.constexpr, TAP_AXIS: tl.constexpr, WP: tl.constexpr,  # flags
+    W_ROWS: tl.constexpr, TAP_AXIS: tl.constexpr, WP: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if TAP_AXIS:
@@ -650,26 +665,43 @@ def _headwise_bwd_stream_kernel(
     a5 = tl.zeros_like(a0)
     a6 = tl.zeros_like(a0)
     a7 = tl.zeros_like(a0)
+    # b_wtr (TAP_AXIS): the weights of positions tb ... tb + U + W - 2, as b_dys covers them
+    if PREFETCH:
+        b_xs = tu.stream_rows(p_x, o_d, m_hc, t0 - (W - 1), T, D, U + W - 1)
+        b_dys = tu.stream_rows(p_dy, o_d, m_hc, t0, T, D, U + W - 1)
+        b_wtr = _hw_tap_rows(w_ptr, row, t0, T, H, o_hd, o_jw, m_hc, W, U + W - 1) if TAP_AXIS else ()
     for tb in range(t0, t0 + CH, U):
-        b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
-        b_dys = tu.stream_rows(p_dy, o_d, m_hc, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+        if PREFETCH:  # the next step's U new rows first (dy's and the weights' reach W - 1 past the program)
+            b_xn = tu.stream_rows(p_x, o_d, m_hc, tb + U, tl.minimum(T, t0 + CH), D, U)
+            b_dyn = tu.stream_rows(p_dy, o_d, m_hc, tb + U + W - 1, tl.minimum(T, t0 + CH + W - 1), D, U)
+            if TAP_AXIS:
+                b_wn = _hw_tap_rows(w_ptr, row, tb + U + W - 1, tl.minimum(T, t0 + CH + W - 1), H, o_hd, o_jw, m_hc,
+                                    W, U)
+        else:
+            b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+            b_dys = tu.stream_rows(p_dy, o_d, m_hc, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+            b_wtr = _hw_tap_rows(w_ptr, row, tb, T, H, o_hd, o_jw, m_hc, W, U + W - 1) if TAP_AXIS else ()
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U + W - 2, T, i_doc, start, end)
             if one:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
-                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL,
+                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_wtr, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T,
+                    D, H, o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL,
                     DW_TILE, W_ROWS, TAP_AXIS)
             else:
                 a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
-                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                    o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL,
+                    p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_wtr, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T,
+                    D, H, o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, True, HAS_STATIC, RESIDUAL,
                     DW_TILE, W_ROWS, TAP_AXIS)
         else:
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _hw_bwd_step(
-                p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, H,
-                o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE,
+                p_dx, w_ptr, dw_ptr, b_xs, b_dys, b_wtr, b_ss, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D,
+                H, o_h, m_h, o_hd, o_d, m_hc, o_jw, m_g0, i_doc, start, end, W, U, False, HAS_STATIC, RESIDUAL, DW_TILE,
                 W_ROWS, TAP_AXIS)
+        if PREFETCH:
+            b_xs, b_dys = tu.shift_rows(b_xs, b_xn, U, W - 1), tu.shift_rows(b_dys, b_dyn, U, W - 1)
+            if TAP_AXIS:
+                b_wtr = tu.shift_rows(b_wtr, b_wn, U, W - 1)
     if HAS_STATIC:  # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
         p_ds = dsp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
         tu.slots_store(p_ds, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_hc)
@@ -776,7 +808,7 @@ def _headwise_bwd(
             W=W, HS=D // H, HSP=HSP, NH=NH, U=U, HAS_CU=cu_seqlens is not None,
             HAS_STATIC=static_w is not None, RESIDUAL=residual, DW_TILE=HW_STREAM_BWD_DW_TILE and W in (2, 4),
             W_ROWS=HW_STREAM_BWD_W_ROWS and W in (2, 4) and not wide, TAP_AXIS=wide, WP=WP,
-            num_warps=warps,
+            PREFETCH=HW_STREAM_BWD_WIDE_PREFETCH if wide else HW_STREAM_BWD_PREFETCH, num_warps=warps,
         )
         # fmt: on
         if static_w is None:

@@ -13,6 +13,7 @@ g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
              blocks, walking its blocks; LR_DZ_SPLITS fp32 partials summed in a fixed order
 and, one program per channel block (all taps) and chunk of token tiles,
     dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
+(``LR_DU_FORM``: tap by tap, g^T [BD, BT] @ z, dstatic_w a rank whose z is 1),
 so the [B, T, W, D] weights and their gradient never reach device memory either. ``LR_DZ_FORM`` can move dz to
 a launch of its own, or make the whole backward one launch (tune knobs, below): one program per channel block and
 chunk of token tiles forms dx, its channel block's share of dz (an fp32 partial per channel block) and its chunk's
@@ -51,9 +52,12 @@ LR_DX_BT, LR_DX_BD, LR_DX_WARPS, LR_DX_STAGES, LR_DZ_SPLITS = 32, 64, 4, 1, 8
 # the dx kernel (512 against 539 µs at [64, 128] uncapped, 576 against 644 with 64 documents; BENCHMARKS.md). With
 # dz on its own the dx launch takes 78 registers, and the cap timed slower (2026-12-05: 529.1 against 495.7 µs).
 LR_DX_MAXNREG = None
+# The dz-only launch's tiles ("own" below): [LR_DZ_BT, LR_DZ_BD] and LR_DZ_WARPS, its channel blocks in LR_DZ_SPLITS
+# splits. Its dot, g [BT, BD] @ U^T, has BT rows: a warpgroup's (wgmma) from 64 on at 4 warps, mma.sync below.
+LR_DZ_BT, LR_DZ_BD, LR_DZ_WARPS = 32, 64, 4
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
-LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 32, 32, 4, 1
+LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 64, 4, 1
 LOWRANK_BWD_PROGRAMS = 1024
 # Where that kernel sums dstatic_w over a tile's tokens: False, every tile (a reduction across the tile's threads,
 # in its loop's PTX for sm_90a beside the dot's own traffic: 32 shuffles and 10 barriers a tile); True, once after
@@ -64,6 +68,15 @@ LOWRANK_BWD_PROGRAMS = 1024
 # interleaved rounds, BENCHMARKS.md) with the tiles above: the whole backward 511 µs against 517 for the every-tile
 # form at 64 x 16 and 2,048 programs, 484 against 568 with 64 documents.
 LR_DU_DS_DEFER = True
+# The dU kernel's form (LR_DU_FORM): "wide", one [BT, WP * BD] tile of g a tile of tokens, its columns the W taps of
+# the channel block (x gathered at W shifts, dy read once a tap), and one tl.dot with z^T; "taps", dy read once a
+# tile and each tap's g = dy * x[t - k] a [BT, BD] tile of its own, with an accumulator [RP, BD] a tap; "taps-t", the
+# same transposed (g^T [BD, BT] @ z, so that the dot has BD rows: a warpgroup's dot on the H200). The taps forms sum
+# dstatic_w as one more rank whose z is 1, as the fused kernel below does. Timed on the H200 (2026-12-05 session 32,
+# two interleaved rounds whose medians were up to 80 µs apart, the whole raw backward, µs without / with 64
+# documents): "taps-t" at 64 x 64 441.3 / 468.4, 32 x 64 454.2 / 473.6; "wide" at 32 x 32 476.3 / 479.4; "taps" at
+# 32 x 64 471.0 / 477.3. The dU launch alone took 202 of the wide form's 470 µs (torch.profiler, same day).
+LR_DU_FORM = "taps-t"
 # Where dz is summed (LR_DZ_FORM): "dx", in the dx kernel over its split's channel blocks, which then reads x at W
 # shifts and holds both products (128 registers with spills, latency-bound in Nsight, 2026-12-03); "own", in a
 # second launch of that kernel that forms no dx (its splits as before); "fused", in a single backward kernel
@@ -280,6 +293,68 @@ def _dynamic_conv_lowrank_bwd_du_kernel(
 
 # fmt: off
 @triton.jit
+def _dynamic_conv_lowrank_bwd_du_taps_kernel(
+    x_ptr, z_ptr, dy_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
+    T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
+    W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
+    HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr, TRANS: tl.constexpr,  # flags
+):
+    i_d, i_c = tl.program_id(0), tl.program_id(1)
+    o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot (> R with static_w: rank R is its ones)
+    o_d = i_d * BD + tl.arange(0, BD)  # [BD]
+    m_r, m_d = o_r < R, o_d < D
+    b_dus = ()  # tap k's sum over the chunk of z[t]^T g[t, (k, .)]: [RP, BD] each, TRANS [BD, RP]; row R dstatic_w's
+    for _ in tl.static_range(W):
+        if TRANS:
+            b_dus = b_dus + (tl.zeros([BD, RP], dtype=tl.float32),)
+        else:
+            b_dus = b_dus + (tl.zeros([RP, BD], dtype=tl.float32),)
+    for j in range(TPC):
+        i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
+        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
+        if HAS_STATIC:
+            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z)
+        if TRANS:  # the channels first: g^T [BD, BT] is the dot's left operand, BD rows (a warpgroup's dot)
+            p_dy = dy_ptr + o_g.to(tl.int64)[None, :] * D + o_d[:, None]
+            b_dy = tl.load(p_dy, mask=m_d[:, None] & m_t[None, :], other=0.0).to(tl.float32)  # [BD, BT]
+        else:
+            p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
+            b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+            b_zt = tl.trans(b_z)  # [RP, BT]
+        b_new = ()
+        for k in tl.static_range(W):  # g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
+            m_k = m_t & (o_t >= k)
+            if HAS_CU:
+                m_k = m_k & (o_g - k >= start)
+            if TRANS:
+                p_x = x_ptr + (o_g - k).to(tl.int64)[None, :] * D + o_d[:, None]
+                b_g = b_dy * tl.load(p_x, mask=m_d[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BD, BT]
+                b_new = b_new + (tl.dot(b_g, b_z, acc=b_dus[k], input_precision=PRECISION),)
+            else:
+                p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
+                b_g = b_dy * tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+                b_new = b_new + (tl.dot(b_zt, b_g, acc=b_dus[k], input_precision=PRECISION),)
+        b_dus = b_new
+    for k in tl.static_range(W):  # this chunk's partials: rows i_c of [chunks, R, W * D] and [chunks, W, D]
+        if TRANS:
+            p_du = dup_ptr + (i_c * R + o_r[None, :]).to(tl.int64) * (W * D) + k * D + o_d[:, None]
+            tl.store(p_du, b_dus[k], mask=m_d[:, None] & m_r[None, :])
+            if HAS_STATIC:
+                b_ds = tl.sum(tl.where((o_r == R)[None, :], b_dus[k], 0.0), axis=1)  # [BD]
+                tl.store(dsp_ptr + (i_c * W + k).to(tl.int64) * D + o_d, b_ds, mask=m_d)
+        else:
+            p_du = dup_ptr + (i_c * R + o_r[:, None]).to(tl.int64) * (W * D) + k * D + o_d[None, :]
+            tl.store(p_du, b_dus[k], mask=m_r[:, None] & m_d[None, :])
+            if HAS_STATIC:
+                b_ds = tl.sum(tl.where((o_r == R)[:, None], b_dus[k], 0.0), axis=0)  # [BD]
+                tl.store(dsp_ptr + (i_c * W + k).to(tl.int64) * D + o_d, b_ds, mask=m_d)
+# fmt: on
+
+
+# fmt: off
+@triton.jit
 def _dynamic_conv_lowrank_bwd_fused_kernel(
     x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, dup_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D, R, RPW, N_CH, N_TB, TPC, N_TOK, N_CU, N_SEARCH: tl.constexpr,  # sizes
@@ -401,18 +476,26 @@ def _lowrank_bwd(
     BT, BD = tu.tiles(T, D, LR_DX_BT, LR_DX_BD)
     n_db = tu.cdiv(D, BD)
     n_split = max(1, min(LR_DZ_SPLITS, n_db))
+    # the dz-only launch ("own") on tiles of its own, its splits of its own channel blocks
+    BTZ, BDZ = tu.tiles(T, D, LR_DZ_BT, LR_DZ_BD)
+    n_dbz = tu.cdiv(D, BDZ)
+    n_splitz = max(1, min(LR_DZ_SPLITS, n_dbz))
     dz = dz_partial = None
     if not fused:
+        n_part = n_splitz if LR_DZ_FORM == "own" else n_split
         dz = tu.empty((B, T, R), z.dtype, x.device)
-        dz_partial = dz if n_split == 1 else tu.empty((n_split, B, T, R), torch.float32, x.device)
-    launches = {"dx": [(True, True, n_split)], "own": [(True, False, n_db), (False, True, n_split)],
-                "with-du": [(True, False, n_db)], "fused": []}[LR_DZ_FORM]
-    for with_dx, with_dz, n_prog in launches:  # (dx, dz, programs a tile)
+        dz_partial = dz if n_part == 1 else tu.empty((n_part, B, T, R), torch.float32, x.device)
+    # (dx, dz, token tile, channel block, its programs a tile, channel blocks, warps)
+    launches = {"dx": [(True, True, BT, BD, n_split, n_db, LR_DX_WARPS)],
+                "own": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS),
+                        (False, True, BTZ, BDZ, n_splitz, n_dbz, LR_DZ_WARPS)],
+                "with-du": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS)], "fused": []}[LR_DZ_FORM]
+    for with_dx, with_dz, bt, bd, n_prog, n_blocks, warps in launches:
         # fmt: off
-        _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, BT), n_prog, B)](
-            x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_db, n_prog), n_cu,
-            n_search, W=W, RP=RP, BT=BT, BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=LR_DX_WARPS, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
+        _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, bt), n_prog, B)](
+            x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_blocks, n_prog), n_cu,
+            n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
+            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=warps, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
     if fused:
@@ -433,7 +516,7 @@ def _lowrank_bwd(
         # fmt: on
         dz = tu.sum_partials(dz_partial, z.dtype).view(B, T, R)
     else:
-        if n_split > 1:
+        if dz_partial is not dz:
             dz = tu.sum_partials(dz_partial, z.dtype)
         # dU and dstatic_w: fp32 partials per chunk of token tiles
         BT, BD = tu.tiles(T, D, LR_DU_BT, LR_DU_BD)
@@ -442,11 +525,18 @@ def _lowrank_bwd(
         du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
         ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
         # fmt: off
-        _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
-            x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu, n_search,
-            W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
-            num_stages=LR_DU_STAGES,
-        )
+        if LR_DU_FORM == "wide":
+            _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
+                x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu,
+                n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
+                num_stages=LR_DU_STAGES,
+            )
+        else:
+            _dynamic_conv_lowrank_bwd_du_taps_kernel[(n_db, runs * n_chunks)](
+                x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu,
+                n_search, W=W, RP=max(16, tu.next_power_of_2(R + (static_w is not None))), BT=BT, BD=BD, **flags,
+                TRANS=LR_DU_FORM == "taps-t", num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+            )
         # fmt: on
     dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)
     if static_w is None:

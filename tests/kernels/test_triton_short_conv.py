@@ -218,14 +218,17 @@ def test_dynamic_conv_headwise_streaming_forms(B, T, D, hs, W, rows, residual, s
                                                                  "fp16-hs16-docs", "hs3-not-a-power-of-two")] + [
     pytest.param(1, 127, 8, 8, 3, [list(range(1, 16)) + [7]], False, False, FP32, id="docs-of-every-length-hs8-W3"),
     pytest.param(2, 50, 48, 16, 4, [[1, 2, 3, 4, 40], [50]], True, True, FP32, id="hs16-W4-H3-docs-static-residual")])
-def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residual, static, dtype, monkeypatch,
-                                                   assert_rel_rms):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetched"])
+def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residual, static, dtype, prefetch,
+                                                   monkeypatch, assert_rel_rms):
     """The streaming forward and backward of wide heads, with a head's channels laid out as [groups, padded width]
     (each channel reads the tap of its place in the group; dweight gathered on that axis), where the head size is a
     multiple of the padded width (hs3 takes the tiled kernels); 128 channels a program, so two of them split H=3 heads
-    of 16 and the second is partly masked."""
+    of 16 and the second is partly masked. Prefetched: the backward carries the rows it shares with the next step
+    (x, dy and the weights) in registers."""
     _hw_stream(monkeypatch, False)
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", True)
+    monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_WIDE_PREFETCH", prefetch)
     for form in ("FWD", "BWD"):
         monkeypatch.setattr(triton_headwise, f"HW_{form}_STREAM_WIDE", True)
         for name, value in (("CH", 12), ("U", 4), ("BD", 128)):
@@ -246,6 +249,20 @@ def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, resi
     one [heads, W] tile, the backward's weights read as one [heads, W] row a position and split into taps in
     registers, or both, and then the forward's weights read as rows too."""
     _hw_stream(monkeypatch, True, dw_tile=dw_tile, w_rows=w_rows, fwd_w_rows=fwd_w_rows)
+    test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+@pytest.mark.parametrize("B, T, D, hs, W, rows, residual, static, dtype", [
+    c for c in HEADWISE_CASES if c.values[3] == 1] + [
+    pytest.param(2, 127, 20, 2, 4, [list(range(1, 16)) + [7], list(range(15, 0, -1)) + [7]], True, True, FP32,
+                 id="docs-of-every-length-hs2-W4")])
+@pytest.mark.parametrize("u", [1, 4])
+def test_dynamic_conv_headwise_streaming_prefetched(B, T, D, hs, W, rows, residual, static, dtype, u, monkeypatch,
+                                                    assert_rel_rms):
+    """The streaming backward on the plain layout carrying the rows it shares with the next step (x and dy) in
+    registers, with the weights read as rows and without, one position a step or four (12 a program)."""
+    _hw_stream(monkeypatch, True, u=u, w_rows=W in (2, 4))
+    monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_PREFETCH", True)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
 
@@ -475,8 +492,9 @@ def test_non_contiguous_inputs_and_upstream(assert_rel_rms):
                          [case for case in LOWRANK_CASES if case.values[7]])
 def test_dynamic_conv_lowrank_dstatic_summed_once_a_chunk(B, T, D, R, W, rows, residual, static, dtype,
                                                           monkeypatch, assert_rel_rms):
-    """The dU kernel with its dstatic_w sums deferred to the end of each chunk (a tune knob), on the cases with
-    static weights, several tiles a chunk (tiles of 16 tokens, 4 programs)."""
+    """The wide dU kernel with its dstatic_w sums deferred to the end of each chunk or not (a tune knob: the other
+    way than shipped), on the cases with static weights, several tiles a chunk (tiles of 16 tokens, 4 programs)."""
+    monkeypatch.setattr(triton_lowrank, "LR_DU_FORM", "wide")
     monkeypatch.setattr(triton_lowrank, "LR_DU_DS_DEFER", not triton_lowrank.LR_DU_DS_DEFER)
     monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
     monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
@@ -491,6 +509,21 @@ def test_dynamic_conv_lowrank_forward_taps_as_a_loop(B, T, D, R, W, rows, residu
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("form", ["wide", "taps", "taps-t"])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_du_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
+                                       assert_rel_rms):
+    """dU and dstatic_w in each form the tune knob offers: from one [BT, W * BD] tile of g, or (dstatic_w as one
+    more rank) from a [BT, BD] tile a tap, plain or transposed; with the dU launch of the shipped dz form, several
+    tiles a chunk and channel blocks (tiles of 16 x 16, 4 programs)."""
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", "own")
+    monkeypatch.setattr(triton_lowrank, "LR_DU_FORM", form)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("form", ["dx", "own", "fused", "with-du"])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
 def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
@@ -498,9 +531,11 @@ def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dt
     """dz summed in each place the tune knob offers: the dx kernel, a dz-only launch of it, or the fused backward
     kernel (one fp32 partial per channel block, dU and dstatic_w in the same pass), with dx there too or in a
     launch of its own; channel blocks of 16 (several partials and splits), several tiles a chunk (tiles of 16
-    tokens, 4 programs)."""
+    tokens, 4 programs); the dz-only launch on tiles of its own (16 x 32)."""
     monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
     monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_BT", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_BD", 32)
     monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
     monkeypatch.setattr(triton_lowrank, "LR_DU_BD", 16)
     monkeypatch.setattr(triton_lowrank, "LR_DU_BT", 16)
@@ -524,6 +559,7 @@ def _set_small_chunks(monkeypatch) -> None:
     monkeypatch.setattr(triton_headwise, "HW_BWD_PROGRAMS", 4)
     monkeypatch.setattr(triton_lowrank, "LOWRANK_BWD_PROGRAMS", 4)
     monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_BD", 16)
     monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
 
 
@@ -944,10 +980,14 @@ FOLDED = [
     pytest.param(_static, short_triton, ("_short_conv_fwd_stream_kernel", "_short_conv_bwd_stream_kernel"),
                  {"FWD_STREAM": True, "BWD_STREAM": True, "STREAM_FWD_CH": 12, "STREAM_FWD_U": 4,
                   "STREAM_BWD_CH": 12, "STREAM_BWD_U": 4}, STREAMED, id="static-streamed"),
+    pytest.param(_lowrank, triton_lowrank,
+                 ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_taps_kernel"),
+                 {"LR_DU_FORM": "taps-t", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, TILED, id="lowrank"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
-                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, TILED, id="lowrank"),
+                 {"LR_DU_FORM": "wide", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": False}, TILED,
+                 id="lowrank-du-wide"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
-                 {"LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True}, TILED,
+                 {"LR_DU_FORM": "wide", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": True}, TILED,
                  id="lowrank-dstatic-summed-once-a-chunk"),
     pytest.param(_lowrank, triton_lowrank,
                  ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_fused_kernel"),
