@@ -130,6 +130,15 @@ GROUPS = [
     # without (with) 64 documents and global loads a step: head size 16, U=2 149 (157), 6 x 8 B against 96 (127),
     # 15 x 8 B; U=1 95 (127), 3 x 8 B; U=4 168 (220), 12 x 8 B. Head size 1 (weights as rows), U=4 74 (95), 8 x 2 B
     # and 7 x 8 B; U=2 58 (57)
+    # and the streaming forward's (HW_STREAM_FWD_*PREFETCH, x's rows): compiled for sm_90a (Triton 3.6, 2026-12-05),
+    # registers without (with) 64 documents and global loads a step: head size 16, U=4 84 (103), 8 x 8 B against
+    # 59 (71), 11 x 8 B; head size 1 (weights as rows) 66 (93), 4 x 4 B and 8 x 8 B against 63 (96), 7 x 4 B and 8 x 8 B
+    ("head-wise fwd wide prefetch", ["hs16"], headwise,
+     ("HW_STREAM_FWD_WIDE_PREFETCH", "HW_STREAM_FWD_WIDE_U", "HW_STREAM_FWD_WIDE_CH"),
+     [(False, 4, 32), (True, 4, 32), (True, 8, 32), (True, 4, 64), (True, 2, 32)]),
+    ("head-wise fwd stream prefetch", ["hs1"], headwise,
+     ("HW_STREAM_FWD_PREFETCH", "HW_STREAM_FWD_U", "HW_STREAM_FWD_CH"),
+     [(False, 4, 32), (True, 4, 32), (True, 8, 32), (True, 4, 64)]),
     ("head-wise bwd wide prefetch", ["hs16"], headwise,
      ("HW_STREAM_BWD_WIDE_PREFETCH", "HW_STREAM_BWD_WIDE_U", "HW_STREAM_BWD_WIDE_CH"),
      [(False, 2, 128), (True, 2, 128), (True, 1, 128), (True, 4, 128), (True, 2, 256)]),

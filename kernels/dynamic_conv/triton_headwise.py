@@ -155,12 +155,13 @@ HW_FWD_STREAM_WIDE, HW_STREAM_FWD_WIDE_CH, HW_STREAM_FWD_WIDE_U, HW_STREAM_FWD_W
 # 147.9 (its rounds 102-146 apart), against 174.7 / 190.8 tiled; a later tune at these settings 122.3 / 119.4.
 HW_BWD_STREAM_WIDE, HW_STREAM_BWD_WIDE_CH, HW_STREAM_BWD_WIDE_U, HW_STREAM_BWD_WIDE_BD, HW_STREAM_BWD_WIDE_WARPS = (
     True, 128, 2, 128, 1)
-# Software pipelining by hand in the streaming backward (``kernels.short_conv.triton``'s STREAM_*_PREFETCH): a step
-# loads the next step's U new rows of x and dy (and, on the taps-aligned layout, of the weights) before its own work
-# and keeps the W - 1 rows it shares with the next in registers, where without it each step reads U + W - 1 rows
-# of each (the shared ones again, through L1: 2.5 times the rows at U=2, W=4). Wide heads and the rest each have
-# their own switch.
+# Software pipelining by hand in the streaming forms (``kernels.short_conv.triton``'s STREAM_*_PREFETCH): a step
+# loads the next step's U new rows of x (the backward: and of dy and, on the taps-aligned layout, of the weights)
+# before its own work and keeps the W - 1 rows it shares with the next in registers, where without it each step
+# reads U + W - 1 rows of each (the shared ones again, through L1: 2.5 times the rows at U=2, W=4). Wide heads and
+# the rest each have their own switch. Untimed: off (the tune script's "prefetch" groups time them).
 HW_STREAM_BWD_WIDE_PREFETCH, HW_STREAM_BWD_PREFETCH = False, False
+HW_STREAM_FWD_WIDE_PREFETCH, HW_STREAM_FWD_PREFETCH = False, False
 
 
 # fmt: off
@@ -500,7 +501,7 @@ def _headwise_fwd_stream_kernel(
     T, D, H, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr, NH: tl.constexpr, U: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, TAP_AXIS: tl.constexpr,  # flags
-    WP: tl.constexpr, W_ROWS: tl.constexpr,
+    WP: tl.constexpr, W_ROWS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if TAP_AXIS:
@@ -514,8 +515,13 @@ def _headwise_fwd_stream_kernel(
     p_y = y_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
     i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
+    if PREFETCH:
+        b_xs = tu.stream_rows(p_x, o_d, m_hc, t0 - (W - 1), T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
-        b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+        if PREFETCH:  # the next step's U new rows first (none past the program's end)
+            b_xn = tu.stream_rows(p_x, o_d, m_hc, tb + U, tl.minimum(T, t0 + CH), D, U)
+        else:
+            b_xs = tu.stream_rows(p_x, o_d, m_hc, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
             if one:
@@ -529,6 +535,8 @@ def _headwise_fwd_stream_kernel(
         else:
             _hw_fwd_step(p_y, w_ptr, b_xs, b_ss, cu_ptr, row, tb, T, D, H, o_h, m_h, o_hd, o_d, m_hc, o_jw, i_doc,
                          start, end, W, U, False, HAS_STATIC, RESIDUAL, TAP_AXIS, W_ROWS)
+        if PREFETCH:
+            b_xs = tu.shift_rows(b_xs, b_xn, U, W - 1)
 # fmt: on
 
 
@@ -761,7 +769,7 @@ def _headwise_fwd(
             x, weight, static_w, y, cu_seqlens, T, D, H, B // runs, CH, n_cu, n_search, W=W, HS=D // H, HSP=HSP,
             NH=NH, U=U, HAS_CU=cu_seqlens is not None, HAS_STATIC=static_w is not None,
             RESIDUAL=residual, TAP_AXIS=wide, WP=WP, W_ROWS=HW_FWD_STREAM_W_ROWS and W in (2, 4) and not wide,
-            num_warps=warps,
+            PREFETCH=HW_STREAM_FWD_WIDE_PREFETCH if wide else HW_STREAM_FWD_PREFETCH, num_warps=warps,
         )
         # fmt: on
         return y

@@ -224,10 +224,11 @@ def test_dynamic_conv_headwise_streaming_wide_heads(B, T, D, hs, W, rows, residu
     """The streaming forward and backward of wide heads, with a head's channels laid out as [groups, padded width]
     (each channel reads the tap of its place in the group; dweight gathered on that axis), where the head size is a
     multiple of the padded width (hs3 takes the tiled kernels); 128 channels a program, so two of them split H=3 heads
-    of 16 and the second is partly masked. Prefetched: the backward carries the rows it shares with the next step
-    (x, dy and the weights) in registers."""
+    of 16 and the second is partly masked. Prefetched: both carry the rows they share with the next step (x; the
+    backward also dy and the weights) in registers."""
     _hw_stream(monkeypatch, False)
     monkeypatch.setattr(tu, "STREAM_UNDER_INTERPRETER", True)
+    monkeypatch.setattr(triton_headwise, "HW_STREAM_FWD_WIDE_PREFETCH", prefetch)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_WIDE_PREFETCH", prefetch)
     for form in ("FWD", "BWD"):
         monkeypatch.setattr(triton_headwise, f"HW_{form}_STREAM_WIDE", True)
@@ -259,9 +260,11 @@ def test_dynamic_conv_headwise_streaming_dweight_tile(B, T, D, hs, W, rows, resi
 @pytest.mark.parametrize("u", [1, 4])
 def test_dynamic_conv_headwise_streaming_prefetched(B, T, D, hs, W, rows, residual, static, dtype, u, monkeypatch,
                                                     assert_rel_rms):
-    """The streaming backward on the plain layout carrying the rows it shares with the next step (x and dy) in
-    registers, with the weights read as rows and without, one position a step or four (12 a program)."""
-    _hw_stream(monkeypatch, True, u=u, w_rows=W in (2, 4))
+    """The streaming forward and backward on the plain layout carrying the rows they share with the next step (x;
+    the backward also dy) in registers, with the weights read as rows and without, one position a step or four (12
+    a program)."""
+    _hw_stream(monkeypatch, True, u=u, w_rows=W in (2, 4), fwd_w_rows=W in (2, 4))
+    monkeypatch.setattr(triton_headwise, "HW_STREAM_FWD_PREFETCH", True)
     monkeypatch.setattr(triton_headwise, "HW_STREAM_BWD_PREFETCH", True)
     test_dynamic_conv_headwise(B, T, D, hs, W, rows, residual, static, dtype, assert_rel_rms)
 
