@@ -233,6 +233,17 @@ GROUPS = [
      ("LR_DU_FORM", "LR_DU_BT", "LR_DU_BD", "LR_DU_WARPS", "LOWRANK_BWD_PROGRAMS"),
      [("taps-t", 64, 64, 4, 1024), ("wide", 32, 32, 4, 1024), ("taps-t", 32, 64, 4, 1024), ("taps-t", 64, 64, 4, 2048),
       ("taps-t", 32, 128, 8, 1024), ("taps-t", 128, 64, 8, 1024)]),
+    # pipelining stages of the dU kernel's loop over its chunk's tiles (LR_DU_STAGES): from 2 on every load of the
+    # loop goes through cp.async. Compiled for sm_90a (Triton 3.6, 2026-12-05), "taps-t" at 64 x 64: 184 / 183 / 177
+    # registers at 1 / 2 / 3 stages, 16 / 53 / 98 KB of shared memory, barriers in the loop 10 / 3 / 3; 32 x 64 at 2
+    # or 3 stages 139 registers, 27 / 49 KB
+    ("low-rank bwd dU stages", ["lowrank"], lowrank, ("LR_DU_STAGES", "LR_DU_BT"),
+     [(1, 64), (2, 64), (3, 64), (2, 32), (3, 32)]),
+    # pipelining stages of the dx and dz launches' tap loops (LR_DX_STAGES, LR_DZ_STAGES; cp.async from 2 on):
+    # compiled for sm_90a (Triton 3.6, 2026-12-05) dx 114 / 92 / 78 / 80 registers at 1 / 2 / 3 / 4 stages, dz 93 /
+    # 94 / 106 / 108
+    ("low-rank bwd stages", ["lowrank"], lowrank, ("LR_DX_STAGES", "LR_DZ_STAGES"),
+     [(1, 1), (3, 1), (3, 3), (2, 2), (4, 4), (1, 3), (3, 2)]),
     # the dz-only launch's own tiles (LR_DZ_*; "own"): its dot g @ U^T has BT rows, a warpgroup's from 64 on at 4 warps.
     # Compiled for sm_90a (Triton 3.6, 2026-12-05), registers without documents: 32x64 93 (mma.sync), 64x32 80 and
     # 64x64 119 (wgmma), 64x128 225, 128x64 at 8 warps 122

@@ -55,6 +55,12 @@ LR_DX_MAXNREG = None
 # The dz-only launch's tiles ("own" below): [LR_DZ_BT, LR_DZ_BD] and LR_DZ_WARPS, its channel blocks in LR_DZ_SPLITS
 # splits. Its dot, g [BT, BD] @ U^T, has BT rows: a warpgroup's (wgmma) from 64 on at 4 warps, mma.sync below.
 LR_DZ_BT, LR_DZ_BD, LR_DZ_WARPS = 32, 64, 4
+# Pipelining stages of the dx and dz launches' tap loops (LR_DX_STAGES above, LR_DZ_STAGES): from 2 on, Triton
+# loads the next taps' tiles ahead through shared memory (cp.async), as in the forward, where 3 stages timed 15%
+# faster than 2 (LR_FWD_STAGES). Compiled for sm_90a (Triton 3.6, 2026-12-05), no documents, at the tiles above:
+# dx 114 registers at 1 stage, 92 at 2, 78 at 3 (6 blocks an SM), 80 at 4; dz 93, 94, 106, 108, its shared memory
+# 4, 14, 20, 27 KB. Untimed: the tune script's group "low-rank bwd stages".
+LR_DZ_STAGES = 1
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 64, 4, 1
@@ -485,17 +491,17 @@ def _lowrank_bwd(
         n_part = n_splitz if LR_DZ_FORM == "own" else n_split
         dz = tu.empty((B, T, R), z.dtype, x.device)
         dz_partial = dz if n_part == 1 else tu.empty((n_part, B, T, R), torch.float32, x.device)
-    # (dx, dz, token tile, channel block, its programs a tile, channel blocks, warps)
-    launches = {"dx": [(True, True, BT, BD, n_split, n_db, LR_DX_WARPS)],
-                "own": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS),
-                        (False, True, BTZ, BDZ, n_splitz, n_dbz, LR_DZ_WARPS)],
-                "with-du": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS)], "fused": []}[LR_DZ_FORM]
-    for with_dx, with_dz, bt, bd, n_prog, n_blocks, warps in launches:
+    # (dx, dz, token tile, channel block, its programs a tile, channel blocks, warps, stages)
+    launches = {"dx": [(True, True, BT, BD, n_split, n_db, LR_DX_WARPS, LR_DX_STAGES)],
+                "own": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS, LR_DX_STAGES),
+                        (False, True, BTZ, BDZ, n_splitz, n_dbz, LR_DZ_WARPS, LR_DZ_STAGES)],
+                "with-du": [(True, False, BT, BD, n_db, n_db, LR_DX_WARPS, LR_DX_STAGES)], "fused": []}[LR_DZ_FORM]
+    for with_dx, with_dz, bt, bd, n_prog, n_blocks, warps, stages in launches:
         # fmt: off
         _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, bt), n_prog, B)](
             x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_blocks, n_prog), n_cu,
             n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=warps, num_stages=LR_DX_STAGES, maxnreg=LR_DX_MAXNREG,
+            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=warps, num_stages=stages, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
     if fused:
