@@ -79,9 +79,10 @@ LR_DU_DS_DEFER = True
 # tile and each tap's g = dy * x[t - k] a [BT, BD] tile of its own, with an accumulator [RP, BD] a tap; "taps-t", the
 # same transposed (g^T [BD, BT] @ z, so that the dot has BD rows: a warpgroup's dot on the H200). The taps forms sum
 # dstatic_w as one more rank whose z is 1, as the fused kernel below does. Timed on the H200 (2026-12-05 session 32,
-# two interleaved rounds whose medians were up to 80 µs apart, the whole raw backward, µs without / with 64
-# documents): "taps-t" at 64 x 64 441.3 / 468.4, 32 x 64 454.2 / 473.6; "wide" at 32 x 32 476.3 / 479.4; "taps" at
-# 32 x 64 471.0 / 477.3. The dU launch alone took 202 of the wide form's 470 µs (torch.profiler, same day).
+# the whole raw backward, µs without / with 64 documents, median of two interleaved rounds): "taps-t" at 64 x 64
+# 441.3 / 468.4 (its rounds 400.3 and 482.3; the wide form's 476.0 and 476.6), 32 x 64 454.2 / 473.6; "wide" at
+# 32 x 32 476.3 / 479.4; "taps" at 32 x 64 471.0 / 477.3. The dU launch alone took 202 of the wide form's 470 µs
+# (torch.profiler, same day). To be timed again (tune group "low-rank bwd dU form").
 LR_DU_FORM = "taps-t"
 # Where dz is summed (LR_DZ_FORM): "dx", in the dx kernel over its split's channel blocks, which then reads x at W
 # shifts and holds both products (128 registers with spills, latency-bound in Nsight, 2026-12-03); "own", in a
