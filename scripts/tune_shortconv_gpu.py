@@ -235,8 +235,8 @@ GROUPS = [
       ("taps-t", 32, 128, 8, 1024), ("taps-t", 128, 64, 8, 1024)]),
     # pipelining stages of the dU kernel's loop over its chunk's tiles (LR_DU_STAGES): from 2 on every load of the
     # loop goes through cp.async. Compiled for sm_90a (Triton 3.6, 2026-12-05), "taps-t" at 64 x 64: 184 / 183 / 177
-    # registers at 1 / 2 / 3 stages, 16 / 53 / 98 KB of shared memory, barriers in the loop 10 / 3 / 3; 32 x 64 at 2
-    # or 3 stages 139 registers, 27 / 49 KB
+    # registers at 1 / 2 / 3 stages, 16 / 52 / 96 KB of shared memory, barriers in the loop 10 / 3 / 3; 32 x 64 at 2
+    # or 3 stages 139 registers, 26 / 48 KB
     ("low-rank bwd dU stages", ["lowrank"], lowrank, ("LR_DU_STAGES", "LR_DU_BT"),
      [(1, 64), (2, 64), (3, 64), (2, 32), (3, 32)]),
     # pipelining stages of the dx and dz launches' tap loops (LR_DX_STAGES, LR_DZ_STAGES; cp.async from 2 on):

@@ -59,7 +59,7 @@ LR_DZ_BT, LR_DZ_BD, LR_DZ_WARPS = 32, 64, 4
 # loads the next taps' tiles ahead through shared memory (cp.async), as in the forward, where 3 stages timed 15%
 # faster than 2 (LR_FWD_STAGES). Compiled for sm_90a (Triton 3.6, 2026-12-05), no documents, at the tiles above:
 # dx 114 registers at 1 stage, 92 at 2, 78 at 3 (6 blocks an SM), 80 at 4; dz 93, 94, 106, 108, its shared memory
-# 4, 14, 20, 27 KB. Untimed: the tune script's group "low-rank bwd stages".
+# 4, 14, 20, 26 KB. Untimed: the tune script's group "low-rank bwd stages".
 LR_DZ_STAGES = 1
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
