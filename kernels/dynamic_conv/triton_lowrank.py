@@ -318,7 +318,7 @@ def _dynamic_conv_lowrank_bwd_du_taps_kernel(
             b_dus = b_dus + (tl.zeros([RP, BD], dtype=tl.float32),)
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
-        start, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
+        start = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)[0]  # each token's document start
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
         b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
         if HAS_STATIC:
