@@ -250,6 +250,13 @@ GROUPS = [
     ("low-rank bwd dz tiles", ["lowrank"], lowrank,
      ("LR_DZ_BT", "LR_DZ_BD", "LR_DZ_WARPS", "LR_DZ_SPLITS"),
      [(32, 64, 4, 8), (64, 32, 4, 8), (64, 64, 4, 8), (64, 32, 4, 16), (128, 64, 8, 8)]),
+    # g = dy * x[t - k] rounded to the inputs' half type before the dz and dU dots (LR_G_HALF, first value), as the
+    # dynamic-conv1d anchor forms it. Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), bf16, registers
+    # without documents: dz launch 32x64 93 -> 72 (mma.sync instructions 8 -> 4), 64x32 64, 64x64 76 (wgmma; 119
+    # in fp32); dU "taps-t" 64x64 184 -> 168 (wgmma instructions 32 -> 16), 32x64 132
+    ("low-rank bwd g half", ["lowrank"], lowrank, ("LR_G_HALF", "LR_DU_BT", "LR_DZ_BT", "LR_DZ_BD"),
+     [(False, 64, 32, 64), (True, 64, 32, 64), (True, 32, 32, 64), (True, 64, 64, 32), (True, 64, 64, 64),
+      (True, 32, 64, 64)]),
 ]
 
 

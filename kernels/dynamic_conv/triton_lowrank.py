@@ -96,6 +96,15 @@ LR_DU_FORM = "taps-t"
 # on the H200 (2026-12-05, two interleaved rounds, the whole raw backward, µs without / with 64 documents): "own"
 # 480.0 / 469.4 at its best dx tile, "dx" 508.4 / 481.4, "fused" 591.2 / 708.3 at its best.
 LR_DZ_FORM = "own"
+# The products g = dy * x[t - k] as the dz and dU dots take them (LR_G_HALF): False, in fp32, which the tf32 dot
+# rounds to a 10-bit mantissa; True, rounded to the inputs' half type when x, z and U share one (bf16: an 8-bit
+# mantissa), as the dynamic-conv1d anchor forms them: half the registers for g, the dots at the half type's rate,
+# their products exact and summed in fp32. For every dz form and the taps forms of dU; every other dtype, and the
+# "wide" dU form, as with False. Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), bf16, R=16 with static_w,
+# registers without documents: the dz-only launch at 32 x 64 93 -> 72 (its mma.sync instructions 8 -> 4), at 64 x
+# 64 119 -> 76; dU "taps-t" at 64 x 64 184 -> 168 (wgmma instructions 32 -> 16); the fused kernel unchanged (214),
+# without dx 203 -> 168 and 8 bytes spilled. Untimed: the tune script's group "low-rank bwd g half".
+LR_G_HALF = False
 # The fused backward ("fused" above): [LR_FU_BT, LR_FU_BD] tiles, about LR_FU_PROGRAMS programs (channel blocks x
 # chunks of token tiles; each chunk's dU partial is R * W * D floats, each channel block's dz partial B * T * R).
 # dstatic_w rides in the dU product as one more rank whose z is 1 (row R of z^T g is sum_t g), so it costs no
@@ -216,6 +225,7 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr, WITH_DZ: tl.constexpr,  # flags
+    G_HALF: tl.constexpr,  # flags
 ):
     i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -239,7 +249,10 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
                                  D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
                 b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
-                b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
+                if G_HALF:  # g rounded to U's half type: the dot's products exact, summed in fp32
+                    b_dz = tl.dot(b_g.to(b_uk.dtype), tl.trans(b_uk), acc=b_dz)  # [BT, RP]
+                else:
+                    b_dz += tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), input_precision=PRECISION)  # [BT, RP]
         if WITH_DX:
             p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
             tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
@@ -305,6 +318,7 @@ def _dynamic_conv_lowrank_bwd_du_taps_kernel(
     T, D, R, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, PRECISION: tl.constexpr, TRANS: tl.constexpr,  # flags
+    G_HALF: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     o_r = tl.arange(0, RP)  # [RP] ranks, padded to >= 16 for tl.dot (> R with static_w: rank R is its ones)
@@ -320,9 +334,10 @@ def _dynamic_conv_lowrank_bwd_du_taps_kernel(
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         start = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)[0]  # each token's document start
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
-        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
-        if HAS_STATIC:
-            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z)
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0)  # [BT, RP]
+        b_z = b_z if G_HALF else b_z.to(tl.float32)
+        if HAS_STATIC:  # 1 is exact in every type
+            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z).to(b_z.dtype)
         if TRANS:  # the channels first: g^T [BD, BT] is the dot's left operand, BD rows (a warpgroup's dot)
             p_dy = dy_ptr + o_g.to(tl.int64)[None, :] * D + o_d[:, None]
             b_dy = tl.load(p_dy, mask=m_d[:, None] & m_t[None, :], other=0.0).to(tl.float32)  # [BD, BT]
@@ -338,10 +353,12 @@ def _dynamic_conv_lowrank_bwd_du_taps_kernel(
             if TRANS:
                 p_x = x_ptr + (o_g - k).to(tl.int64)[None, :] * D + o_d[:, None]
                 b_g = b_dy * tl.load(p_x, mask=m_d[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [BD, BT]
+                b_g = b_g.to(b_z.dtype)  # G_HALF: rounded to z's half type, the dot's products exact
                 b_new = b_new + (tl.dot(b_g, b_z, acc=b_dus[k], input_precision=PRECISION),)
             else:
                 p_x = x_ptr + (o_g - k).to(tl.int64)[:, None] * D + o_d[None, :]
                 b_g = b_dy * tl.load(p_x, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
+                b_g = b_g.to(b_z.dtype)
                 b_new = b_new + (tl.dot(b_zt, b_g, acc=b_dus[k], input_precision=PRECISION),)
         b_dus = b_new
     for k in tl.static_range(W):  # this chunk's partials: rows i_c of [chunks, R, W * D] and [chunks, W, D]
@@ -367,7 +384,7 @@ def _dynamic_conv_lowrank_bwd_fused_kernel(
     T, D, R, RPW, N_CH, N_TB, TPC, N_TOK, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr, G_HALF: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     i_r = (i_c // N_CH).to(tl.int64)  # the chunk's run: its U and static_w
@@ -387,9 +404,10 @@ def _dynamic_conv_lowrank_bwd_fused_kernel(
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         b_dy = tl.load(p_dy, mask=m_td, other=0.0).to(tl.float32)  # [BT, BD]
         p_z = z_ptr + o_g.to(tl.int64)[:, None] * R + o_r[None, :]
-        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0).to(tl.float32)  # [BT, RP]
-        if HAS_STATIC:
-            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z)
+        b_z = tl.load(p_z, mask=m_t[:, None] & m_r[None, :], other=0.0)  # [BT, RP]
+        b_z = b_z if G_HALF else b_z.to(tl.float32)
+        if HAS_STATIC:  # 1 is exact in every type
+            b_z = tl.where(m_t[:, None] & (o_r == R)[None, :], 1.0, b_z).to(b_z.dtype)
         b_zt = tl.trans(b_z)  # [RP, BT]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         b_dz = tl.zeros([BT, RP], dtype=tl.float32)  # this channel block's share of dz
@@ -397,12 +415,15 @@ def _dynamic_conv_lowrank_bwd_fused_kernel(
             b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
             b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R,
                                  D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
-            b_dz = tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), acc=b_dz, input_precision=PRECISION)  # [BT, RP]
+            if G_HALF:  # g rounded to U's half type: the dot's products exact, summed in fp32
+                b_dz = tl.dot(b_g.to(b_uk.dtype), tl.trans(b_uk), acc=b_dz)  # [BT, RP]
+            else:
+                b_dz = tl.dot(b_g, tl.trans(b_uk.to(tl.float32)), acc=b_dz, input_precision=PRECISION)  # [BT, RP]
         # dU: each tap's accumulator of its own (unrolled), g formed again from x read back through L1
         b_new = ()
         for k in tl.static_range(W):
             b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)
-            b_new = b_new + (tl.dot(b_zt, b_g, acc=b_dus[k], input_precision=PRECISION),)
+            b_new = b_new + (tl.dot(b_zt, b_g.to(b_z.dtype), acc=b_dus[k], input_precision=PRECISION),)
         b_dus = b_new
         if WITH_DX:
             p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
@@ -427,6 +448,11 @@ def _native_dot(z: torch.Tensor, U: torch.Tensor) -> bool:
         z.dtype == torch.bfloat16 and not tu.is_interpreted(_dynamic_conv_lowrank_fwd_kernel)
     )
 
+
+
+def _g_half(x: torch.Tensor, z: torch.Tensor, U: torch.Tensor) -> bool:
+    """LR_G_HALF applies: x, z and U share one half type, which the dots take natively."""
+    return LR_G_HALF and x.dtype == z.dtype and _native_dot(z, U)
 
 
 def _lowrank_fwd(
@@ -502,7 +528,8 @@ def _lowrank_bwd(
         _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, bt), n_prog, B)](
             x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_blocks, n_prog), n_cu,
             n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-            WITH_DX=with_dx, WITH_DZ=with_dz, num_warps=warps, num_stages=stages, maxnreg=LR_DX_MAXNREG,
+            WITH_DX=with_dx, WITH_DZ=with_dz, G_HALF=with_dz and _g_half(x, z, U), num_warps=warps,
+            num_stages=stages, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
     if fused:
@@ -518,7 +545,7 @@ def _lowrank_bwd(
             x, z, U, static_w, dy, dx, dz_partial, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb,
             per_chunk, B * T, n_cu, n_search, W=W, RP=max(16, tu.next_power_of_2(R + (static_w is not None))), BT=BT,
             BD=BD, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags, WITH_DX=LR_DZ_FORM == "fused",
-            num_warps=LR_FU_WARPS, num_stages=LR_FU_STAGES, maxnreg=LR_FU_MAXNREG,
+            G_HALF=_g_half(x, z, U), num_warps=LR_FU_WARPS, num_stages=LR_FU_STAGES, maxnreg=LR_FU_MAXNREG,
         )
         # fmt: on
         dz = tu.sum_partials(dz_partial, z.dtype).view(B, T, R)
@@ -542,7 +569,8 @@ def _lowrank_bwd(
             _dynamic_conv_lowrank_bwd_du_taps_kernel[(n_db, runs * n_chunks)](
                 x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu,
                 n_search, W=W, RP=max(16, tu.next_power_of_2(R + (static_w is not None))), BT=BT, BD=BD, **flags,
-                TRANS=LR_DU_FORM == "taps-t", num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
+                TRANS=LR_DU_FORM == "taps-t", G_HALF=_g_half(x, z, U), num_warps=LR_DU_WARPS,
+                num_stages=LR_DU_STAGES,
             )
         # fmt: on
     dU = tu.sum_partials(du_partial, U.dtype, groups=runs).view(U.shape)

@@ -549,6 +549,42 @@ def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dt
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("dz_form, du_form", [("own", "taps-t"), ("dx", "taps"), ("fused", "taps-t"),
+                                               ("with-du", "taps-t")])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", [
+    pytest.param(2, 63, 32, 8, 4, [[20, 43], [63]], False, True, FP16, id="fp16-R8-docs"),
+    pytest.param(2, 65, 63, 16, 3, [[20, 1, 44], [65]], True, False, FP16, id="fp16-R16-T65-D63-W3-docs-residual"),
+    pytest.param(2, 20, 3, 16, 8, [[3, 5, 0, 2, 7, 3], [1] * 20], True, True, FP16, id="fp16-W8-short-docs-empty"),
+    pytest.param(1, 33, 130, 20, 6, None, False, True, FP16, id="fp16-R20-padded-to-32-W6"),
+])
+def test_dynamic_conv_lowrank_g_half(B, T, D, R, W, rows, residual, static, dtype, dz_form, du_form, monkeypatch,
+                                     assert_rel_rms):
+    """The products g rounded to the inputs' half type before the dz and dU dots (a tune knob), in the dz
+    launch of its own, in the dx kernel and in the fused backward (with dx there or not), and in both taps forms of
+    dU; fp16, as the interpreter's bf16 dot is not to be trusted. Tiles of 16 and a budget of 4 programs: several
+    channel blocks, splits and tiles a chunk."""
+    monkeypatch.setattr(triton_lowrank, "LR_G_HALF", True)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", dz_form)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_FORM", du_form)
+    for name, value in [("LR_DX_BD", 16), ("LR_DZ_BT", 16), ("LR_DZ_BD", 32), ("LR_DZ_SPLITS", 2), ("LR_DU_BD", 16),
+                        ("LR_DU_BT", 16), ("LOWRANK_BWD_PROGRAMS", 4), ("LR_FU_BD", 16), ("LR_FU_BT", 16),
+                        ("LR_FU_PROGRAMS", 4)]:
+        monkeypatch.setattr(triton_lowrank, name, value)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
+def test_g_half_only_for_one_half_type(monkeypatch):
+    """The knob rounds g only where x, z and U share a half type the dots take natively: never for fp32
+    results, whose bound a half-type g would break."""
+    monkeypatch.setattr(triton_lowrank, "LR_G_HALF", True)
+    half, full = torch.zeros(1, dtype=FP16), torch.zeros(1, dtype=FP32)
+    assert triton_lowrank._g_half(half, half, half)
+    assert not triton_lowrank._g_half(full, half, half)
+    assert not triton_lowrank._g_half(full, full, full)
+    monkeypatch.setattr(triton_lowrank, "LR_G_HALF", False)
+    assert not triton_lowrank._g_half(half, half, half)
+
+
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A backward budget of 4 programs: chunks of several token tiles, rows split across chunks, the last
