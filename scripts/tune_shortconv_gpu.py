@@ -193,6 +193,14 @@ GROUPS = [
       (32, 64, 2, True, 3), (16, 128, 4, False, 3), (32, 128, 8, False, 3), (64, 128, 8, False, 3),
       (32, 64, 4, False, 3), (16, 64, 4, False, 3), (128, 64, 8, False, 3), (32, 64, 4, True, 2), (32, 64, 4, True, 4),
       (32, 32, 1, True, 4)]),
+    # x of the next tap loaded by hand before this tap's dot (LR_FWD_PREFETCH, first value); compiled for sm_90a
+    # (Triton 3.6, 2026-12-05 session 33), registers without (with) 64 documents: 64x64 4 warps 153 (164) against
+    # 124 (128) without it, 32x64 112 (114), 32x128 156 (164). Last, the dynamic-conv1d anchor's own forward tile:
+    # 32x32, one warp, the taps unrolled (166 registers)
+    ("low-rank fwd prefetch", ["lowrank"], lowrank,
+     ("LR_FWD_PREFETCH", "LR_FWD_TAP_LOOP", "LR_FWD_BT", "LR_FWD_BD", "LR_FWD_WARPS"),
+     [(False, True, 64, 64, 4), (True, True, 64, 64, 4), (True, True, 32, 64, 4), (True, True, 32, 128, 4),
+      (False, False, 32, 32, 1)]),
     ("low-rank bwd dx+dz", ["lowrank"], lowrank,
      ("LR_DX_BT", "LR_DX_BD", "LR_DX_WARPS", "LR_DZ_SPLITS", "LR_DX_MAXNREG"),
      [(32, 64, 4, 8, None), (64, 64, 8, 4, 128), (64, 128, 8, 4, None), (64, 128, 8, 4, 128), (64, 64, 8, 4, None),

@@ -40,6 +40,11 @@ LR_FWD_TAP_LOOP = True
 # Pipelining stages of that loop (Triton's default, 3, issues the loads of the next two taps ahead of the current
 # tap's dot); the unrolled form has no loop to pipeline.
 LR_FWD_STAGES = 3
+# Software pipelining of x by hand in that loop (LR_FWD_PREFETCH): Triton's pipeliner issues only the loads that
+# feed the dot (U) ahead, through shared memory; x[t - k], which multiplies its result, is loaded where used (in
+# the TritonGPU IR for sm_90a, Triton 3.6, 2026-12-05: a plain load, then a layout move, at every tap). With it the
+# next tap's x is loaded before this tap's dot and carried in registers. Untimed: off.
+LR_FWD_PREFETCH = False
 # Low-rank backward, dx and dz: one program per [BT] token tile and split of the channel blocks, walking its
 # BD-channel blocks; dz is summed over LR_DZ_SPLITS fp32 partials (none when 1).
 # sm_90a, bf16: 230-252 registers at [32, 64] and 4 warps, no spills; [32, 128] spills. With dz in a launch of its
@@ -171,12 +176,13 @@ def _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, 
 @triton.jit
 def _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W: tl.constexpr,
              HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr, NATIVE_DOT: tl.constexpr,
-             PRECISION: tl.constexpr):
-    """b_y [BT, BD] plus tap k's term: the tokens' weights of tap k (on chip only) times x[t - k]."""
+             PRECISION: tl.constexpr, b_xk=None, GIVEN_X: tl.constexpr = False):
+    """b_y [BT, BD] plus tap k's term: the tokens' weights of tap k (on chip only) times x[t - k] (loaded here
+    after the weights' dot, or b_xk [BT, BD] with GIVEN_X)."""
     b_w, _ = _lowrank_taps(z_ptr, u_ptr, o_g, m_t, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
     if HAS_STATIC:
         b_w += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-    b_x = _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)
+    b_x = b_xk if GIVEN_X else _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)
     b_y += b_w * b_x
     if RESIDUAL and k == 0:
         b_y += b_x
@@ -190,7 +196,7 @@ def _dynamic_conv_lowrank_fwd_kernel(
     T, D, R, RPW, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, TAP_LOOP: tl.constexpr,  # flags
+    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, TAP_LOOP: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -204,7 +210,14 @@ def _dynamic_conv_lowrank_fwd_kernel(
     o_g = i_b * T + o_t  # [BT] tokens on the B*T axis
     start, _ = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
     b_y = tl.zeros([BT, BD], dtype=tl.float32)
-    if TAP_LOOP:  # one tap's tiles live at a time, and Triton pipelines the loop's loads
+    if TAP_LOOP and PREFETCH:  # x of the next tap loaded before this tap's dot (the last tap's again: an L1 hit)
+        b_xn = _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, 0, D, HAS_CU)
+        for k in range(W):
+            b_x = b_xn
+            b_xn = _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, tl.minimum(k + 1, W - 1), D, HAS_CU)
+            b_y = _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W,
+                           HAS_CU, HAS_STATIC, RESIDUAL, NATIVE_DOT, PRECISION, b_x, True)
+    elif TAP_LOOP:  # one tap's tiles live at a time, and Triton pipelines the loop's loads
         for k in range(W):
             b_y = _fwd_tap(b_y, k, x_ptr, z_ptr, u_ptr, s_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, start, R, D, W,
                            HAS_CU, HAS_STATIC, RESIDUAL, NATIVE_DOT, PRECISION)
@@ -477,7 +490,8 @@ def _lowrank_fwd(
         x, z, U, static_w, y, cu_seqlens, T, D, R, B // runs, n_cu, n_search, W=W,
         RP=max(16, tu.next_power_of_2(R)), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None,
         HAS_STATIC=static_w is not None, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U),
-        PRECISION=tu.dot_precision(x), TAP_LOOP=LR_FWD_TAP_LOOP, num_warps=LR_FWD_WARPS, num_stages=LR_FWD_STAGES,
+        PRECISION=tu.dot_precision(x), TAP_LOOP=LR_FWD_TAP_LOOP, PREFETCH=LR_FWD_PREFETCH, num_warps=LR_FWD_WARPS,
+        num_stages=LR_FWD_STAGES,
     )
     # fmt: on
     return y

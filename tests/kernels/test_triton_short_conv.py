@@ -512,6 +512,15 @@ def test_dynamic_conv_lowrank_forward_taps_as_a_loop(B, T, D, R, W, rows, residu
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_forward_x_prefetched(B, T, D, R, W, rows, residual, static, dtype, monkeypatch,
+                                                   assert_rel_rms):
+    """The forward's tap loop with the next tap's x loaded ahead by hand (a tune knob)."""
+    monkeypatch.setattr(triton_lowrank, "LR_FWD_TAP_LOOP", True)
+    monkeypatch.setattr(triton_lowrank, "LR_FWD_PREFETCH", True)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("form", ["wide", "taps", "taps-t"])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
 def test_dynamic_conv_lowrank_du_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
