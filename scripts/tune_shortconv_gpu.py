@@ -233,6 +233,12 @@ GROUPS = [
       ("wide", 32, 32, 4, 1, 512, True), ("wide", 32, 32, 4, 1, 2048, True), ("wide", 16, 32, 4, 1, 1024, True),
       ("wide", 64, 32, 8, 1, 1024, True), ("wide", 32, 64, 8, 1, 1024, True), ("wide", 16, 64, 4, 1, 1024, True),
       ("wide", 32, 32, 8, 1, 1024, True), ("wide", 32, 32, 4, 2, 1024, True)]),
+    # g = dy * x[t - k] rounded to the inputs' half type before the dz and dU dots (LR_G_HALF), as the dynamic-conv1d
+    # anchor forms it; before the tile groups below, which then tune at its winner. Compiled for sm_90a (Triton 3.6,
+    # 2026-12-05 session 33), bf16, registers without documents: dz launch 32x64 93 -> 72 (mma.sync instructions 8
+    # -> 4), 64x32 64, 64x64 76 (wgmma; 119 in fp32); dU "taps-t" 64x64 184 -> 168 (wgmma instructions 32 -> 16),
+    # 32x64 132
+    ("low-rank bwd g half", ["lowrank"], lowrank, ("LR_G_HALF",), [(False,), (True,)]),
     # the dU kernel's form (LR_DU_FORM): one [BT, WP * BD] tile of g ("wide") or one [BT, BD] tile a tap, plain
     # ("taps") or transposed so that the dot has BD rows ("taps-t": a warpgroup's dot from 64 rows on). Compiled for
     # sm_90a (Triton 3.6, 2026-12-05), registers without documents: wide 32x32 154; taps 32x32 194, 32x64 174;
@@ -258,13 +264,6 @@ GROUPS = [
     ("low-rank bwd dz tiles", ["lowrank"], lowrank,
      ("LR_DZ_BT", "LR_DZ_BD", "LR_DZ_WARPS", "LR_DZ_SPLITS"),
      [(32, 64, 4, 8), (64, 32, 4, 8), (64, 64, 4, 8), (64, 32, 4, 16), (128, 64, 8, 8)]),
-    # g = dy * x[t - k] rounded to the inputs' half type before the dz and dU dots (LR_G_HALF, first value), as the
-    # dynamic-conv1d anchor forms it. Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), bf16, registers
-    # without documents: dz launch 32x64 93 -> 72 (mma.sync instructions 8 -> 4), 64x32 64, 64x64 76 (wgmma; 119
-    # in fp32); dU "taps-t" 64x64 184 -> 168 (wgmma instructions 32 -> 16), 32x64 132
-    ("low-rank bwd g half", ["lowrank"], lowrank, ("LR_G_HALF", "LR_DU_BT", "LR_DZ_BT", "LR_DZ_BD"),
-     [(False, 64, 32, 64), (True, 64, 32, 64), (True, 32, 32, 64), (True, 64, 64, 32), (True, 64, 64, 64),
-      (True, 32, 64, 64)]),
 ]
 
 
