@@ -258,6 +258,10 @@ GROUPS = [
     # 94 / 106 / 108
     ("low-rank bwd stages", ["lowrank"], lowrank, ("LR_DX_STAGES", "LR_DZ_STAGES"),
      [(1, 1), (3, 1), (3, 3), (2, 2), (4, 4), (1, 3), (3, 2)]),
+    # the next tap's dy loaded by hand before this tap's dot in the dx launch (LR_DX_PREFETCH), at the stages chosen
+    # above. Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), 32x64, registers without documents: 114 ->
+    # 140 at 1 stage, 78 -> 110 at 3
+    ("low-rank bwd dx prefetch", ["lowrank"], lowrank, ("LR_DX_PREFETCH",), [(False,), (True,)]),
     # the dz-only launch's own tiles (LR_DZ_*; "own"): its dot g @ U^T has BT rows, a warpgroup's from 64 on at 4 warps.
     # Compiled for sm_90a (Triton 3.6, 2026-12-05), registers without documents: 32x64 93 (mma.sync), 64x32 80 and
     # 64x64 119 (wgmma), 64x128 225, 128x64 at 8 warps 122

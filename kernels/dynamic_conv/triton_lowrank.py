@@ -66,6 +66,10 @@ LR_DZ_BT, LR_DZ_BD, LR_DZ_WARPS = 32, 64, 4
 # dx 114 registers at 1 stage, 92 at 2, 78 at 3 (6 blocks an SM), 80 at 4; dz 93, 94, 106, 108, its shared memory
 # 4, 14, 20, 26 KB. Untimed: the tune script's group "low-rank bwd stages".
 LR_DZ_STAGES = 1
+# Software pipelining of dy by hand in the dx launch's tap loop (LR_DX_PREFETCH), as LR_FWD_PREFETCH in the forward:
+# dy[t + k] multiplies the weights' dot result, so Triton's pipeliner leaves its load where it is used; with it the
+# next tap's dy is loaded before this tap's dot. Untimed: off.
+LR_DX_PREFETCH = False
 # Low-rank backward, dU and dstatic_w: one program per BD-channel block (all taps) and chunk of BT-token tiles,
 # about LOWRANK_BWD_PROGRAMS programs (each chunk's dU partial is R * W * D floats).
 LR_DU_BT, LR_DU_BD, LR_DU_WARPS, LR_DU_STAGES = 64, 64, 4, 1
@@ -151,19 +155,27 @@ def _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU: tl.constexpr
 
 
 @triton.jit
+def _dy_ahead(dy_ptr, o_g, o_t, m_t, o_d, m_d, k, T, D):
+    """dy[t + k] of the tokens o_g in fp32, [BT, BD], zero past the row's end (the caller masks documents)."""
+    m_b = m_t & (o_t + k < T)
+    p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
+    return tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R, D, W: tl.constexpr,
             HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, WITH_DX: tl.constexpr, NATIVE_DOT: tl.constexpr,
-            PRECISION: tl.constexpr):
+            PRECISION: tl.constexpr, b_dyk=None, GIVEN_DY: tl.constexpr = False):
     """(b_dx [BT, BD] plus tap k of the outputs t + k, U's block of tap k [RP, BD]): the outputs' weights formed
-    on chip, their products zero where t + k leaves t's document (loads masked by the row only). Without WITH_DX,
-    b_dx as it was and U's block alone (in U's dtype)."""
+    on chip, their products zero where t + k leaves t's document (loads masked by the row only; dy[t + k] loaded
+    here after the weights' dot, or b_dyk [BT, BD] in fp32 with GIVEN_DY). Without WITH_DX, b_dx as it was and
+    U's block alone (in U's dtype)."""
     if WITH_DX:
         m_b = m_t & (o_t + k < T)
         b_wk, b_uk = _lowrank_taps(z_ptr, u_ptr, o_g + k, m_b, o_r, m_r, k, o_d, m_d, R, D, W, NATIVE_DOT, PRECISION)
         if HAS_STATIC:
             b_wk += tl.load(s_ptr + k * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-        p_dyk = dy_ptr + (o_g + k).to(tl.int64)[:, None] * D + o_d[None, :]
-        b_dxk = b_wk * tl.load(p_dyk, mask=m_b[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        b_dxk = b_wk * (b_dyk if GIVEN_DY else _dy_ahead(dy_ptr, o_g, o_t, m_t, o_d, m_d, k, T, D))
         if HAS_CU:
             b_dxk = tl.where((o_g + k < end)[:, None], b_dxk, 0.0)
         b_dx += b_dxk
@@ -238,7 +250,7 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr, WITH_DZ: tl.constexpr,  # flags
-    G_HALF: tl.constexpr,  # flags
+    G_HALF: tl.constexpr, PREFETCH: tl.constexpr,  # flags
 ):
     i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -257,9 +269,16 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
         p_dy = dy_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         b_dy = tl.load(p_dy, mask=m_t[:, None] & m_d[None, :], other=0.0).to(tl.float32)  # [BT, BD]
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
+        b_dyn = b_dy  # PREFETCH: dy[t + k] of the next tap, loaded before this tap's dot (tap 0's is b_dy)
         for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
-            b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R,
-                                 D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
+            if WITH_DX and PREFETCH:
+                b_dyk = b_dyn
+                b_dyn = _dy_ahead(dy_ptr, o_g, o_t, m_t, o_d, m_d, tl.minimum(k + 1, W - 1), T, D)  # last: L1 hit
+                b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T,
+                                     R, D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION, b_dyk, True)
+            else:
+                b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T,
+                                     R, D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
                 b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
                 if G_HALF:  # g rounded to U's half type: the dot's products exact, summed in fp32
@@ -542,8 +561,8 @@ def _lowrank_bwd(
         _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, bt), n_prog, B)](
             x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_blocks, n_prog), n_cu,
             n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-            WITH_DX=with_dx, WITH_DZ=with_dz, G_HALF=with_dz and _g_half(x, z, U), num_warps=warps,
-            num_stages=stages, maxnreg=LR_DX_MAXNREG,
+            WITH_DX=with_dx, WITH_DZ=with_dz, G_HALF=with_dz and _g_half(x, z, U), PREFETCH=LR_DX_PREFETCH,
+            num_warps=warps, num_stages=stages, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
     if fused:

@@ -521,6 +521,19 @@ def test_dynamic_conv_lowrank_forward_x_prefetched(B, T, D, R, W, rows, residual
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("form", ["own", "dx"])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_dx_dy_prefetched(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
+                                               assert_rel_rms):
+    """The dx kernel's tap loop with the next tap's dy loaded ahead by hand (a tune knob), dz in a launch of its
+    own or in the same one; channel blocks of 16, so each program walks several."""
+    monkeypatch.setattr(triton_lowrank, "LR_DX_PREFETCH", True)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
+    monkeypatch.setattr(triton_lowrank, "LR_DX_BD", 16)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_SPLITS", 2)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("form", ["wide", "taps", "taps-t"])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
 def test_dynamic_conv_lowrank_du_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
