@@ -105,6 +105,14 @@ LR_DU_FORM = "taps-t"
 # on the H200 (2026-12-05, two interleaved rounds, the whole raw backward, µs without / with 64 documents): "own"
 # 480.0 / 469.4 at its best dx tile, "dx" 508.4 / 481.4, "fused" 591.2 / 708.3 at its best.
 LR_DZ_FORM = "own"
+# Where dstatic_w is summed with "own" and "dx" (LR_DZ_DS): False, in the dU launch, as one more rank whose z is 1
+# (at R = 16 that pads the ranks to 32: the taps-t form's accumulators double); True, in the launch that forms dz,
+# which has each tap's g tile at hand: a sum over its tokens a tile (a reduction across the tile's threads), stored
+# as an fp32 partial a token tile ([B * tiles, W, D], summed in a fixed order like the others). Compiled for sm_90a
+# (Triton 3.6, 2026-12-05 session 33), bf16, R=16, registers without documents: the dz launch 93 -> 127 (20
+# shuffles and 11 barriers in its loop, against none and 6), dU "taps-t" at 64 x 64 184 -> 160; with g in bf16
+# (LR_G_HALF) 72 -> 125 and 168 -> 94. Untimed: off (the tune script's group "low-rank bwd dstatic with dz").
+LR_DZ_DS = False
 # The products g = dy * x[t - k] as the dz and dU dots take them (LR_G_HALF): False, in fp32, which the tf32 dot
 # rounds to a 10-bit mantissa; True, rounded to the inputs' half type when x, z and U share one (bf16: an 8-bit
 # mantissa), as the dynamic-conv1d anchor forms them: half the registers for g, the dots at the half type's rate,
@@ -245,12 +253,12 @@ def _dynamic_conv_lowrank_fwd_kernel(
 # fmt: off
 @triton.jit
 def _dynamic_conv_lowrank_bwd_dx_kernel(
-    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, cu_ptr,  # pointers
+    x_ptr, z_ptr, u_ptr, s_ptr, dy_ptr, dx_ptr, dzp_ptr, dsp_ptr, cu_ptr,  # pointers
     T, D, R, RPW, N_TOK, NDB, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, RP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
     HAS_CU: tl.constexpr, HAS_STATIC: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr, WITH_DX: tl.constexpr, WITH_DZ: tl.constexpr,  # flags
-    G_HALF: tl.constexpr, PREFETCH: tl.constexpr,  # flags
+    G_HALF: tl.constexpr, PREFETCH: tl.constexpr, WITH_DS: tl.constexpr,  # flags
 ):
     i_t, i_s, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_r = (i_b // RPW).to(tl.int64)  # the row's run: its U and static_w
@@ -281,6 +289,9 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
                                      R, D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
                 b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
+                if WITH_DS:  # this tile's sum of g: row (i_b, i_t) of the [B * tiles, W, D] partials
+                    p_ds = dsp_ptr + ((i_b * tl.cdiv(T, BT) + i_t) * W + k).to(tl.int64) * D + o_d
+                    tl.store(p_ds, tl.sum(b_g, axis=0), mask=m_d)
                 if G_HALF:  # g rounded to U's half type: the dot's products exact, summed in fp32
                     b_dz = tl.dot(b_g.to(b_uk.dtype), tl.trans(b_uk), acc=b_dz)  # [BT, RP]
                 else:
@@ -546,7 +557,12 @@ def _lowrank_bwd(
     BTZ, BDZ = tu.tiles(T, D, LR_DZ_BT, LR_DZ_BD)
     n_dbz = tu.cdiv(D, BDZ)
     n_splitz = max(1, min(LR_DZ_SPLITS, n_dbz))
-    dz = dz_partial = None
+    dz = dz_partial = ds_partial = None
+    # dstatic_w summed in the dz launch (LR_DZ_DS): fp32 partials a token tile of it, and no rank of its own in dU
+    ds_in_dz = LR_DZ_DS and static_w is not None and LR_DZ_FORM in ("own", "dx")
+    if ds_in_dz:
+        bt_ds = BTZ if LR_DZ_FORM == "own" else BT
+        ds_partial = tu.empty((B * tu.cdiv(T, bt_ds), W, D), torch.float32, x.device)
     if not fused:
         n_part = n_splitz if LR_DZ_FORM == "own" else n_split
         dz = tu.empty((B, T, R), z.dtype, x.device)
@@ -559,9 +575,10 @@ def _lowrank_bwd(
     for with_dx, with_dz, bt, bd, n_prog, n_blocks, warps, stages in launches:
         # fmt: off
         _dynamic_conv_lowrank_bwd_dx_kernel[(tu.cdiv(T, bt), n_prog, B)](
-            x, z, U, static_w, dy, dx, dz_partial, cu_seqlens, T, D, R, rows, B * T, tu.cdiv(n_blocks, n_prog), n_cu,
-            n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual, NATIVE_DOT=_native_dot(z, U), **flags,
-            WITH_DX=with_dx, WITH_DZ=with_dz, G_HALF=with_dz and _g_half(x, z, U), PREFETCH=LR_DX_PREFETCH,
+            x, z, U, static_w, dy, dx, dz_partial, ds_partial, cu_seqlens, T, D, R, rows, B * T,
+            tu.cdiv(n_blocks, n_prog), n_cu, n_search, W=W, RP=RP, BT=bt, BD=bd, RESIDUAL=residual,
+            NATIVE_DOT=_native_dot(z, U), **flags, WITH_DX=with_dx, WITH_DZ=with_dz,
+            G_HALF=with_dz and _g_half(x, z, U), PREFETCH=LR_DX_PREFETCH, WITH_DS=with_dz and ds_in_dz,
             num_warps=warps, num_stages=stages, maxnreg=LR_DX_MAXNREG,
         )
         # fmt: on
@@ -590,18 +607,21 @@ def _lowrank_bwd(
         n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
         per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, LOWRANK_BWD_PROGRAMS)  # a run alone's plan
         du_partial = tu.empty((runs * n_chunks, R, W * D), torch.float32, x.device)
-        ds_partial = None if static_w is None else tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
+        du_static = static_w is not None and not ds_in_dz  # dstatic_w summed here too
+        if du_static:
+            ds_partial = tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
+        du_flags = dict(flags, HAS_STATIC=du_static)
         # fmt: off
         if LR_DU_FORM == "wide":
             _dynamic_conv_lowrank_bwd_du_kernel[(n_db, runs * n_chunks)](
                 x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu,
-                n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, **flags, DS_DEFER=LR_DU_DS_DEFER, num_warps=LR_DU_WARPS,
-                num_stages=LR_DU_STAGES,
+                n_search, W=W, WP=WP, RP=RP, BT=BT, BD=BD, **du_flags, DS_DEFER=LR_DU_DS_DEFER,
+                num_warps=LR_DU_WARPS, num_stages=LR_DU_STAGES,
             )
         else:
             _dynamic_conv_lowrank_bwd_du_taps_kernel[(n_db, runs * n_chunks)](
                 x, z, dy, du_partial, ds_partial, cu_seqlens, T, D, R, rows, n_chunks, n_tb, per_chunk, n_cu,
-                n_search, W=W, RP=max(16, tu.next_power_of_2(R + (static_w is not None))), BT=BT, BD=BD, **flags,
+                n_search, W=W, RP=max(16, tu.next_power_of_2(R + du_static)), BT=BT, BD=BD, **du_flags,
                 TRANS=LR_DU_FORM == "taps-t", G_HALF=_g_half(x, z, U), num_warps=LR_DU_WARPS,
                 num_stages=LR_DU_STAGES,
             )

@@ -534,6 +534,21 @@ def test_dynamic_conv_lowrank_dx_dy_prefetched(B, T, D, R, W, rows, residual, st
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
+@pytest.mark.parametrize("dz_form, du_form", [("own", "taps-t"), ("dx", "taps"), ("own", "wide")])
+@pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
+def test_dynamic_conv_lowrank_dstatic_with_dz(B, T, D, R, W, rows, residual, static, dtype, dz_form, du_form,
+                                              monkeypatch, assert_rel_rms):
+    """dstatic_w summed in the launch that forms dz, a partial a token tile (a tune knob), and dU without the rank
+    that carried it, in each dU form; tiles of 16 tokens and channel blocks of 16, several a program."""
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_DS", True)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", dz_form)
+    monkeypatch.setattr(triton_lowrank, "LR_DU_FORM", du_form)
+    for name, value in [("LR_DX_BT", 16), ("LR_DX_BD", 16), ("LR_DZ_BT", 16), ("LR_DZ_BD", 16), ("LR_DZ_SPLITS", 2),
+                        ("LR_DU_BD", 16), ("LR_DU_BT", 16), ("LOWRANK_BWD_PROGRAMS", 4)]:
+        monkeypatch.setattr(triton_lowrank, name, value)
+    test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
+
+
 @pytest.mark.parametrize("form", ["wide", "taps", "taps-t"])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", LOWRANK_CASES)
 def test_dynamic_conv_lowrank_du_forms(B, T, D, R, W, rows, residual, static, dtype, form, monkeypatch,
@@ -1044,6 +1059,10 @@ FOLDED = [
     pytest.param(_lowrank, triton_lowrank,
                  ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_taps_kernel"),
                  {"LR_DU_FORM": "taps-t", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4}, TILED, id="lowrank"),
+    pytest.param(_lowrank, triton_lowrank,
+                 ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_taps_kernel"),
+                 {"LR_DU_FORM": "taps-t", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DZ_DS": True,
+                  "LR_DZ_BT": 16}, TILED, id="lowrank-dstatic-with-dz"),
     pytest.param(_lowrank, triton_lowrank, ("_dynamic_conv_lowrank_fwd_kernel", "_dynamic_conv_lowrank_bwd_du_kernel"),
                  {"LR_DU_FORM": "wide", "LR_DU_BT": 16, "LOWRANK_BWD_PROGRAMS": 4, "LR_DU_DS_DEFER": False}, TILED,
                  id="lowrank-du-wide"),
