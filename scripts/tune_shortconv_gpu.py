@@ -234,16 +234,14 @@ GROUPS = [
       ("wide", 64, 32, 8, 1, 1024, True), ("wide", 32, 64, 8, 1, 1024, True), ("wide", 16, 64, 4, 1, 1024, True),
       ("wide", 32, 32, 8, 1, 1024, True), ("wide", 32, 32, 4, 2, 1024, True)]),
     # g = dy * x[t - k] rounded to the inputs' half type before the dz and dU dots (LR_G_HALF), as the dynamic-conv1d
-    # anchor forms it; before the tile groups below, which then tune at its winner. Compiled for sm_90a (Triton 3.6,
-    # 2026-12-05 session 33), bf16, registers without documents: dz launch 32x64 93 -> 72 (mma.sync instructions 8
-    # -> 4), 64x32 64, 64x64 76 (wgmma; 119 in fp32); dU "taps-t" 64x64 184 -> 168 (wgmma instructions 32 -> 16),
-    # 32x64 132
-    ("low-rank bwd g half", ["lowrank"], lowrank, ("LR_G_HALF",), [(False,), (True,)]),
-    # dstatic_w summed in the dz launch (LR_DZ_DS), so that dU needs no 17th rank (R=16 padded to 32). Compiled for
-    # sm_90a (Triton 3.6, 2026-12-05 session 33), registers without (with) 64 documents, g in fp32 / in bf16: the dz
-    # launch 93 / 72 -> 127 / 125 (102 / 106), 20 shuffles and 11 barriers in its loop against none and 6; dU
-    # "taps-t" 64x64 184 / 168 -> 160 / 94 (167 / 128)
-    ("low-rank bwd dstatic with dz", ["lowrank"], lowrank, ("LR_DZ_DS",), [(False,), (True,)]),
+    # anchor forms it, and dstatic_w summed in the dz launch (LR_DZ_DS), so that dU needs no 17th rank (R=16 padded
+    # to 32); before the tile groups below, which then tune at the winner. Compiled for sm_90a (Triton 3.6,
+    # 2026-12-05 session 33), bf16, registers without (with) 64 documents: the dz launch 93, with g in bf16 72
+    # (mma.sync instructions 8 -> 4), with dstatic_w 127 / 125 (102 / 106; 20 shuffles and 11 barriers in its loop
+    # against none and 6); dU "taps-t" 64x64 184, with g in bf16 168 (wgmma instructions 32 -> 16), without the
+    # extra rank 160 / 94 (167 / 128)
+    ("low-rank bwd g and dstatic", ["lowrank"], lowrank, ("LR_G_HALF", "LR_DZ_DS"),
+     [(False, False), (True, False), (False, True), (True, True)]),
     # the dU kernel's form (LR_DU_FORM): one [BT, WP * BD] tile of g ("wide") or one [BT, BD] tile a tap, plain
     # ("taps") or transposed so that the dot has BD rows ("taps-t": a warpgroup's dot from 64 rows on). Compiled for
     # sm_90a (Triton 3.6, 2026-12-05), registers without documents: wide 32x32 154; taps 32x32 194, 32x64 174;

@@ -111,7 +111,7 @@ LR_DZ_FORM = "own"
 # as an fp32 partial a token tile ([B * tiles, W, D], summed in a fixed order like the others). Compiled for sm_90a
 # (Triton 3.6, 2026-12-05 session 33), bf16, R=16, registers without documents: the dz launch 93 -> 127 (20
 # shuffles and 11 barriers in its loop, against none and 6), dU "taps-t" at 64 x 64 184 -> 160; with g in bf16
-# (LR_G_HALF) 72 -> 125 and 168 -> 94. Untimed: off (the tune script's group "low-rank bwd dstatic with dz").
+# (LR_G_HALF) 72 -> 125 and 168 -> 94. Untimed: off (the tune script's group "low-rank bwd g and dstatic").
 LR_DZ_DS = False
 # The products g = dy * x[t - k] as the dz and dU dots take them (LR_G_HALF): False, in fp32, which the tf32 dot
 # rounds to a 10-bit mantissa; True, rounded to the inputs' half type when x, z and U share one (bf16: an 8-bit
@@ -120,7 +120,7 @@ LR_DZ_DS = False
 # "wide" dU form, as with False. Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), bf16, R=16 with static_w,
 # registers without documents: the dz-only launch at 32 x 64 93 -> 72 (its mma.sync instructions 8 -> 4), at 64 x
 # 64 119 -> 76; dU "taps-t" at 64 x 64 184 -> 168 (wgmma instructions 32 -> 16); the fused kernel unchanged (214),
-# without dx 203 -> 168 and 8 bytes spilled. Untimed: the tune script's group "low-rank bwd g half".
+# without dx 203 -> 168 and 8 bytes spilled. Untimed: the tune script's group "low-rank bwd g and dstatic".
 LR_G_HALF = False
 # The fused backward ("fused" above): [LR_FU_BT, LR_FU_BD] tiles, about LR_FU_PROGRAMS programs (channel blocks x
 # chunks of token tiles; each chunk's dU partial is R * W * D floats, each channel block's dz partial B * T * R).
