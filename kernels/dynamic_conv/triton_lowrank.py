@@ -492,7 +492,6 @@ def _native_dot(z: torch.Tensor, U: torch.Tensor) -> bool:
     )
 
 
-
 def _g_half(x: torch.Tensor, z: torch.Tensor, U: torch.Tensor) -> bool:
     """LR_G_HALF applies: x, z and U share one half type, which the dots take natively."""
     return LR_G_HALF and x.dtype == z.dtype and _native_dot(z, U)
