@@ -586,21 +586,23 @@ def test_dynamic_conv_lowrank_dz_forms(B, T, D, R, W, rows, residual, static, dt
     test_dynamic_conv_lowrank(B, T, D, R, W, rows, residual, static, dtype, assert_rel_rms)
 
 
-@pytest.mark.parametrize("dz_form, du_form", [("own", "taps-t"), ("dx", "taps"), ("fused", "taps-t"),
-                                               ("with-du", "taps-t")])
+@pytest.mark.parametrize("dz_form, du_form, dz_ds", [("own", "taps-t", False), ("dx", "taps", False),
+                                                      ("fused", "taps-t", False), ("with-du", "taps-t", False),
+                                                      ("own", "taps-t", True), ("dx", "taps", True)])
 @pytest.mark.parametrize("B, T, D, R, W, rows, residual, static, dtype", [
     pytest.param(2, 63, 32, 8, 4, [[20, 43], [63]], False, True, FP16, id="fp16-R8-docs"),
     pytest.param(2, 65, 63, 16, 3, [[20, 1, 44], [65]], True, False, FP16, id="fp16-R16-T65-D63-W3-docs-residual"),
     pytest.param(2, 20, 3, 16, 8, [[3, 5, 0, 2, 7, 3], [1] * 20], True, True, FP16, id="fp16-W8-short-docs-empty"),
     pytest.param(1, 33, 130, 20, 6, None, False, True, FP16, id="fp16-R20-padded-to-32-W6"),
 ])
-def test_dynamic_conv_lowrank_g_half(B, T, D, R, W, rows, residual, static, dtype, dz_form, du_form, monkeypatch,
-                                     assert_rel_rms):
+def test_dynamic_conv_lowrank_g_half(B, T, D, R, W, rows, residual, static, dtype, dz_form, du_form, dz_ds,
+                                     monkeypatch, assert_rel_rms):
     """The products g rounded to the inputs' half type before the dz and dU dots (a tune knob), in the dz
     launch of its own, in the dx kernel and in the fused backward (with dx there or not), and in both taps forms of
-    dU; fp16, as the interpreter's bf16 dot is not to be trusted. Tiles of 16 and a budget of 4 programs: several
-    channel blocks, splits and tiles a chunk."""
+    dU, also with dstatic_w summed in the dz launch; fp16, as the interpreter's bf16 dot is not to be trusted.
+    Tiles of 16 and a budget of 4 programs: several channel blocks, splits and tiles a chunk."""
     monkeypatch.setattr(triton_lowrank, "LR_G_HALF", True)
+    monkeypatch.setattr(triton_lowrank, "LR_DZ_DS", dz_ds)
     monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", dz_form)
     monkeypatch.setattr(triton_lowrank, "LR_DU_FORM", du_form)
     for name, value in [("LR_DX_BD", 16), ("LR_DZ_BT", 16), ("LR_DZ_BD", 32), ("LR_DZ_SPLITS", 2), ("LR_DU_BD", 16),
