@@ -385,6 +385,8 @@ def _tune(cases: dict[str, _Case], rep: int, rounds: int) -> list[str]:
                 worst = max(worst, err)
             results.append((score, worst, values, "; ".join(cells)))
         settings.append(f"{module.__name__}: {settle(results, RMS_BOUND, module, consts)}")
+        # at once, so that a run cut short by a time limit still tells the groups it finished
+        print(f"settled {settings[-1]}", flush=True)
     return settings
 
 
