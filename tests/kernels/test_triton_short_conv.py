@@ -809,15 +809,24 @@ def test_a_nan_document_changes_no_other_gradient(op_name):
         assert torch.equal(dirty[name][outside], clean[name][outside]), f"d{name} changed by the NaN"
 
 
-@pytest.mark.parametrize("form", ["fused", "with-du"])
-def test_lowrank_untimed_forms_are_blind_and_repeatable(form, monkeypatch):
-    """The low-rank forms that wait for the GPU's timing (the fused backward, with or without dx, and the forward's
-    taps as a loop) keep what the shipped ones promise: documents blind to each other, a NaN document confined to
-    itself, and a second backward bitwise equal to the first."""
-    monkeypatch.setattr(triton_lowrank, "LR_DZ_FORM", form)
+@pytest.mark.parametrize("constants", [
+    pytest.param({"LR_DZ_FORM": "fused"}, id="fused"),
+    pytest.param({"LR_DZ_FORM": "with-du"}, id="with-du"),
+    pytest.param({"LR_DZ_FORM": "own", "LR_DZ_DS": True, "LR_FWD_PREFETCH": True, "LR_DX_PREFETCH": True,
+                  "LR_DZ_BT": 16, "LR_DZ_SPLITS": 2}, id="own-dstatic-with-dz-prefetched"),
+    pytest.param({"LR_DZ_FORM": "dx", "LR_DZ_DS": True, "LR_DX_PREFETCH": True, "LR_DX_BD": 16, "LR_DZ_SPLITS": 2},
+                 id="dx-dstatic-with-dz-prefetched"),
+])
+def test_lowrank_untimed_forms_are_blind_and_repeatable(constants, monkeypatch):
+    """The low-rank forms that wait for the GPU's timing (the fused backward, with or without dx; dstatic_w summed
+    with dz and dy or x loaded a tap ahead; the forward's taps as a loop) keep what the shipped ones promise:
+    documents blind to each other, a NaN document confined to itself, and a second backward bitwise equal to the
+    first."""
     monkeypatch.setattr(triton_lowrank, "LR_FWD_TAP_LOOP", True)
     monkeypatch.setattr(triton_lowrank, "LR_FU_BT", 16)
     monkeypatch.setattr(triton_lowrank, "LR_FU_PROGRAMS", 4)
+    for name, value in constants.items():
+        monkeypatch.setattr(triton_lowrank, name, value)
     for doc in TARGET_DOCS:
         test_documents_are_blind_to_each_other("dynamic_conv_lowrank", doc.values[0])
     test_a_nan_document_changes_no_other_gradient("dynamic_conv_lowrank")
