@@ -86,6 +86,14 @@ GROUPS = [
     # the forward's tile at head size 16 alone (HW_FWD_TILE_WIDE; the group above then serves head size 1). Compiled
     # for sm_90a (Triton 3.6, 2026-12-04), head size 16: 256 30 registers, 512 32, 1024 44, 2048 80, no spills.
     ("head-wise fwd wide heads", ["hs16"], headwise, ("HW_FWD_TILE_WIDE",), [(1024,), (512,), (2048,), (256,)]),
+    # the streaming forward of wide heads (shipped, first) against the tiled one at the warps and channels the
+    # dynamic-conv1d anchor's autotuning spans (2-8 warps, 32-128 channels), its weights read tap by tap (no layout
+    # move at head size 16). Compiled for sm_90a (Triton 3.6, 2026-12-05 session 33), head size 16: 1024 elements at
+    # 4 warps 44 registers, 2048 at 8 warps 44, 512 at 2 warps of 64 channels 44, 2048 at 4 warps 76
+    ("head-wise fwd wide tiled", ["hs16"], headwise,
+     ("HW_FWD_STREAM_WIDE", "HW_FWD_TILE_WIDE", "HW_FWD_WARPS", "HW_FWD_CHANNELS", "HW_FWD_TAP_LOADS"),
+     [(True, 1024, 4, 128, False), (False, 1024, 4, 128, True), (False, 2048, 8, 128, True), (False, 512, 2, 64, True),
+      (False, 1024, 2, 64, True), (False, 4096, 8, 128, True)]),
     # dweight as one tile (DW_TILE True): head size 1 at 512x128 128 registers, 1024x32 168, 512x32 118.
     # DS_DEFER (True): dstatic_w summed once a chunk, now from one [BT, NH, HSP] sum per tap (its first form, one
     # [WP, BT, NH, HSP] sum updated whole at every tap, timed on the H200 (2026-12-03) at head size 16 280 µs
