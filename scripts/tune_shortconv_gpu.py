@@ -275,10 +275,12 @@ GROUPS = [
     ("low-rank bwd dx prefetch", ["lowrank"], lowrank, ("LR_DX_PREFETCH",), [(False,), (True,)]),
     # the dz-only launch's own tiles (LR_DZ_*; "own"): its dot g @ U^T has BT rows, a warpgroup's from 64 on at 4 warps.
     # Compiled for sm_90a (Triton 3.6, 2026-12-05), registers without documents: 32x64 93 (mma.sync), 64x32 80 and
-    # 64x64 119 (wgmma), 64x128 225, 128x64 at 8 warps 122
+    # 64x64 119 (wgmma), 64x128 225, 128x64 at 8 warps 122. Last, fewer splits of the channel blocks (the anchor has
+    # none: one program a token tile walks them all): 2, or 1, which stores dz itself, with no fp32 partials to sum
     ("low-rank bwd dz tiles", ["lowrank"], lowrank,
      ("LR_DZ_BT", "LR_DZ_BD", "LR_DZ_WARPS", "LR_DZ_SPLITS"),
-     [(32, 64, 4, 8), (64, 32, 4, 8), (64, 64, 4, 8), (64, 32, 4, 16), (128, 64, 8, 8)]),
+     [(32, 64, 4, 8), (64, 32, 4, 8), (64, 64, 4, 8), (64, 32, 4, 16), (128, 64, 8, 8), (32, 64, 4, 2),
+      (32, 64, 4, 1)]),
 ]
 
 
