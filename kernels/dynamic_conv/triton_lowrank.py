@@ -13,8 +13,10 @@ g[t, (k, d)] = dy[t, d] * x[t - k, d] formed on chip, is two launches:
              blocks, walking its blocks; LR_DZ_SPLITS fp32 partials summed in a fixed order
 and, one program per channel block (all taps) and chunk of token tiles,
     dU[:, j] = sum_t z[t]^T g[t, j]    and dstatic_w[j] = sum_t g[t, j]: fp32 partials per chunk
-(``LR_DU_FORM``: tap by tap, g^T [BD, BT] @ z, dstatic_w a rank whose z is 1),
-so the [B, T, W, D] weights and their gradient never reach device memory either. ``LR_DZ_FORM`` can move dz to
+(``LR_DU_FORM``: tap by tap, g^T [BD, BT] @ z, dstatic_w a rank whose z is 1; with ``LR_DZ_DS`` dstatic_w is
+summed in the dz launch instead, an fp32 partial a token tile), so the [B, T, W, D] weights and their gradient
+never reach device memory either. g may go to the dz and dU dots rounded to the inputs' half type
+(``LR_G_HALF``). ``LR_DZ_FORM`` can move dz to
 a launch of its own, or make the whole backward one launch (tune knobs, below): one program per channel block and
 chunk of token tiles forms dx, its channel block's share of dz (an fp32 partial per channel block) and its chunk's
 dU and dstatic_w partials, reading each tile of x and dy from device memory once for all four.
