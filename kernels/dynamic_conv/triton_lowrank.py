@@ -281,14 +281,11 @@ def _dynamic_conv_lowrank_bwd_dx_kernel(
         b_dx = b_dy if RESIDUAL else tl.zeros([BT, BD], dtype=tl.float32)
         b_dyn = b_dy  # PREFETCH: dy[t + k] of the next tap, loaded before this tap's dot (tap 0's is b_dy)
         for k in range(W):  # a loop, not unrolled: one tap's tiles live at a time
+            b_dyk = b_dyn
             if WITH_DX and PREFETCH:
-                b_dyk = b_dyn
                 b_dyn = _dy_ahead(dy_ptr, o_g, o_t, m_t, o_d, m_d, tl.minimum(k + 1, W - 1), T, D)  # last: L1 hit
-                b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T,
-                                     R, D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION, b_dyk, True)
-            else:
-                b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T,
-                                     R, D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION)
+            b_dx, b_uk = _dx_tap(b_dx, k, z_ptr, u_ptr, s_ptr, dy_ptr, o_g, o_t, m_t, o_r, m_r, o_d, m_d, end, T, R,
+                                 D, W, HAS_CU, HAS_STATIC, WITH_DX, NATIVE_DOT, PRECISION, b_dyk, WITH_DX and PREFETCH)
             if WITH_DZ:  # dz: g[t, (k, d)] = dy[t, d] * x[t - k, d], zero before t's document start
                 b_g = b_dy * _shifted_x(x_ptr, o_g, o_t, m_t, o_d, m_d, start, k, D, HAS_CU)  # [BT, BD]
                 if WITH_DS:  # this tile's sum of g: row (i_b, i_t) of the [B * tiles, W, D] partials
