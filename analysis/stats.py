@@ -1,13 +1,13 @@
 """Statistics over seeds for the claims' verdicts (``analysis.claims``; docs/claims.md says how they are read).
 
-- ``bootstrap_median``: the percentile bootstrap interval of a median, from a fixed seeded numpy Generator, so a
-  report is the same every time it is made (``scipy.stats.bootstrap(..., method="percentile")`` with the same
-  Generator draws the same resamples). For n <= 5 values it is the values' range (the median of a resample
-  takes the smallest value with probability above 2.5%), which holds the true median with probability
-  1 - 2 * 0.5**n only (75% at 3 seeds, 94% at 5): ``sign_test`` says how much such a handful can show.
+- ``bootstrap_median``: the percentile bootstrap interval of a median (``scipy.stats.bootstrap``), its resamples
+  drawn from a fixed seeded numpy Generator, so a report is the same every time it is made. For n <= 5 values it
+  is the values' range (the median of a resample takes the smallest value with probability above 2.5%), which
+  holds the true median with probability 1 - 2 * 0.5**n only (75% at 3 seeds, 94% at 5): ``sign_test`` says how
+  much such a handful can show.
 - ``sign_test``: the exact one-sided sign test of "the median is above (or below) a value" (values equal to
-  it dropped), as ``scipy.stats.binomtest(k, n, 0.5)``.
-- ``wilson``: the Wilson score interval of a proportion (k successes of n), as
+  it dropped): ``scipy.stats.binomtest(k, n, 0.5)``.
+- ``wilson``: the Wilson score interval of a proportion (k successes of n):
   ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``.
 - ``seeds_for_median`` / ``seeds_for_fraction``: how many seeds would likely move an interval clear of the
   values that decide a claim, if the effect and the spread measured so far held.
@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 CONFIDENCE = 0.95
-Z = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
 RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 MAX_SEEDS = 1000  # seeds_for_fraction looks no further
@@ -42,16 +42,16 @@ class Interval:
 def bootstrap_median(values: Sequence[float], *, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED
                      ) -> Interval:
     """The 95% percentile bootstrap interval of the median of ``values``: ``resamples`` draws of n values with
-    replacement (indices from ``np.random.default_rng(seed)``, drawn as one [resamples, n] array), the median
-    of each, then their 2.5% and 97.5% percentiles (numpy's linear interpolation)."""
+    replacement from ``np.random.default_rng(seed)`` (one [resamples, n] batch), the median of each, then their
+    2.5% and 97.5% percentiles. One value is its own interval (no resample differs from it)."""
     data = np.asarray(values, dtype=np.float64)
     if data.size == 0:
         raise ValueError("bootstrap_median needs at least one value")
-    index = np.random.default_rng(seed).integers(0, data.size, (resamples, data.size))
-    medians = np.median(data[index], axis=-1)  # [resamples]
-    tail = (1 - CONFIDENCE) / 2
-    low, high = np.percentile(medians, [100 * tail, 100 * (1 - tail)])
-    return Interval(float(low), float(high))
+    if data.size == 1:
+        return Interval(float(data[0]), float(data[0]))
+    result = stats.bootstrap((data,), np.median, n_resamples=resamples, confidence_level=CONFIDENCE,
+                             method="percentile", rng=np.random.default_rng(seed))
+    return Interval(float(result.confidence_interval.low), float(result.confidence_interval.high))
 
 
 def sign_test(values: Sequence[float], value: float, above: bool) -> float:
@@ -61,17 +61,15 @@ def sign_test(values: Sequence[float], value: float, above: bool) -> float:
     data = np.asarray(values, dtype=np.float64)
     wins = int(np.sum(data > value) if above else np.sum(data < value))
     n = int(np.sum(data != value))
-    return float(sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n) if n else 1.0
+    return float(stats.binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
 
 
 def wilson(successes: int, n: int) -> Interval:
     """The 95% Wilson score interval of the proportion ``successes / n``."""
     if n <= 0 or not 0 <= successes <= n:
         raise ValueError(f"wilson needs 0 <= successes <= n and n > 0, got {successes} of {n}")
-    share = successes / n
-    centre = (share + Z**2 / (2 * n)) / (1 + Z**2 / n)
-    half = Z / (1 + Z**2 / n) * math.sqrt(share * (1 - share) / n + Z**2 / (4 * n**2))
-    return Interval(max(0.0, centre - half), min(1.0, centre + half))
+    interval = stats.binomtest(successes, n).proportion_ci(confidence_level=CONFIDENCE, method="wilson")
+    return Interval(float(interval.low), float(interval.high))
 
 
 def seeds_for_median(n: int, effect: float, interval: Interval, bounds: Sequence[float]) -> int | None:
