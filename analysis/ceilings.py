@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from mixlab.core.fields import PositiveInt, check
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
-from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 

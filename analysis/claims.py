@@ -41,7 +41,7 @@ from mixlab.analysis.aggregate import (
     mad_scores,
 )
 from mixlab.analysis.tables import MAD_CLAIMS, MAD_ROWS, MAD_TOLERANCE, REFERENCE, Table, reference_name
-from mixlab.tasks.fields import NonNegativeFloat, check_dataclass, check_mapping, field_types, from_yaml
+from mixlab.core.fields import NonNegativeFloat, check_dataclass, check_mapping, field_types, from_yaml
 
 OPS = (">", ">=", "<", "<=", "=")
 MIN_SEEDS = 3  # below this no verdict: 2 seeds on one side happen by chance one time in two

@@ -27,6 +27,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from mixlab.core.fields import PositiveInt, check
 from mixlab.models.mixers import fla_ops
 from mixlab.runners.bench_attention import CPU_MAX_TOKENS, GATE_ROWS, MAD_TOKENS
 from mixlab.runners.bench_shortconv import DTYPES, RMS_BOUND
@@ -40,7 +41,6 @@ from mixlab.runners.bench_utils import (
     rel_rms,
 )
 from mixlab.runners.provenance import package_versions
-from mixlab.tasks.fields import PositiveInt, check
 
 
 def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, gen: torch.Generator,

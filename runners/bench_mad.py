@@ -46,6 +46,8 @@ from typing import Literal
 
 import torch
 from mixlab import models
+from mixlab.core.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
+from mixlab.core.records import RUNS
 from mixlab.kernels.attention import triton as attention_triton
 from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench_train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
@@ -54,7 +56,6 @@ from mixlab.runners.config import RunConfig, config_hash, resolve
 from mixlab.runners.engine import auto_compiles, train_runs_batched
 from mixlab.runners.local_backend import _init_worker
 from mixlab.runners.mad import get_profile, mad_plan
-from mixlab.runners.manifest import RUNS
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.schedule import StepPlan
@@ -63,7 +64,6 @@ from mixlab.runners.sweep import SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import PlannedRun, SweepPlan
 from mixlab.runners.train import train_run
-from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
 from torch import nn
 from tqdm.auto import tqdm
 

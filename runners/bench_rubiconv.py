@@ -28,13 +28,13 @@ from typing import Literal
 import numpy as np
 import torch
 from mixlab import kernels
+from mixlab.core.fields import PositiveInt, check
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubiconv_triton
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
 from mixlab.runners.bench_anchors import Anchor, long_conv_anchors
 from mixlab.runners.bench_utils import device_line, median_time_ms, rel_rms
-from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with

@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 import torch
 from mixlab import kernels
+from mixlab.core.fields import PositiveInt, check
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench_anchors import Anchor, short_conv_anchors
@@ -44,7 +45,6 @@ from mixlab.runners.bench_utils import (
     measure_pair,
     rel_rms,
 )
-from mixlab.tasks.fields import PositiveInt, check
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative RMS error the correctness gate allows, per activation dtype (the kernel tests' bounds).

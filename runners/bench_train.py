@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 from mixlab import kernels, models
+from mixlab.core.fields import PositiveInt, check
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
 from mixlab.runners.engine import auto_compiles, row_tokens, train_runs_batched
 from mixlab.runners.precision import pick_device, uses_bf16
 from mixlab.runners.provenance import device_info, package_versions
 from mixlab.runners.speed import LABELS, check_speed, mode_name, stack_modes
 from mixlab.runners.train import train_run
-from mixlab.tasks.fields import PositiveInt, check
 
 # The MAD protocol's grid (docs/mad.md): lr x weight decay.
 MAD_GRID = [(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)]

@@ -40,11 +40,11 @@ import numpy as np
 import torch
 from mixlab import models
 from mixlab.analysis import leakage
+from mixlab.core.fields import PositiveInt, check
 from mixlab.models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, claims_document_blindness
 from mixlab.models.mixers.external import error_line as _error
 from mixlab.runners.bench_utils import median_time_ms
 from mixlab.runners.precision import bf16_autocast, uses_bf16
-from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 ROWS, SEQ_LEN = 4, 64  # inputs of the checks: [ROWS, SEQ_LEN, d_model]

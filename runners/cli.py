@@ -17,12 +17,12 @@ from importlib.metadata import version
 
 import typer
 from mixlab import models, tasks
+from mixlab.core import fields
 from mixlab.runners import cli_bench, cli_ceilings, cli_check, cli_leakage, cli_sweep
 from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.sweep import SweepInterrupted
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS
 from mixlab.runners.train import train_run
-from mixlab.tasks import fields
 from mixlab.tasks.show import render_example
 
 app = typer.Typer(

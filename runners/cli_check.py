@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 import typer
+from mixlab.core.fields import PositiveInt, check
 from mixlab.runners.check_mixer import check_mixer
 from mixlab.runners.cli_bench import parse_shape
-from mixlab.tasks.fields import PositiveInt, check
 
 
 def check_mixer_command(

@@ -12,8 +12,8 @@ import torch
 import typer
 from mixlab import models
 from mixlab.analysis import leakage
-from mixlab.runners.atomic import writable_folder
-from mixlab.tasks.fields import PositiveInt, check
+from mixlab.core.atomic import writable_folder
+from mixlab.core.fields import PositiveInt, check
 
 
 def leakage_command(

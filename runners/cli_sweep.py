@@ -238,7 +238,7 @@ def archive(
 ) -> None:
     """Pack each sweep's finished records (runs/<hash>.json) into runs/records.jsonl.xz, which every command reads
     as it reads the files: committed reproductions stay small. A sweep goes on over an archived folder."""
-    from mixlab.runners.manifest import RUNS, archive_records
+    from mixlab.core.records import RUNS, archive_records
 
     for folder in folders:
         root = Path(folder)

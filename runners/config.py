@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from mixlab import models, tasks
-from mixlab.tasks.fields import (
+from mixlab.core.fields import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,

@@ -89,11 +89,12 @@ from typing import Any
 
 import torch
 from mixlab import kernels, models, tasks
+from mixlab.core.fields import PositiveInt, check
+from mixlab.core.records import read_record
 from mixlab.models.layers import stacked_runs
 from mixlab.runners import resume
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import eval_batches
-from mixlab.runners.manifest import read_record
 from mixlab.runners.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.record import RunLog, TrainClock, write_record
@@ -101,7 +102,6 @@ from mixlab.runners.schedule import StepPlan
 from mixlab.runners.seeds import initial_model, run_data, shuffle_generator
 from mixlab.runners.speed import stack_modes
 from mixlab.runners.train import packed_layout, train_run
-from mixlab.tasks.fields import PositiveInt, check
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 

@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from mixlab import models
+from mixlab.core.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.runners.config import config_hash
 from mixlab.runners.sweep_plan import PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.tasks.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 from mixlab.tasks.mad.sweep import MAD_LAB_PARAMS
 

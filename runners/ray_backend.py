@@ -32,10 +32,10 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from mixlab.runners.atomic import write_json_atomic
-from mixlab.runners.manifest import is_record
+from mixlab.core.atomic import write_json_atomic
+from mixlab.core.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass
+from mixlab.core.records import is_record
 from mixlab.runners.sweep_jobs import Job, run_job
-from mixlab.tasks.fields import NonNegativeInt, PositiveFloat, PositiveInt, check_dataclass
 
 INSTALL_HINT = "pip install 'mixlab[ray]'"
 

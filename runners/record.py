@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from mixlab import models, tasks
-from mixlab.runners.atomic import write_json_atomic
+from mixlab.core.atomic import write_json_atomic
 from mixlab.runners.config import RunConfig, config_hash
 from mixlab.runners.provenance import device_info, package_versions
 

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mixlab.runners.atomic import atomic_file, write_json_atomic
+from mixlab.core.atomic import atomic_file, write_json_atomic
+from mixlab.core.records import has_record
 from mixlab.runners.config import config_hash
-from mixlab.runners.manifest import has_record
 from mixlab.runners.record import RunLog
 
 PARTIAL = "partial"

@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from mixlab.core.atomic import writable_folder
+from mixlab.core.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
+from mixlab.core.records import RUNS, finished_hashes
 from mixlab.runners import local_backend, ray_backend, resume
-from mixlab.runners.atomic import writable_folder
-from mixlab.runners.manifest import RUNS, finished_hashes, write_manifest
+from mixlab.runners.manifest import write_manifest
 from mixlab.runners.speed import SPEEDS
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK, Job, plan_jobs
 from mixlab.runners.sweep_plan import SweepPlan
-from mixlab.tasks.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
 from tqdm.auto import tqdm
 
 BACKENDS = ("local", "ray")

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mixlab.analysis.aggregate import load_sweep
+from mixlab.core.records import RUNS
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.mad import mad_plan
-from mixlab.runners.manifest import RUNS
 from mixlab.runners.schedule import StepPlan
 from mixlab.runners.sweep_plan import SweepPlan
 from mixlab.runners.sweep_spec import load_spec

@@ -13,12 +13,12 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from mixlab.core.fields import PositiveInt, check
+from mixlab.core.records import has_record
 from mixlab.runners.config import RunConfig
 from mixlab.runners.engine import chunks, group_key, train_runs_batched, unbatchable_reason
-from mixlab.runners.manifest import has_record
 from mixlab.runners.sweep_plan import PlannedRun
 from mixlab.runners.train import train_run
-from mixlab.tasks.fields import PositiveInt, check
 
 # Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
 DEFAULT_MAX_STACK = 64

@@ -4,7 +4,7 @@ Two planners build plans: ``sweep_spec.SweepSpec.plan`` (YAML grids) and ``mad.m
 Both name a run by ``runners.config.config_hash`` of its *resolved* config (``Resolver``): task parameters with
 every default filled in and every ModelConfig field (except vocab_size and max_seq_len, which the task fixes), so
 writing a default out or leaving it implicit names the same run, and a later change of a default does not reuse
-old records. A field added later (``tasks.fields.added_field``) is left out while it holds its default, so the
+old records. A field added later (``core.fields.added_field``) is left out while it holds its default, so the
 records written before it existed keep their names.
 """
 
@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mixlab.core.fields import NonNegativeInt, PositiveInt, check, from_mapping, resolved_fields
 from mixlab.runners.config import RunConfig, TrainConfig, resolve
-from mixlab.tasks.fields import NonNegativeInt, PositiveInt, check, from_mapping, resolved_fields
 
 # ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.
 TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")

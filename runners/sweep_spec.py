@@ -40,9 +40,9 @@ import yaml
 from mixlab import models, tasks
 from mixlab.analysis import claims
 from mixlab.analysis.aggregate import METRIC_KEYS
+from mixlab.core.fields import check, check_mapping, field_types, from_yaml
 from mixlab.runners.config import TrainConfig, config_hash
 from mixlab.runners.sweep_plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.tasks.fields import check, check_mapping, field_types, from_yaml
 
 # TrainConfig fields the seeds set.
 SEED_FIELDS = ("init_seed", "data_seed")

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from mixlab import kernels, models
+from mixlab.core.atomic import writable_folder
 from mixlab.runners import resume
-from mixlab.runners.atomic import writable_folder
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import evaluate
 from mixlab.runners.metrics import scored_view, training_loss

@@ -1,4 +1,4 @@
-"""The install layout: the five top-level folders are the packages ``mixlab.<folder>``, nothing is installed under
+"""The install layout: the six top-level folders are the packages ``mixlab.<folder>``, nothing is installed under
 a generic top-level name, every import of ours goes through ``mixlab.``, and no two of our modules import each
 other, directly or round a longer circle."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tasks", "models", "kernels", "runners", "analysis")
+PACKAGES = ("core", "tasks", "models", "kernels", "runners", "analysis")
 
 
 def _python_sources() -> dict[str, str]:
@@ -123,7 +123,7 @@ def test_no_generic_top_level_package_is_installed(name, tmp_path):
 
 
 def test_wheel_holds_only_mixlab_and_runs(tmp_path):
-    """A plain (non-editable) wheel: every module of the five folders under ``mixlab/``, nothing else beside its
+    """A plain (non-editable) wheel: every module of the six folders under ``mixlab/``, nothing else beside its
     metadata, the presets as package data, and ``mixlab tasks list`` runs from it alone."""
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),

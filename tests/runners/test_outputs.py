@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 from mixlab import models
+from mixlab.core.atomic import write_json_atomic
+from mixlab.core.records import finished_hashes
 from mixlab.runners import local_backend, train
-from mixlab.runners.atomic import write_json_atomic
 from mixlab.runners.cli import main
-from mixlab.runners.manifest import finished_hashes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

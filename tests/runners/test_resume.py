@@ -11,12 +11,12 @@ import mixlab.runners.engine as engine
 import pytest
 import torch
 import yaml
+from mixlab.core.records import finished_hashes
 from mixlab.runners import local_backend, resume
 from mixlab.runners import train as train_module
 from mixlab.runners.cli import main
 from mixlab.runners.config import RunConfig, TrainConfig
 from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.manifest import finished_hashes
 from mixlab.runners.sweep import SweepInterrupted, SweepOptions, run_sweep
 from mixlab.runners.sweep_jobs import Job, plan_jobs
 from mixlab.runners.sweep_spec import SweepSpec
