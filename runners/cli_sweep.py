@@ -17,7 +17,7 @@ from mixlab.runners.ray_backend import RayOptions
 from mixlab.runners.speed import SPEED_HELP, from_flags
 from mixlab.runners.sweep import BACKENDS, SweepOptions, SweepResult, run_sweep
 from mixlab.runners.sweep_jobs import DEFAULT_MAX_STACK
-from mixlab.runners.sweep_spec import load_spec, preset_names
+from mixlab.runners.sweep_spec import load_spec, preset_names, reference_claims
 
 WORKERS_HELP = "Local backend: jobs at once, each in its own process (on a GPU they share it)."
 LIMIT_HELP = "Run at most this many of the missing runs, then stop (run again to continue)."
@@ -259,9 +259,9 @@ def claims_command(
 ) -> None:
     """The claims ledger: every claim of the reproduced papers with its verdict on the records of FOLDERS, the
     evidence and the deviations from the paper's protocol (docs/claims.md)."""
-    from mixlab.analysis.ledger import write_ledger  # imported here, as report's: seaborn is slow to import
+    from mixlab.analysis.ledger import PRESET_SWEEPS, write_ledger  # imported here, as report's: seaborn is slow
 
-    text = write_ledger(folders, out)
+    text = write_ledger(folders, reference_claims(PRESET_SWEEPS), out)
     typer.echo(f"wrote {out}" if out else text)
 
 

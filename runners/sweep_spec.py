@@ -183,6 +183,12 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
     return SweepSpec.from_dict(data)
 
 
+def reference_claims(names: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """The ``reference.claims`` of the sweep files ``names`` (presets or YAML paths), by name: what the claims
+    ledger (``analysis.ledger.write_ledger``) judges for a paper that no folder holds records of."""
+    return {name: load_spec(name).reference.get("claims", []) for name in names}
+
+
 def preset_names() -> list[str]:
     """Names of the packaged sweep presets (``runners/presets/*.yaml``)."""
     folder = importlib.resources.files("mixlab.runners").joinpath("presets")

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mixlab import kernels, models
+from mixlab import kernels, models, tasks
 from mixlab.core.atomic import writable_folder
+from mixlab.models import checkpoint
 from mixlab.runners import resume
 from mixlab.runners.config import RunConfig, resolve
 from mixlab.runners.evaluation import evaluate
@@ -176,6 +177,15 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
         if saver is not None:
             saver.remove()
     return record
+
+
+def load_saved_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, tasks.TaskData]:
+    """The model that ``train_run(..., save=True)`` wrote to ``path`` (on ``device``) and its run's test set,
+    regenerated from the run config in the checkpoint's metadata."""
+    config = RunConfig.from_dict(checkpoint.metadata(path)["config"])
+    task, _ = resolve(config)
+    _, test = run_data(task, config.train)
+    return models.load(path, device=device), test
 
 
 def packed_layout(starts: torch.Tensor, T: int, device: torch.device) -> torch.Tensor:

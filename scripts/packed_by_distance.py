@@ -17,9 +17,9 @@ import argparse
 import csv
 from pathlib import Path
 
-from mixlab.analysis.packed_queries import KINDS, checkpoint_accuracy_by_distance
+from mixlab.analysis.packed_queries import KINDS, accuracy_by_distance, predictions
 from mixlab.runners.sweep_spec import load_spec
-from mixlab.runners.train import train_run
+from mixlab.runners.train import load_saved_run, train_run
 
 TASK = "packed/associative_retrieval"
 EDGES = (0, 4, 8, 16, 32, 64)
@@ -54,7 +54,8 @@ def main() -> None:
     rows, bins = [], []
     for model in args.models.split(","):
         saved = saved_run(args.preset, model, args.lr, args.seed, args.saved, args.device)
-        table = checkpoint_accuracy_by_distance(saved, edges, device=args.device or "cpu")
+        model, test = load_saved_run(saved, device=args.device or "cpu")
+        table = accuracy_by_distance(predictions(model, test), test, edges)
         bins = table["bins"]
         rows += [{"model": model, "lr": args.lr, "seed": args.seed, "kind": kind, "distance": label,
                   "accuracy": acc, "n": n}
