@@ -2,7 +2,7 @@
 
 A sweep folder (``core.records``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
 labels) and ``runs/<hash>.json`` (one record per finished run); a folder of single runs holds the
-``<name>.json`` records that ``mixlab run --out`` writes (``runners.record``). Each record becomes one flat row::
+``<name>.json`` records that ``mixlab run --out`` writes (``runners.train.record``). Each record becomes one flat row::
 
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
@@ -18,7 +18,7 @@ A file where a record should be that does not parse or lacks what a row needs is
 is kept as ``Unreadable`` (path and reason), and its run counts as missing, so the cells it belongs to read as
 partial (``SweepData.run_counts``).
 
-Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
+Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.train.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
 
 MAD score (docs/mad.md), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
@@ -322,7 +322,7 @@ def row_labels(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def point_label(point: Mapping[str, Any]) -> str:
-    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep_spec labels)."""
+    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep.spec labels)."""
     return " ".join(f"{k}={v}" for k, v in point.items()) or "default"
 
 

@@ -6,7 +6,7 @@ document's copy of its key, so a leak might show there; a query late in a long d
 and the other documents', to pick among. Reading accuracy by distance tells these apart (at CPU size the leaky
 Hyena's deficit grew with distance: reproductions/packed/NOTES.md).
 
-A saved run is scored on its own test set: ``runners.train.load_saved_run`` loads the model and regenerates that
+A saved run is scored on its own test set: ``runners.train.run.load_saved_run`` loads the model and regenerates that
 set, then ``accuracy_by_distance(predictions(model, test), test, edges)``.
 """
 

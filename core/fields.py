@@ -182,7 +182,7 @@ def added_field(default: Any) -> Any:
 
 def resolved_fields(instance: Any) -> dict[str, Any]:
     """Every field of a (flat) dataclass as a dict, except a field made by ``added_field`` that holds its
-    default: what a run's resolved config records (``runners.sweep_plan``)."""
+    default: what a run's resolved config records (``runners.sweep.plan``)."""
     return {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)
             if not (f.metadata.get(ADDED_FIELD) and getattr(instance, f.name) == f.default)}
 

@@ -8,7 +8,7 @@ A checkpoint is one ``torch.save`` file holding only plain types and tensors (re
      "state_dict": {name: tensor},               # on the CPU
      "metadata": {...}}                          # JSON-like: run config, metrics, versions, ...
 
-``runners.train.train_run(..., save=True)`` (``mixlab run --save``) writes one beside the run's JSON record,
+``runners.train.run.train_run(..., save=True)`` (``mixlab run --save``) writes one beside the run's JSON record,
 holding the weights of the evaluation the record's ``final`` metrics come from.
 """
 

@@ -12,9 +12,9 @@ from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.claims import Claim, Observation, evaluate, parse_claim
 from mixlab.analysis.ledger import PAPERS, PRESET_SWEEPS, write_ledger
 from mixlab.analysis.report import write_report
-from mixlab.runners.cli import main
-from mixlab.runners.manifest import _identity
-from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names, reference_claims
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.manifest import _identity
+from mixlab.runners.sweep.spec import SweepSpec, load_spec, preset_names, reference_claims
 from scipy.stats import binomtest
 from test_aggregate import grid_dir, mad_dir  # noqa: F401  (fixtures)
 

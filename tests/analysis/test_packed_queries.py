@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 from mixlab.analysis.packed_queries import accuracy_by_distance, predictions, query_distances
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.train import load_saved_run, train_run
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.run import load_saved_run, train_run
 from mixlab.tasks import IGNORE, get_task
 from mixlab.tasks.packed.associative_retrieval import NONE
 
