@@ -1,8 +1,8 @@
 """Read a folder's run records and reduce them: best of a grid per seed, median / IQR / n over seeds, MAD.
 
-A sweep folder (``runners.manifest``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
+A sweep folder (``core.records``) holds ``sweep.json`` (the manifest: every planned run's hash, config and
 labels) and ``runs/<hash>.json`` (one record per finished run); a folder of single runs holds the
-``<name>.json`` records that ``mixlab run --out`` writes (``runners.record``). Each record becomes one flat row::
+``<name>.json`` records that ``mixlab run --out`` writes (``runners.train.record``). Each record becomes one flat row::
 
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
@@ -18,7 +18,7 @@ A file where a record should be that does not parse or lacks what a row needs is
 is kept as ``Unreadable`` (path and reason), and its run counts as missing, so the cells it belongs to read as
 partial (``SweepData.run_counts``).
 
-Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.record`` stores
+Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.train.record`` stores
 it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
 
 MAD score (docs/mad.md), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
@@ -43,11 +43,9 @@ from typing import Any
 
 import numpy as np
 from mixlab import tasks
-from mixlab.runners.manifest import ARCHIVE, archived_records
+from mixlab.core.records import ARCHIVE, MANIFEST, RUNS, archived_records
 from mixlab.tasks.mad import mad_sweep_settings
 
-MANIFEST = "sweep.json"
-RUNS = "runs"
 METRIC_KEYS = ("acc_macro", "acc_micro", "test_ppl", "test_loss")
 # The six MAD tasks in the reference table's (alphabetical) order, with its names.
 MAD_TASK_NAMES = {
@@ -211,7 +209,7 @@ def _load(folder: Path, paths: Iterable[Path], manifest: dict[str, Any] | None, 
           single: bool = False, archived: Sequence[str] = ()) -> SweepData:
     records, rows, unreadable = read_runs(paths, manifest)
     metas = _manifest_metas(manifest)
-    for text in archived:  # checked when they were archived (runners.manifest.archive_records)
+    for text in archived:  # checked when they were archived (core.records.archive_records)
         record = json.loads(text)
         records.append(record)
         rows.append(run_row(record, metas.get(record["name"])))
@@ -230,7 +228,7 @@ def read_runs(paths: Iterable[Path], manifest: Mapping[str, Any] | None = None
               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Unreadable]]:
     """Each file's record and row (``run_row``, labelled from the manifest where it lists the run), or, for a
     file that is not a usable record, an ``Unreadable`` saying why. Records are written whole or not at all
-    (``runners.atomic``), so such a file is corrupt or foreign, not a run in flight (whose temporary file does
+    (``core.atomic``), so such a file is corrupt or foreign, not a run in flight (whose temporary file does
     not end in ``.json``)."""
     metas = _manifest_metas(manifest)
     records, rows, unreadable = [], [], []
@@ -324,7 +322,7 @@ def row_labels(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def point_label(point: Mapping[str, Any]) -> str:
-    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep_spec labels)."""
+    """``{"d_model": 32}`` -> ``"d_model=32"``; the empty point -> ``"default"`` (as runners.sweep.spec labels)."""
     return " ".join(f"{k}={v}" for k, v in point.items()) or "default"
 
 

@@ -9,7 +9,7 @@ whose keys have the same length and the same last W - 2 tokens are one key to th
 independently of keys, so among m such pairs any rule is right with probability 1 / m on average. The ceiling
 is the mean of 1 / m over every scored query. A conv of width >= longest key + 2, or a second layer, lifts it.
 
-The tables take plain task parameters; ``mixlab ceilings`` (runners/cli_ceilings.py) reads them from a sweep
+The tables take plain task parameters; ``mixlab ceilings`` (runners/cli/ceilings.py) reads them from a sweep
 preset::
 
     mixlab ceilings --preset mqar_varlen_fig2 --windows 2,3,4,5   # the ceiling of each width
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from mixlab.core.fields import PositiveInt, check
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
-from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 

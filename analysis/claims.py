@@ -1,7 +1,7 @@
 """A paper's claims as data, and their verdicts on a folder's runs (docs/claims.md).
 
 A claim is one sentence of the paper and the check that tests it, written in a sweep file's ``reference.claims``
-(``runners.sweep_spec``) or, for the dynamic-conv paper's MAD table, built from ``analysis.tables.MAD_CLAIMS``
+(``runners.sweep.spec``) or, for the dynamic-conv paper's MAD table, built from ``analysis.tables.MAD_CLAIMS``
 and ``REFERENCE`` (``mad_claims``)::
 
     - text: "Dynamic conv beats static conv at every width."   # the paper's sentence, kept beside the check
@@ -41,7 +41,7 @@ from mixlab.analysis.aggregate import (
     mad_scores,
 )
 from mixlab.analysis.tables import MAD_CLAIMS, MAD_ROWS, MAD_TOLERANCE, REFERENCE, Table, reference_name
-from mixlab.tasks.fields import NonNegativeFloat, check_dataclass, check_mapping, field_types, from_yaml
+from mixlab.core.fields import NonNegativeFloat, check_dataclass, check_mapping, field_types, from_yaml
 
 OPS = (">", ">=", "<", "<=", "=")
 MIN_SEEDS = 3  # below this no verdict: 2 seeds on one side happen by chance one time in two

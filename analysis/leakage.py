@@ -38,8 +38,8 @@ from typing import Literal
 import numpy as np
 import torch
 from mixlab import kernels, models
+from mixlab.core.fields import PositiveInt, check
 from mixlab.models.config import QKV_CONVS
-from mixlab.tasks.fields import PositiveInt, check
 from torch import nn
 
 MixerFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]

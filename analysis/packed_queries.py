@@ -5,18 +5,15 @@ Where does a leaky mixer fail? An absent-key query (answer NONE) early in a docu
 document's copy of its key, so a leak might show there; a query late in a long document has more pairs, its own
 and the other documents', to pick among. Reading accuracy by distance tells these apart (at CPU size the leaky
 Hyena's deficit grew with distance: reproductions/packed/NOTES.md).
+
+A saved run is scored on its own test set: ``runners.train.run.load_saved_run`` loads the model and regenerates that
+set, then ``accuracy_by_distance(predictions(model, test), test, edges)``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
-from mixlab import models
-from mixlab.models import checkpoint
-from mixlab.runners.config import RunConfig, resolve
-from mixlab.runners.seeds import run_data
 from mixlab.tasks.base import IGNORE, TaskData
 from mixlab.tasks.packed.associative_retrieval import NONE
 from torch import nn
@@ -68,13 +65,3 @@ def accuracy_by_distance(predicted: np.ndarray, data: TaskData, edges: tuple[int
         out[f"n_{kind}"] = counts.tolist()
     return out
 
-
-def checkpoint_accuracy_by_distance(path: str | Path, edges: tuple[int, ...],
-                                    device: str | torch.device = "cpu") -> dict[str, list]:
-    """``accuracy_by_distance`` of the model saved at ``path`` (``mixlab run --save``) on its own run's test set,
-    regenerated from the run's config in the checkpoint's metadata."""
-    config = RunConfig.from_dict(checkpoint.metadata(path)["config"])
-    task, _ = resolve(config)
-    _, test = run_data(task, config.train)
-    model = models.load(path, device=device)
-    return accuracy_by_distance(predictions(model, test), test, edges)

@@ -179,7 +179,7 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     return [report, *written]
 
 
-# what a record says it trained with (``runners.provenance``) that can change its numbers, as report columns
+# what a record says it trained with (``runners.train.provenance``) that can change its numbers, as report columns
 PROVENANCE = ("torch", "triton", "fla-core", "fla-core chunk_bwd_dqkwg")
 
 

@@ -36,8 +36,8 @@ import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 from mixlab import models, tasks
+from mixlab.core.fields import PositiveInt, check
 from mixlab.models.checkpoint import metadata as checkpoint_metadata
-from mixlab.tasks.fields import PositiveInt, check
 from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression

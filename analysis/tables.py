@@ -280,7 +280,7 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
     metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), how many seeds' best
     runs were still improving when training ended, and the paper's value for that (task, model) when the
-    sweep's spec gives a reference (``runners.sweep_spec`` ``reference``). A cell some planned run of which has no
+    sweep's spec gives a reference (``runners.sweep.spec`` ``reference``). A cell some planned run of which has no
     readable record reads ``(partial k/n)`` (k records of its n runs), and then every CSV row gets ``records`` and
     ``planned``."""
     summary = grid_summary(data)

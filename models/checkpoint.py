@@ -8,7 +8,7 @@ A checkpoint is one ``torch.save`` file holding only plain types and tensors (re
      "state_dict": {name: tensor},               # on the CPU
      "metadata": {...}}                          # JSON-like: run config, metrics, versions, ...
 
-``runners.train.train_run(..., save=True)`` (``mixlab run --save``) writes one beside the run's JSON record,
+``runners.train.run.train_run(..., save=True)`` (``mixlab run --save``) writes one beside the run's JSON record,
 holding the weights of the evaluation the record's ``final`` metrics come from.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mixlab.core.atomic import atomic_file
 from mixlab.models.config import ModelConfig
 from mixlab.models.lm import build_model
-from mixlab.runners.atomic import atomic_file
 from torch import nn
 
 FORMAT = "mixlab-checkpoint"
@@ -32,7 +32,7 @@ FORMAT_VERSION = 1
 def save(model: nn.Module, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
          state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` (a ``models.build_model`` model) and its config to ``path``, atomically
-    (``runners.atomic.atomic_file``: a reader never sees half a checkpoint; the umask sets its permissions).
+    (``core.atomic.atomic_file``: a reader never sees half a checkpoint; the umask sets its permissions).
 
     ``state_dict`` replaces the model's current weights (e.g. a snapshot of an earlier step); ``metadata``
     must be JSON-serialisable (tuples come back as lists). Returns the path.

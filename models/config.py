@@ -12,9 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from mixlab.kernels.utils import BACKENDS
-from mixlab.models.mixers import MIXERS, layer_mixers, pattern_classes
-from mixlab.tasks.fields import (
+from mixlab.core.fields import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -22,6 +20,8 @@ from mixlab.tasks.fields import (
     check_dataclass,
     from_mapping,
 )
+from mixlab.kernels.utils import BACKENDS
+from mixlab.models.mixers import MIXERS, layer_mixers, pattern_classes
 
 QKV_CONVS = ("none", "static", "dynamic_lowrank", "dynamic_headwise")
 OBJECTIVES = ("lm", "compression")
@@ -68,7 +68,7 @@ class ModelConfig:
         hyena_order: order N >= 2 of the Hyena operator (mixers hyena, hyena_leaky): N + 1 projected streams,
             N gates, N - 1 long convolutions.
     Fields added after runs were named by their configs (``init``, ``proj_bias``, ``hyena_order``) are left out
-    of a planned run's config while they hold their default (``tasks.fields.added_field``), so those names hold.
+    of a planned run's config while they hold their default (``core.fields.added_field``), so those names hold.
     """
 
     vocab_size: PositiveInt

@@ -26,7 +26,7 @@ class Mixer(nn.Module):
     `cu_seqlens` (int32 [n_docs + 1], offsets into the flattened B*T axis, every row end included) marks the
     packed documents; without it each row is one document.
 
-    A mixer states what it is on its class, the one place ModelConfig, ``runners.engine`` and
+    A mixer states what it is on its class, the one place ModelConfig, ``runners.train.engine`` and
     ``analysis.leakage`` read it from (before any module is built), so a new built-in mixer is its module plus
     one line of the registry ``models.mixers.MIXERS``:
         leaks_across_documents: False means each document's outputs are exactly (bitwise, NaN-proof)
@@ -34,13 +34,13 @@ class Mixer(nn.Module):
         bitwise_causal: True means outputs before t are bitwise independent of the input at t; FFT-based
             convolutions are causal only up to rounding, so they set it False.
         stacks_on: the ``kernel_backend`` values (None: auto) under which runs of it train stacked in
-            ``runners.engine`` (``torch.func.vmap``); every one unless a kernel it calls has no vmap rule there
+            ``runners.train.engine`` (``torch.func.vmap``); every one unless a kernel it calls has no vmap rule there
             (RubiConv's Triton path); empty for a mixer whose forward is not known to run under vmap.
         stacks_with_documents: runs of it on packed documents stack too (each run's ``cu_seqlens`` reaches it
             batched under vmap: its ops with a host-side layout go once per run, ``kernels.triton_utils.per_run``).
         takes_qkv_conv: it reads ``ModelConfig.qkv_conv`` (attention); the config refuses a qkv conv for any
             other mixer.
-        auto_compiles: ``--speed auto`` compiles the stacks of models that use it on CUDA (``runners.speed``);
+        auto_compiles: ``--speed auto`` compiles the stacks of models that use it on CUDA (``runners.train.speed``);
             False where compiling was timed not to help, so auto leaves those stacks eager.
         check_config(config): ValueError, one line naming the field, for a config it cannot be built from
             (attention's head count).
@@ -75,7 +75,7 @@ _stacked = False
 @contextlib.contextmanager
 def stacked_runs() -> Iterator[None]:
     """Mixers whose kernels need another path when runs are stacked under ``torch.func.vmap``
-    (``runners.engine``) take it inside this context: ``running_stacked()`` is True there (attention folds the
+    (``runners.train.engine``) take it inside this context: ``running_stacked()`` is True there (attention folds the
     run axis into the batch axis, ``models.mixers.attention``)."""
     global _stacked
     previous, _stacked = _stacked, True
@@ -94,7 +94,7 @@ class Linear(nn.Linear):
     """nn.Linear whose bias is added after the matmul, in the matmul's output dtype: x W^T, then + b.
 
     Every Linear with a bias in the models is this one. Under bf16 autocast nn.Linear casts its bias with the
-    matmul (bf16 out), but under ``torch.func.vmap`` (stacked runs, ``runners.engine``) linear's batch rule
+    matmul (bf16 out), but under ``torch.func.vmap`` (stacked runs, ``runners.train.engine``) linear's batch rule
     splits into a matmul, which autocast casts, and an add of the still-fp32 bias, which promotes the output to
     fp32: every op downstream then ran in fp32 (on an H200 that made 18 stacked MAD transformers 3.3x slower)
     and a stacked run no longer matched the run alone. Spelled as two ops, both paths compute the same thing.

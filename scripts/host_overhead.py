@@ -4,7 +4,7 @@
     python scripts/host_overhead.py --device cuda [--repeats 15] [--calls 200]    # GPU, launches made
 
 Each op (static, head-wise head sizes 1 and 16, low-rank R=16) is called through ``mixlab.kernels`` with
-``backend="triton"``, forward under no_grad and forward+backward through autograd (``runners.bench_utils``), on
+``backend="triton"``, forward under no_grad and forward+backward through autograd (``runners.bench.utils``), on
 small tensors (B=1, T=64, D=64, W=4, fp32). On the CPU every Triton launch is replaced by a no-op: input checks,
 backend choice, the autograd Function, allocations, launch-size arithmetic and the autograd engine remain. On
 CUDA the launches are made: the kernels take a few microseconds at this size, so a block of calls is bound by the
@@ -45,8 +45,8 @@ from mixlab.kernels import triton_utils as tu  # noqa: E402
 from mixlab.kernels.dynamic_conv.triton_headwise import headwise_triton  # noqa: E402
 from mixlab.kernels.dynamic_conv.triton_lowrank import lowrank_triton  # noqa: E402
 from mixlab.kernels.short_conv import triton as short_triton  # noqa: E402
-from mixlab.runners.bench_shortconv import _kernels  # noqa: E402
-from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call  # noqa: E402
+from mixlab.runners.bench.shortconv import _kernels  # noqa: E402
+from mixlab.runners.bench.utils import fwd_bwd_call, fwd_call  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 

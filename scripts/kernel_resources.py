@@ -46,8 +46,8 @@ from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank  # noqa:
 from mixlab.kernels.rubiconv import gemm  # noqa: E402
 from mixlab.kernels.rubiconv import triton as rubi  # noqa: E402
 from mixlab.kernels.short_conv import triton as short_conv  # noqa: E402
-from mixlab.runners.bench_rubiconv import lognormal_layout  # noqa: E402
-from mixlab.runners.bench_shortconv import _doc_layout, _kernels  # noqa: E402
+from mixlab.runners.bench.rubiconv import lognormal_layout  # noqa: E402
+from mixlab.runners.bench.shortconv import _doc_layout, _kernels  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402

@@ -14,7 +14,7 @@
 # from FROM/PRESET), e.g. FROM=reproductions/baselines ... "sweep:baselines_mqar|3|-|8|auto".
 # The commands share GPU 0 (NVIDIA MPS on where it can start, so their kernels overlap).
 # Every command is stopped by SIGINT before CAP, which makes the sweep checkpoint its stacks in flight
-# (runners/resume.py); WORK is reused while the machine lives, so the next call resumes them.
+# (runners/train/resume.py); WORK is reused while the machine lives, so the next call resumes them.
 # STOP_AFTER (seconds, optional): no new stack starts after it (the last call of a lease: no stack is cut).
 # PACK gets gpu_util.csv (nvidia-smi every 10 s), records.tgz (every finished record, the manifests and the
 # logs) and partial.tgz.* (checkpoints, in 15 MiB pieces, at most PARTIAL_MB MiB together); on a fresh machine,
@@ -50,7 +50,7 @@ if [ ! -f "$WORK/.restored" ] && ls "$RESTORE"/partial.tgz.* >/dev/null 2>&1; th
   cat "$RESTORE"/partial.tgz.* | tar xz -C "$WORK" && echo "restored checkpoints from $RESTORE"
 fi
 touch "$WORK/.restored"
-# After SIGINT the sweep gives its workers 60 s to checkpoint (runners/local_backend.py) before it kills them;
+# After SIGINT the sweep gives its workers 60 s to checkpoint (runners/sweep/local_backend.py) before it kills them;
 # timeout's SIGKILL comes 15 s after that, and 20 s are left to pack.
 pids=()
 left=$(( CAP - ($(date +%s) - start) - 95 ))
@@ -108,7 +108,7 @@ budget = min(float(sys.argv[2]) * 2**20, 63 * 2**20 - (pack / "records.tgz").sta
 found = []
 for meta in pathlib.Path(".").glob("*/runs/partial/*.json"):
     info = json.loads(meta.read_text())
-    pt = meta.parent / info.get("pt", meta.stem + ".pt")  # the .pt the .json names (runners/resume.py)
+    pt = meta.parent / info.get("pt", meta.stem + ".pt")  # the .pt the .json names (runners/train/resume.py)
     if pt.exists():
         found.append((info["step"] * len(info["live"]), pt.stat().st_size, meta, pt))
 chosen, used = [], 0

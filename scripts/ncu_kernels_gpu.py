@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 from mixlab import kernels
 from mixlab.kernels.attention import triton as attn
-from mixlab.runners.bench_rubiconv import lognormal_layout
-from mixlab.runners.bench_shortconv import DTYPES, _doc_layout, _kernels
-from mixlab.runners.bench_utils import fwd_bwd_call, fwd_call
+from mixlab.runners.bench.rubiconv import lognormal_layout
+from mixlab.runners.bench.shortconv import DTYPES, _doc_layout, _kernels
+from mixlab.runners.bench.utils import fwd_bwd_call, fwd_call
 
 ATTENTION = (18 * 128, 16, 8, (127, 1023))  # sequences, heads, head size, lengths: a stack of 18 MAD runs
 

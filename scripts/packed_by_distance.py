@@ -4,7 +4,7 @@
         --seed 0 --saved /tmp/packed_saved --out reproductions/packed/packed_mq_small_by_distance.csv
 
 For each model, trains the preset's packed associative-retrieval run of that learning rate and seed with its
-checkpoint saved (``runners.train.train_run(save=True)``: the same config, so the same record as the sweep's;
+checkpoint saved (``runners.train.run.train_run(save=True)``: the same config, so the same record as the sweep's;
 a checkpoint already in ``--saved`` is reused), then reads the saved model's test accuracy per kind (present
 key, absent key answered NONE) and distance bin (``analysis.packed_queries.accuracy_by_distance``). A leak from
 the previous document might show where it is nearest (small distances) or grow with the pairs a far query picks
@@ -17,9 +17,9 @@ import argparse
 import csv
 from pathlib import Path
 
-from mixlab.analysis.packed_queries import KINDS, checkpoint_accuracy_by_distance
-from mixlab.runners.sweep_spec import load_spec
-from mixlab.runners.train import train_run
+from mixlab.analysis.packed_queries import KINDS, accuracy_by_distance, predictions
+from mixlab.runners.sweep.spec import load_spec
+from mixlab.runners.train.run import load_saved_run, train_run
 
 TASK = "packed/associative_retrieval"
 EDGES = (0, 4, 8, 16, 32, 64)
@@ -54,7 +54,8 @@ def main() -> None:
     rows, bins = [], []
     for model in args.models.split(","):
         saved = saved_run(args.preset, model, args.lr, args.seed, args.saved, args.device)
-        table = checkpoint_accuracy_by_distance(saved, edges, device=args.device or "cpu")
+        model, test = load_saved_run(saved, device=args.device or "cpu")
+        table = accuracy_by_distance(predictions(model, test), test, edges)
         bins = table["bins"]
         rows += [{"model": model, "lr": args.lr, "seed": args.seed, "kind": kind, "distance": label,
                   "accuracy": acc, "n": n}

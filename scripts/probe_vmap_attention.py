@@ -1,6 +1,6 @@
 """Which way of running attention under vmap trains a stack of runs fastest on the GPU, within the gate.
 
-For each mode of ``runners.engine.VMAP_ATTENTION`` ("fold", "math", "native"), prints ``mixlab bench train``'s
+For each mode of ``runners.train.engine.VMAP_ATTENTION`` ("fold", "math", "native"), prints ``mixlab bench train``'s
 table (one run at a time against the batched engine, eager and CUDA-graphed) for stacks of the given sizes.
 A mode whose runs disagree with one-at-a-time training is marked FAILED by the table's gate. GPU only:
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-import mixlab.runners.engine as engine
-from mixlab.runners.bench_train import bench_train
-from mixlab.runners.bench_utils import error_line
+import mixlab.runners.train.engine as engine
+from mixlab.runners.bench.train import bench_train
+from mixlab.runners.bench.utils import error_line
 
 
 def main() -> None:

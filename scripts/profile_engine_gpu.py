@@ -21,10 +21,10 @@ import time
 from unittest import mock
 
 import torch
-from mixlab.runners import engine
-from mixlab.runners.bench_train import bench_configs
-from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.speed import SPEEDS
+from mixlab.runners.bench.train import bench_configs
+from mixlab.runners.train import engine
+from mixlab.runners.train.engine import train_runs_batched
+from mixlab.runners.train.speed import SPEEDS
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--n-runs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--model", default="transformer")
-    parser.add_argument("--speed", choices=SPEEDS, default="eager", help="how the stack steps (runners.speed)")
+    parser.add_argument("--speed", choices=SPEEDS, default="eager", help="how the stack steps (runners.train.speed)")
     parser.add_argument("--rows", type=int, default=25, help="kernels listed")
     parser.add_argument("--task", default="mad/in_context_recall")
     parser.add_argument("--model-params", type=json.loads, default={}, help="ModelConfig fields, JSON")

@@ -4,7 +4,7 @@
     python scripts/profile_packed_gpu.py --preset packed_small --steps 5 --profile-steps 2 --device cpu  # a check
 
 For each model of the preset (on its first task, seed 0), trains the preset's run for ``steps`` steps (one
-evaluation, at the end) with ``runners.train.train_run`` as the sweep does, and prints its training steps per
+evaluation, at the end) with ``runners.train.run.train_run`` as the sweep does, and prints its training steps per
 second; then trains ``profile-steps`` more under torch.profiler and prints the step's wall time against the GPU's
 busy time (a step far longer than its GPU time waits on the host: launches, host syncs) and the kernels by GPU
 time. Only the length of training and the training-set size (``steps`` x batch rows, so data generation stays
@@ -18,9 +18,9 @@ import dataclasses
 import time
 
 import torch
-from mixlab.runners.config import RunConfig
-from mixlab.runners.sweep_spec import load_spec
-from mixlab.runners.train import train_run
+from mixlab.runners.sweep.spec import load_spec
+from mixlab.runners.train.config import RunConfig
+from mixlab.runners.train.run import train_run
 from torch.profiler import ProfilerActivity, profile
 
 

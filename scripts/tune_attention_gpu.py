@@ -18,7 +18,7 @@ import math
 import torch
 from mixlab.kernels.attention import triton as attn
 from mixlab.kernels.attention.naive import causal_attention_ref
-from mixlab.runners.bench_utils import error_line, rel_rms
+from mixlab.runners.bench.utils import error_line, rel_rms
 from tuning import gpu, settle, us, use
 
 B, H, HD, LENGTHS = 18 * 128, 16, 8, (127, 1023)

@@ -29,8 +29,8 @@ from mixlab import kernels
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubi
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
-from mixlab.runners.bench_rubiconv import BOUND, _grads, lognormal_layout
-from mixlab.runners.bench_utils import median_time_ms, rel_rms
+from mixlab.runners.bench.rubiconv import BOUND, _grads, lognormal_layout
+from mixlab.runners.bench.utils import median_time_ms, rel_rms
 from tuning import set_constants, settle, use
 
 # (group name, kernel it serves, constant names, candidate values); the first candidate of each group is what the

@@ -24,7 +24,7 @@ from mixlab.kernels.dynamic_conv import triton_lowrank as lowrank
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv import triton as short
 from mixlab.kernels.short_conv.naive import short_conv_ref
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench.utils import rel_rms
 from tuning import gpu, settle, us, use, warm_up
 
 B, T, D, W, R, N_DOCS = 4, 4096, 2048, 4, 16, 64

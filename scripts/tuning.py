@@ -9,7 +9,7 @@ import time
 import torch
 import triton
 from mixlab.kernels import triton_utils as tu
-from mixlab.runners.bench_utils import median_time_ms
+from mixlab.runners.bench.utils import median_time_ms
 
 
 def gpu() -> torch.device:

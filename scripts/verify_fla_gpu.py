@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from mixlab.analysis import leakage
 from mixlab.models import MIXERS, ModelConfig
 from mixlab.models.mixers import fla_ops
-from mixlab.runners.bench_utils import error_line, rel_rms
+from mixlab.runners.bench.utils import error_line, rel_rms
 
 DEVICE = "cuda"
 QKV = ("q", "k", "v")

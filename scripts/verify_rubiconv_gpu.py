@@ -24,7 +24,7 @@ from mixlab import kernels
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubi
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench.utils import rel_rms
 from tuning import set_constants
 
 DEVICE = "cuda"

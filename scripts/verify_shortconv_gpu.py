@@ -27,7 +27,7 @@ from mixlab.kernels.dynamic_conv import triton_headwise, triton_lowrank
 from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic_conv_lowrank_ref
 from mixlab.kernels.short_conv import triton as short_conv
 from mixlab.kernels.short_conv.naive import short_conv_ref
-from mixlab.runners.bench_utils import rel_rms
+from mixlab.runners.bench.utils import rel_rms
 from tuning import set_constants
 
 DEVICE = "cuda"

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from mixlab.tasks import fields
+from mixlab.core import fields
 
 IGNORE = -100
 SPLITS = ("train", "test")
@@ -107,7 +107,7 @@ def split_stream(seed: int, split: str) -> np.random.Generator:
 class Task:
     """Base class of every generator. Subclasses set ``name``, ``description``, ``Params`` and ``_generate``.
 
-    ``Params``'s annotations say what each parameter accepts (``tasks.fields``); ``validate`` adds the rules
+    ``Params``'s annotations say what each parameter accepts (``core.fields``); ``validate`` adds the rules
     between parameters.
     """
 

@@ -1,6 +1,7 @@
-"""The install layout: the five top-level folders are the packages ``mixlab.<folder>``, nothing is installed under
-a generic top-level name, every import of ours goes through ``mixlab.``, and no two of our modules import each
-other, directly or round a longer circle."""
+"""The install layout: the six top-level folders are the packages ``mixlab.<folder>``, nothing is installed under
+a generic top-level name, every import of ours goes through ``mixlab.``, imports point one way (down the layers
+from runners to core, and between the rooms of runners), and no two of our modules import each other, directly or
+round a longer circle."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tasks", "models", "kernels", "runners", "analysis")
+PACKAGES = ("core", "tasks", "models", "kernels", "runners", "analysis")
 
 
 def _python_sources() -> dict[str, str]:
@@ -106,6 +107,102 @@ def test_no_import_circle_between_our_modules():
     assert circles == []
 
 
+# The packages each package may import besides itself, from the base up: what two packages need lives below both.
+LAYERS = {
+    "core": (),
+    "kernels": ("core",),
+    "tasks": ("core",),
+    "models": ("core", "kernels"),
+    "analysis": ("core", "kernels", "tasks", "models"),
+    "runners": PACKAGES,
+}
+# The rooms of runners (its sub-packages and top-level modules) each room may import; other packages as LAYERS says.
+ROOMS = {
+    "train": (),
+    "sweep": ("train",),
+    "bench": ("train", "sweep"),
+    "check": ("train", "bench"),
+    "cli": ("train", "sweep", "bench", "check"),
+}
+
+
+def _absolute_imports(module: str, source: str, *, is_package: bool) -> list[tuple[str, int]]:
+    """(dotted name, line) of every import in ``source``, the text of ``module``: at any depth (inside functions and
+    TYPE_CHECKING blocks too), relative ones made absolute; ``from a import b`` gives ``a.b``."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            prefix = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(f"{prefix}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def _arrow_error(module: str, imported: str) -> str | None:
+    """Why ``module`` may not import ``imported`` (dotted names), or None where it may."""
+    src, dst = module.split("."), imported.split(".")
+    if dst[0] != "mixlab" or len(dst) < 2 or dst[1] not in PACKAGES:
+        return None
+    if src[1] != "runners":
+        if dst[1] == src[1] or dst[1] in LAYERS[src[1]]:
+            return None
+        allowed = LAYERS[src[1]]
+        return f"{src[1]} may import only {', '.join(allowed)}" if allowed else f"{src[1]} imports no other package"
+    if dst[1] != "runners" or len(src) < 3 or len(dst) < 3 or dst[2] == src[2]:
+        return None
+    if src[2] not in ROOMS:
+        return f"runners.{src[2]} is not in ROOMS, which says what each room of runners may import"
+    if dst[2] in ROOMS[src[2]]:
+        return None
+    allowed = ROOMS[src[2]]
+    return (f"runners.{src[2]} may import only the rooms {', '.join(allowed)} of runners" if allowed
+            else f"runners.{src[2]} imports no other room of runners")
+
+
+def _arrow_errors(module: str, source: str, *, is_package: bool) -> list[tuple[int, str]]:
+    """(line, ``<module> imports <name> (<why not>)``) for each import of ``module`` that points the wrong way."""
+    out = []
+    for imported, line in _absolute_imports(module, source, is_package=is_package):
+        error = _arrow_error(module, imported)
+        if error:
+            out.append((line, f"{module} imports {imported} ({error})"))
+    return out
+
+
+def test_imports_point_down_the_layers_and_one_way_between_rooms():
+    """core imports no other package; kernels and tasks only core; models also kernels; analysis also tasks and
+    models, never runners; inside runners, train imports no other room, sweep train, bench train and sweep, check
+    train and bench, the cli all of them."""
+    wrong = []
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            errors = _arrow_errors(_module_name(path), path.read_text(), is_package=path.name == "__init__.py")
+            wrong += [f"{path.relative_to(ROOT)}:{line}: {error}" for line, error in errors]
+    assert wrong == [], "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_a_wrong_arrow_is_named_with_its_module_line_and_rule():
+    """A late import of runners in an analysis function (relative or absolute), a cli import in the train room and
+    a tasks import in core."""
+    analysis = "import numpy\n\n\ndef f():\n    from ..runners.train import config\n    import mixlab.runners.sweep\n"
+    only = "analysis may import only core, kernels, tasks, models"
+    assert _arrow_errors("mixlab.analysis.example", analysis, is_package=False) == [
+        (5, f"mixlab.analysis.example imports mixlab.runners.train.config ({only})"),
+        (6, f"mixlab.analysis.example imports mixlab.runners.sweep ({only})"),
+    ]
+    train = "from mixlab.analysis import claims\nfrom mixlab.runners.cli import main\n"
+    assert _arrow_errors("mixlab.runners.train.example", train, is_package=False) == [
+        (2, "mixlab.runners.train.example imports mixlab.runners.cli.main (runners.train imports no other room of "
+            "runners)"),
+    ]
+    assert _arrow_errors("mixlab.core", "from mixlab.tasks import fields\n", is_package=True) == [
+        (1, "mixlab.core imports mixlab.tasks.fields (core imports no other package)"),
+    ]
+
+
 def _outside_checkout_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONSAFEPATH"] = "1"  # the working directory is not put on sys.path
@@ -123,7 +220,7 @@ def test_no_generic_top_level_package_is_installed(name, tmp_path):
 
 
 def test_wheel_holds_only_mixlab_and_runs(tmp_path):
-    """A plain (non-editable) wheel: every module of the five folders under ``mixlab/``, nothing else beside its
+    """A plain (non-editable) wheel: every module of the six folders under ``mixlab/``, nothing else beside its
     metadata, the presets as package data, and ``mixlab tasks list`` runs from it alone."""
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),

@@ -154,7 +154,7 @@ class ExternalMixer(Mixer):
     """An external module as a Block's mixer: hands ``cu_seqlens`` only to a forward that takes it, refuses
     packed inputs otherwise, checks that the output has the input's shape, and carries the module's
     ``leaks_across_documents`` and ``bitwise_causal`` declarations. Runs of it never stack in
-    ``runners.engine``: nothing says its forward runs under ``torch.func.vmap``."""
+    ``runners.train.engine``: nothing says its forward runs under ``torch.func.vmap``."""
 
     stacks_on = ()
 

@@ -149,7 +149,7 @@ _registered = False
 
 
 def registered() -> bool:
-    """Whether this process registered the torch form (records say so: ``runners.provenance``)."""
+    """Whether this process registered the torch form (records say so: ``runners.train.provenance``)."""
     return _registered
 
 

@@ -17,7 +17,7 @@ fused recurrent ones (gla, simple_gla, retention; ``kernel_form``). With documen
 flattened row, except Based, whose kernel takes none: it runs on the per-document layout below. The kernels are
 wrapped in one custom op, ``mixlab::fla_linear_attention``, whose backward recomputes the forward under
 autograd and whose vmap rule folds stacked runs' rows into the kernels' batch (``_fold_runs``; with documents
-it calls the op once per run, ``kernels.triton_utils.per_run_vmap``), so stacked runs in ``runners.engine``
+it calls the op once per run, ``kernels.triton_utils.per_run_vmap``), so stacked runs in ``runners.train.engine``
 launch each kernel once, every row computed as in a run alone. "torch" runs fla's plain-torch ``naive`` functions:
 the recurrence for GLA, the chunked forms for simple_gla and retention, the quadratic form for Based; the gated
 delta rule runs the lab's own chunked form (``chunked_gated_delta_rule``), which solves each chunk's writes as one

@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
-from mixlab.tasks.fields import added_field
 from mixlab.tasks.mad.in_context_recall import first_occurrence
 
 # Rows are generated in blocks of about this many tokens, bounding the [rows, pairs, motif] work arrays

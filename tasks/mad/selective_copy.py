@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
-from mixlab.tasks.fields import added_field
 
 # What mad-lab's generator copies when it is not told how many (before its commit 35772e8, always).
 MAD_LAB_DEFAULT_COPY = 16

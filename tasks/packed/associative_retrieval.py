@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
-from mixlab.tasks.fields import added_field
 from mixlab.tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
 
 FILLER, BOS, QUERY, NONE = 0, 1, 2, 3

@@ -7,8 +7,8 @@ from mixlab.analysis.ceilings import (
     multiplicity_table,
     query_multiplicity,
 )
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.train import train_run
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.run import train_run
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
 from torch import nn

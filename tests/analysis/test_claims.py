@@ -10,11 +10,11 @@ import pytest
 from mixlab.analysis import claims
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.claims import Claim, Observation, evaluate, parse_claim
-from mixlab.analysis.ledger import PAPERS, write_ledger
+from mixlab.analysis.ledger import PAPERS, PRESET_SWEEPS, write_ledger
 from mixlab.analysis.report import write_report
-from mixlab.runners.cli import main
-from mixlab.runners.manifest import _identity
-from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.manifest import _identity
+from mixlab.runners.sweep.spec import SweepSpec, load_spec, preset_names, reference_claims
 from scipy.stats import binomtest
 from test_aggregate import grid_dir, mad_dir  # noqa: F401  (fixtures)
 
@@ -210,7 +210,7 @@ def test_report_prints_the_verdicts_of_a_grids_claims(grid_dir):  # noqa: F811
 
 def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp_path):  # noqa: F811
     out = tmp_path / "CLAIMS.md"
-    text = write_ledger([with_claims(grid_dir)], out)
+    text = write_ledger([with_claims(grid_dir)], reference_claims(PRESET_SWEEPS), out)
     assert out.read_text() == text + "\n"
     for paper in PAPERS:
         assert f"## {paper.title}" in text
@@ -246,6 +246,6 @@ def test_a_newer_folder_of_one_model_and_profile_supersedes_the_older(mad_dir, t
         memorize = next(v for v in claims.mad_verdicts(datas)["paper"] if "Memorize" in v.claim.text)
         assert memorize.effect == pytest.approx(0.95)
     assert claims.mad_judged([old])["paper"]["transformer"] is old
-    text = write_ledger([mad_dir, newer], tmp_path / "CLAIMS.md")
+    text = write_ledger([mad_dir, newer], reference_claims(PRESET_SWEEPS), tmp_path / "CLAIMS.md")
     assert f"superseded by a newer folder of the same model and profile: `{mad_dir}`" in text
     assert f"(a) MAD, paper profile: `{newer}`. Deviations" in text

@@ -10,7 +10,7 @@ import typer
 from mixlab import kernels, models
 from mixlab.analysis import leakage
 from mixlab.kernels.utils import validate_cu_seqlens
-from mixlab.runners.cli_leakage import register
+from mixlab.runners.cli.leakage import register
 from torch import nn
 
 SMALL = {"rows": 3, "seq_len": 32, "d_model": 16}

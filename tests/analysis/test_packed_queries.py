@@ -5,14 +5,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from mixlab.analysis.packed_queries import (
-    accuracy_by_distance,
-    checkpoint_accuracy_by_distance,
-    predictions,
-    query_distances,
-)
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.train import train_run
+from mixlab.analysis.packed_queries import accuracy_by_distance, predictions, query_distances
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.run import load_saved_run, train_run
 from mixlab.tasks import IGNORE, get_task
 from mixlab.tasks.packed.associative_retrieval import NONE
 
@@ -78,7 +73,8 @@ def test_a_checkpoint_is_scored_on_its_own_test_set(tmp_path, one_torch_thread):
                        model={"mixer": "hyena", "d_model": 16, "n_layers": 1, "mlp_hidden": 16},
                        train=TrainConfig(steps=2, epochs=None, batch_size=4, num_train=8, num_test=8, device="cpu"))
     final = train_run(config, out_dir=tmp_path, run_name="r", progress=False, save=True)["final"]
-    table = checkpoint_accuracy_by_distance(tmp_path / "r.pt", EDGES)
+    model, test = load_saved_run(tmp_path / "r.pt")
+    table = accuracy_by_distance(predictions(model, test), test, EDGES)
     for kind in ("present", "absent"):
         assert sum(table[f"n_{kind}"]) == final[f"n_{kind}"]
         hits = sum(a * n for a, n in zip(table[kind], table[f"n_{kind}"]) if n)

@@ -5,9 +5,9 @@ import math
 
 import pytest
 from mixlab import models
-from mixlab.runners.cli import main
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.train import train_run
+from mixlab.runners.cli.main import main
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.run import train_run
 
 # Short documents (8..64 tokens, widely spread lengths) of few keys, so a neighbour's keys are close by and
 # look like the document's own; absent queries are the minority.

@@ -9,7 +9,7 @@ import pytest
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.report import write_report
 from mixlab.analysis.tables import grid_table, mad_entry, mad_setting_table, mad_table
-from mixlab.runners.cli import main
+from mixlab.runners.cli.main import main
 from test_aggregate import cells, grid_dir, mad_dir  # noqa: F401  (fixtures)
 
 # a run of a few seconds on the CPU (the tiny MQAR of tests/runners/test_cli.py)

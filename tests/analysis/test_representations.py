@@ -4,8 +4,8 @@ import torch
 from matplotlib.figure import Figure
 from mixlab import models
 from mixlab.analysis import representations as rep
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.train import train_run
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.run import train_run
 
 VOCAB = 20
 

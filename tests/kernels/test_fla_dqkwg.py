@@ -8,7 +8,7 @@ import torch
 from kernel_checks import RMS_BOUND, assert_close, cu_from_rows
 from mixlab.models import ModelConfig
 from mixlab.models.mixers import fla_ops
-from mixlab.runners.provenance import package_versions
+from mixlab.runners.train.provenance import package_versions
 
 pytestmark = pytest.mark.skipif(not fla_ops.fla_available(),
                                 reason=f"fla-core is not installed ({fla_ops.INSTALL_HINT})")

@@ -5,11 +5,11 @@ import pytest
 import torch
 from mixlab import models
 from mixlab.models import checkpoint
-from mixlab.runners import train as train_module
-from mixlab.runners.cli import main
-from mixlab.runners.config import RunConfig, TrainConfig, resolve
-from mixlab.runners.evaluation import evaluate
-from mixlab.runners.train import train_run
+from mixlab.runners.cli.main import main
+from mixlab.runners.train import run as train_module
+from mixlab.runners.train.config import RunConfig, TrainConfig, resolve
+from mixlab.runners.train.evaluation import evaluate
+from mixlab.runners.train.run import train_run
 from torch import nn
 
 BASE = {"vocab_size": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "mlp_hidden": 24, "max_seq_len": 24}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from mixlab.analysis import leakage
 from mixlab.models import ModelConfig, build_model
 from mixlab.models.mixers import fla_ops
-from mixlab.runners.metrics import training_loss
+from mixlab.runners.train.metrics import training_loss
 from mixlab.tasks import get_task
 
 needs_fla = pytest.mark.skipif(not fla_ops.fla_available(),

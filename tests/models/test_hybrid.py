@@ -8,9 +8,11 @@ from mixlab.models import MIXERS, ModelConfig, build_model
 from mixlab.models.layers import Mixer
 from mixlab.models.mixers.attention import Attention
 from mixlab.models.mixers.short_conv import StaticConvMixer
-from mixlab.runners import cli, engine, mad
-from mixlab.runners.config import RunConfig, TrainConfig, config_hash
-from mixlab.runners.sweep_spec import SweepSpec
+from mixlab.runners.cli import main as cli
+from mixlab.runners.sweep import mad
+from mixlab.runners.sweep.spec import SweepSpec
+from mixlab.runners.train import engine
+from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
 
 
 @pytest.mark.parametrize(("pattern", "n_layers", "expected"), [

@@ -228,7 +228,7 @@ def test_stacked_attention_op_registration():
 
 
 def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
-    """Inside stacked_runs (runners.engine) attention calls causal_sdpa_stacked: the same outputs per run."""
+    """Inside stacked_runs (runners.train.engine) attention calls causal_sdpa_stacked: the same outputs per run."""
     calls = []
 
     def spy(q, k, v):
@@ -290,8 +290,8 @@ def test_padded_layout_is_the_layout_with_empty_documents():
 
 @pytest.mark.parametrize(("name", "qkv_conv"), CASES)
 def test_empty_documents_change_no_output_or_gradient(name, qkv_conv):
-    """Padding a layout with empty documents (the static layouts of runners.train and runners.engine) leaves every
-    output and every parameter gradient bitwise as with the plain layout."""
+    """Padding a layout with empty documents (the static layouts of runners.train.run and runners.train.engine) leaves
+    every output and every parameter gradient bitwise as with the plain layout."""
     mixer = make_mixer(name, qkv_conv)
     x, up = randn(B, T, D).requires_grad_(), randn(B, T, D, seed=1)
     results = []
@@ -312,7 +312,7 @@ STACKED_DOC_CASES = [pytest.param(*c.values, None, id=c.id) for c in CASES
 
 @pytest.mark.parametrize(("name", "qkv_conv", "backend"), STACKED_DOC_CASES)
 def test_stacked_runs_with_their_own_layouts_match_each_run(name, qkv_conv, backend):
-    """Under vmap each run's own cu_seqlens [N, n + 1] reaches the mixer batched (runners.engine): outputs and
+    """Under vmap each run's own cu_seqlens [N, n + 1] reaches the mixer batched (runners.train.engine): outputs and
     gradients per run as the run alone (per-run ops: document attention, RubiConv), up to the rounding of
     batched matmuls and FFTs (tests/runners/test_engine.py checks the records bitwise where they are)."""
     mixer = make_mixer(name, qkv_conv, backend)

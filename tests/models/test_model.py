@@ -287,7 +287,7 @@ def test_proj_bias_on_attention_projections_and_head_only(proj_bias):
 @pytest.mark.parametrize(("mixer", "qkv_conv", "objective"), MODEL_CASES + [
     pytest.param(name, "none", "lm", id=name) for name in MIXERS if MIXERS[name].leaks_across_documents])
 def test_stacked_runs_keep_the_dtypes_of_a_run_alone_under_bf16_autocast(mixer, qkv_conv, objective):
-    """Every module's output dtype, two runs stacked under vmap (as runners.engine steps them) against one run
+    """Every module's output dtype, two runs stacked under vmap (as runners.train.engine steps them) against one run
     alone, bf16 autocast, biases on: a biased Linear under vmap once returned fp32 and every op after it ran in
     fp32 (slow on a GPU, and the stacked run's numbers were no longer the run's own)."""
     config = make_config(mixer, qkv_conv, objective=objective, init="torch_linear", proj_bias=True)

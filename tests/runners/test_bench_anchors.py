@@ -10,9 +10,9 @@ import types
 import pytest
 import torch
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
-from mixlab.runners import bench_anchors
-from mixlab.runners import bench_shortconv as bench_shortconv_module
-from mixlab.runners.bench_anchors import Anchor, Missing, long_conv_anchors, short_conv_anchors
+from mixlab.runners.bench import anchors as bench_anchors
+from mixlab.runners.bench import shortconv as bench_shortconv_module
+from mixlab.runners.bench.anchors import Anchor, Missing, long_conv_anchors, short_conv_anchors
 
 
 def _fla_style_conv(x, weight, residual=None, cu_seqlens=None):
@@ -115,7 +115,7 @@ def test_the_graphed_ratio_joins_the_note_and_the_row_when_both_sides_were_captu
 
 
 def test_graphed_timing_is_absent_off_cuda():
-    from mixlab.runners.bench_utils import measure_graphed
+    from mixlab.runners.bench.utils import measure_graphed
 
     assert measure_graphed(lambda: None, lambda: None, 1, torch.device("cpu")) == (None, None, "")
 
@@ -165,7 +165,7 @@ def test_an_anchor_failing_on_a_bare_assert_is_noted_by_where_it_failed(monkeypa
 
 
 def test_error_line_keeps_the_first_line_of_a_message():
-    from mixlab.runners.bench_utils import error_line
+    from mixlab.runners.bench.utils import error_line
 
     assert error_line(RuntimeError("out of memory\nmore detail"), 3) == "RuntimeError: out"
 

@@ -3,8 +3,8 @@ with the Triton and SDPA rows, a failing gate withholds the Triton timings, bad 
 
 import pytest
 import torch
-from mixlab.runners import bench_attention as bench
-from mixlab.runners.cli import main
+from mixlab.runners.bench import attention as bench
+from mixlab.runners.cli.main import main
 
 TINY = {"seq_lens": (5, 20), "n_heads": 2, "head_dim": 8, "tokens": 40, "repeats": 1}
 

@@ -21,7 +21,7 @@ def rows(text):
 
 
 def test_each_form_is_gated_then_timed_and_the_header_names_the_versions():
-    from mixlab.runners.bench_fla import bench_fla
+    from mixlab.runners.bench.fla import bench_fla
 
     text = bench_fla(**TINY)
     assert re.search(r"- device: CPU \(Triton interpreter\); torch .*, fla-core \d", text)
@@ -33,7 +33,7 @@ def test_each_form_is_gated_then_timed_and_the_header_names_the_versions():
 
 
 def test_a_form_failing_its_gate_gets_no_timings(monkeypatch):
-    from mixlab.runners import bench_fla
+    from mixlab.runners.bench import fla as bench_fla
 
     monkeypatch.setattr(bench_fla, "_gate", lambda op, form, inputs, upstream: 0.5 if form == "recurrent" else 0.0)
     monkeypatch.setattr(bench_fla, "measure_pair", lambda fwd, total, repeats, device: (1.0, 2.0, ""))
@@ -47,7 +47,7 @@ def test_a_form_failing_its_gate_gets_no_timings(monkeypatch):
                                                  ({"head_dim": 0}, "head_dim"), ({"dtype": "int8"}, "dtype")],
                          ids=["one-form-op", "too-many-tokens", "zero-head", "bad-dtype"])
 def test_bad_settings_are_refused_in_one_line(change, message):
-    from mixlab.runners.bench_fla import bench_fla
+    from mixlab.runners.bench.fla import bench_fla
 
     with pytest.raises(ValueError, match=message):
         bench_fla(**{**TINY, **change})

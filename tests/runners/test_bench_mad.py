@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 from mixlab.models import ModelConfig, preset_config
-from mixlab.runners import bench_mad as bench_mad_module
-from mixlab.runners.bench_mad import BenchMadOptions, bench_mad, exp_per_token, flop_per_token, step_shapes
-from mixlab.runners.bench_utils import exp2_chain, exp2_rate
-from mixlab.runners.cli import main
-from mixlab.runners.mad import mad_plan
-from mixlab.runners.sweep_jobs import plan_jobs
+from mixlab.runners.bench import mad as bench_mad_module
+from mixlab.runners.bench.mad import BenchMadOptions, bench_mad, exp_per_token, flop_per_token, step_shapes
+from mixlab.runners.bench.utils import exp2_chain, exp2_rate
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.jobs import plan_jobs
+from mixlab.runners.sweep.mad import mad_plan
 from mixlab.tasks import get_task
 
 

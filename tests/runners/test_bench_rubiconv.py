@@ -6,7 +6,7 @@ import pytest
 import torch
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubiconv_triton
-from mixlab.runners import bench_rubiconv as bench
+from mixlab.runners.bench import rubiconv as bench
 
 
 def _rows(text: str) -> dict[str, list[str]]:
@@ -44,7 +44,7 @@ def test_a_shorter_median_cuts_the_row_into_more_and_shorter_documents():
 
 
 def test_bench_rubiconv_names_a_bad_median_length(capsys):
-    from mixlab.runners.cli import main
+    from mixlab.runners.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["bench", "rubiconv", "--median-length", "0", "--n-tokens", "64", "--d", "1"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mixlab import models
-from mixlab.runners.check_mixer import check_mixer
+from mixlab.runners.check import check_mixer
 from test_cli import run  # the CLI in-process: (exit code, stdout, stderr)
 
 HELPERS = Path(__file__).resolve().parents[1] / "models"  # byo_mixers.py, byo_broken_mixer.py

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from mixlab.runners.cli import main
+from mixlab.runners.cli.main import main
 from mixlab.tasks import TASKS, get_task
 
 SMALL = {"packed/associative_retrieval": ["--set", "seq_len=256"], "packed/noisy_recall": ["--set", "seq_len=256"]}
@@ -74,7 +74,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, named):
 
 def test_console_script_entry_point():
     proc = subprocess.run(
-        [sys.executable, "-c", "from runners.cli import main; main()", "tasks", "show", "nope"],
+        [sys.executable, "-c", "from runners.cli.main import main; main()", "tasks", "show", "nope"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("mixlab: error: unknown task 'nope'")
@@ -184,7 +184,7 @@ def test_run_says_what_it_will_train_before_it_starts(capsys, tmp_path, length, 
 
 
 def test_bench_train_shows_progress_on_stderr(capsys, monkeypatch):
-    from mixlab.runners import bench_train
+    from mixlab.runners.bench import train as bench_train
 
     report = bench_train.bench_train(n_runs=2, steps=2, device="cpu", task_params={"seq_len": 16}, num_train=16,
                                      num_test=8, batch_size=8, progress=True)

@@ -1,6 +1,6 @@
 """``mixlab ceilings``: the ceiling table of a sweep preset's mqar_varlen settings (analysis.ceilings)."""
 
-from mixlab.runners.cli import main
+from mixlab.runners.cli.main import main
 
 
 def test_ceilings_of_a_preset_print_a_row_per_window(capsys):

@@ -1,16 +1,16 @@
 import json
 import math
 
-import mixlab.runners.engine as engine
+import mixlab.runners.train.engine as engine
 import pytest
 import torch
 from mixlab import models
 from mixlab.kernels.dynamic_conv import triton_headwise
-from mixlab.runners import train as train_module
-from mixlab.runners.bench_train import bench_train
-from mixlab.runners.config import RunConfig, TrainConfig, config_hash
-from mixlab.runners.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
-from mixlab.runners.train import train_run
+from mixlab.runners.bench.train import bench_train
+from mixlab.runners.train import run as train_module
+from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.train.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train.run import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
@@ -256,7 +256,7 @@ def packed_pair(model):
 @pytest.mark.parametrize(("label", "model"), PACKED_CASES, ids=[c[0] for c in PACKED_CASES])
 def test_packed_runs_stack(monkeypatch, label, model):
     """Each run of a packed stack gets its own layouts (static slots, engine.layout); records equal train_run's
-    up to the head's rounding at few scored positions (module docstring of runners.engine; the mixers' outputs
+    up to the head's rounding at few scored positions (module docstring of runners.train.engine; the mixers' outputs
     per run: tests/models/test_mixers.py)."""
     configs = packed_pair(model)
     assert unbatchable_reason(configs[0]) is None

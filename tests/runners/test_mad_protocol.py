@@ -9,11 +9,11 @@ import pytest
 import typer
 from mixlab import models
 from mixlab.models.layers import Mixer
-from mixlab.runners import mad
-from mixlab.runners.cli_sweep import register
-from mixlab.runners.config import resolve
-from mixlab.runners.manifest import write_manifest
-from mixlab.runners.schedule import StepPlan
+from mixlab.runners.cli.sweep import register
+from mixlab.runners.sweep import mad
+from mixlab.runners.sweep.manifest import write_manifest
+from mixlab.runners.train.config import resolve
+from mixlab.runners.train.schedule import StepPlan
 from mixlab.tasks import get_task
 from mixlab.tasks.mad import mad_sweep_settings
 from typer.testing import CliRunner

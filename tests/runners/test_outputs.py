@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 from mixlab import models
-from mixlab.runners import local_backend, train
-from mixlab.runners.atomic import write_json_atomic
-from mixlab.runners.cli import main
-from mixlab.runners.manifest import finished_hashes
+from mixlab.core.atomic import write_json_atomic
+from mixlab.core.records import finished_hashes
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep import local_backend
+from mixlab.runners.train import run as train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -150,7 +151,7 @@ def test_ctrl_c_on_a_pool_sweep_is_one_line_with_the_resume_command(tmp_path, wh
     spec, out = tmp_path / "tiny.yaml", tmp_path / "out"
     spec.write_text(yaml.safe_dump(TINY_SWEEP))
     args = ["sweep", str(spec), "--out", str(out), "--workers", "2", "--max-stack", "1", "--no-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "mixlab.runners.cli", *args], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "mixlab.runners.cli.main", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             start_new_session=True)
     try:
@@ -198,7 +199,7 @@ def test_stop_signals_during_a_pool_wait_raise_once_between_waits():
 # again inside itself. Prints how many second signals were sent once every wait has raised.
 NESTED_STOP_SIGNAL = r"""
 import concurrent.futures, signal, sys
-from mixlab.runners import local_backend
+from mixlab.runners.sweep import local_backend
 
 sent = 0
 for n in range(1, 9):

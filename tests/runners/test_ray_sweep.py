@@ -14,11 +14,11 @@ import time
 import pytest
 import ray
 import torch
-from mixlab.runners.cli import main
-from mixlab.runners.ray_backend import RayOptions, job_resources, store_records
-from mixlab.runners.sweep import SweepOptions, run_sweep
-from mixlab.runners.sweep_jobs import plan_jobs
-from mixlab.runners.sweep_spec import SweepSpec
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.jobs import plan_jobs
+from mixlab.runners.sweep.ray_backend import RayOptions, job_resources, store_records
+from mixlab.runners.sweep.run import SweepOptions, run_sweep
+from mixlab.runners.sweep.spec import SweepSpec
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
@@ -64,7 +64,7 @@ def kill_point(trigger, driver, at_step=KILL_AT_STEP):
                 return False
             return True
 
-        import mixlab.runners.engine as engine
+        import mixlab.runners.train.engine as engine
 
         folder = Path(trigger)
         step = engine._Stack.step
@@ -224,7 +224,7 @@ def test_driver_writes_each_record_once(tmp_path, monkeypatch):
 
 NO_RAY = """
 import sys
-from mixlab.runners import cli
+from mixlab.runners.cli import main as cli
 assert "ray" not in sys.modules, "importing the CLI imported ray"
 sys.modules["ray"] = None  # `import ray` now fails as it does without the package
 for argv in sys.argv[1:]:

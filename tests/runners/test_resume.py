@@ -1,4 +1,4 @@
-"""Checkpoints of a stack in mid-training (runners/resume.py): a stack stopped part-way and trained again ends
+"""Checkpoints of a stack in mid-training (runners/train/resume.py): a stack stopped part-way and trained again ends
 with the records of a stack never stopped, bitwise on the CPU (time fields aside)."""
 
 import dataclasses
@@ -7,20 +7,21 @@ import os
 import shutil
 import signal
 
-import mixlab.runners.engine as engine
+import mixlab.runners.train.engine as engine
 import pytest
 import torch
 import yaml
-from mixlab.runners import local_backend, resume
-from mixlab.runners import train as train_module
-from mixlab.runners.cli import main
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.manifest import finished_hashes
-from mixlab.runners.sweep import SweepInterrupted, SweepOptions, run_sweep
-from mixlab.runners.sweep_jobs import Job, plan_jobs
-from mixlab.runners.sweep_spec import SweepSpec
-from mixlab.runners.train import train_run
+from mixlab.core.records import finished_hashes
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep import local_backend
+from mixlab.runners.sweep.jobs import Job, plan_jobs
+from mixlab.runners.sweep.run import SweepInterrupted, SweepOptions, run_sweep
+from mixlab.runners.sweep.spec import SweepSpec
+from mixlab.runners.train import resume
+from mixlab.runners.train import run as train_module
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.engine import train_runs_batched
+from mixlab.runners.train.run import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
 pytestmark = [pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet"),

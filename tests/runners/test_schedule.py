@@ -4,8 +4,8 @@ cosine's start, middle and end after the warmup, the per-epoch cosine, the const
 import math
 
 import pytest
-from mixlab.runners.config import TrainConfig
-from mixlab.runners.schedule import lr_at
+from mixlab.runners.train.config import TrainConfig
+from mixlab.runners.train.schedule import lr_at
 
 WARMUP, TOTAL = 10, 110
 

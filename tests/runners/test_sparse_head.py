@@ -1,15 +1,15 @@
-"""The head at scored positions only (runners.metrics.SPARSE_HEAD_MAX_SHARE) and the sync-free evaluation:
+"""The head at scored positions only (runners.train.metrics.SPARSE_HEAD_MAX_SHARE) and the sync-free evaluation:
 same numbers as the full head and the boolean-selection counts they replace."""
 
-import mixlab.runners.metrics as metrics
+import mixlab.runners.train.metrics as metrics
 import pytest
 import torch
 import torch.nn.functional as F
 from mixlab import tasks
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.engine import train_runs_batched
-from mixlab.runners.metrics import batch_counts, scored_positions, sparse_width
-from mixlab.runners.train import train_run
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.engine import train_runs_batched
+from mixlab.runners.train.metrics import batch_counts, scored_positions, sparse_width
+from mixlab.runners.train.run import train_run
 from mixlab.tasks import IGNORE
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")

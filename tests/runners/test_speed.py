@@ -1,16 +1,16 @@
-"""Speed modes (``runners.speed``): auto picks per stack by device and row length, the command-line flags map
+"""Speed modes (``runners.train.speed``): auto picks per stack by device and row length, the command-line flags map
 onto the modes, and the engine runs each stack in the mode picked for it."""
 
 import pytest
 import torch
-from mixlab.runners import bench_mad as bench_mad_module
-from mixlab.runners import bench_train as bench_train_module
-from mixlab.runners import engine
-from mixlab.runners.bench_train import bench_train
-from mixlab.runners.cli import main
-from mixlab.runners.config import RunConfig, TrainConfig
-from mixlab.runners.speed import GRAPH_MAX_ROW, from_flags, stack_modes
-from mixlab.runners.sweep_jobs import run_job
+from mixlab.runners.bench import mad as bench_mad_module
+from mixlab.runners.bench import train as bench_train_module
+from mixlab.runners.bench.train import bench_train
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.jobs import run_job
+from mixlab.runners.train import engine
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.speed import GRAPH_MAX_ROW, from_flags, stack_modes
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -14,15 +14,16 @@ import pytest
 import torch
 import yaml
 from mixlab.analysis.aggregate import grid_summary, load_sweep
-from mixlab.runners import local_backend
-from mixlab.runners.config import config_hash
-from mixlab.runners.local_backend import JobOutOfMemory
-from mixlab.runners.mad import mad_plan
-from mixlab.runners.manifest import ARCHIVE, archive_records, finished_hashes, read_record, write_manifest
-from mixlab.runners.sweep import SweepOptions, run_sweep
-from mixlab.runners.sweep_jobs import plan_jobs
-from mixlab.runners.sweep_plan import resolved_config
-from mixlab.runners.sweep_spec import SweepSpec, load_spec, preset_names
+from mixlab.core.records import ARCHIVE, archive_records, finished_hashes, read_record
+from mixlab.runners.sweep import local_backend
+from mixlab.runners.sweep.jobs import plan_jobs
+from mixlab.runners.sweep.local_backend import JobOutOfMemory
+from mixlab.runners.sweep.mad import mad_plan
+from mixlab.runners.sweep.manifest import write_manifest
+from mixlab.runners.sweep.plan import resolved_config
+from mixlab.runners.sweep.run import SweepOptions, run_sweep
+from mixlab.runners.sweep.spec import SweepSpec, load_spec, preset_names
+from mixlab.runners.train.config import config_hash
 
 # A grid of tiny CPU runs (a fraction of a second each).
 TINY = {
@@ -170,7 +171,7 @@ def test_committed_runs_keep_their_hashes(sweep):
 
 
 def test_added_fields_leave_the_resolved_config_at_their_default():
-    """A field added after records existed (tasks.fields.added_field: ModelConfig.hyena_order, packed AR's
+    """A field added after records existed (core.fields.added_field: ModelConfig.hyena_order, packed AR's
     query_share) is not in a resolved config while at its default, so those records keep their hashes; away
     from it, it is. The hash is the one of a committed packed_small record (reproductions/packed)."""
     packed = {"seq_len": 128, "min_doc_len": 8, "doc_len_median": 24, "max_doc_len": 64, "doc_len_sigma": 0.8,
@@ -458,8 +459,8 @@ def test_a_job_out_of_memory_beside_others_runs_again_alone(tmp_path, always):
 
 SCRIPT = """
 import sys
-from mixlab.runners.sweep import SweepOptions, run_sweep
-from mixlab.runners.sweep_spec import SweepSpec
+from mixlab.runners.sweep.run import SweepOptions, run_sweep
+from mixlab.runners.sweep.spec import SweepSpec
 spec = SweepSpec.from_dict({spec!r})
 run_sweep(spec.plan(), sys.argv[1], SweepOptions(workers={workers}, progress=False))
 """

@@ -2,8 +2,8 @@
 its plan and its folder's records, with steps, tokens and device-minutes."""
 
 import pytest
-from mixlab.runners.cli import main
-from mixlab.runners.sweep_cost import TaskCost, parse_rates, remaining, remaining_table, sweep_costs
+from mixlab.runners.cli.main import main
+from mixlab.runners.sweep.cost import TaskCost, parse_rates, remaining, remaining_table, sweep_costs
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,15 @@ import json
 
 import pytest
 import typer
-from mixlab.runners import sweep_jobs
-from mixlab.runners.cli_sweep import register
-from mixlab.runners.config import RunConfig, TrainConfig, config_hash
-from mixlab.runners.engine import chunks
-from mixlab.runners.mad import LRS, WEIGHT_DECAYS, mad_plan
-from mixlab.runners.sweep import SweepOptions, run_sweep
-from mixlab.runners.sweep_jobs import Job, job_key, plan_jobs, run_job
-from mixlab.runners.sweep_plan import PlannedRun
-from mixlab.runners.sweep_spec import SweepSpec
+from mixlab.runners.cli.sweep import register
+from mixlab.runners.sweep import jobs as sweep_jobs
+from mixlab.runners.sweep.jobs import Job, job_key, plan_jobs, run_job
+from mixlab.runners.sweep.mad import LRS, WEIGHT_DECAYS, mad_plan
+from mixlab.runners.sweep.plan import PlannedRun
+from mixlab.runners.sweep.run import SweepOptions, run_sweep
+from mixlab.runners.sweep.spec import SweepSpec
+from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.train.engine import chunks
 from typer.testing import CliRunner
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
@@ -52,7 +52,7 @@ LOSSES = ("train_loss", "test_loss", "test_ppl")
 
 def assert_same_results(got, want):
     """Records equal but for the losses, which agree to float rounding: MQAR scores 2 of 16 positions, so the
-    head runs at those only (runners.metrics), and its stacked (vmapped) matmul rounds differently on the CPU."""
+    head runs at those only (runners.train.metrics), and its stacked (vmapped) matmul rounds differently on the CPU."""
     assert got.keys() == want.keys()
     for name, record in got.items():
         ref = want[name]

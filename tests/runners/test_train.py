@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 from mixlab import models
-from mixlab.runners.config import RunConfig, TrainConfig, config_hash
-from mixlab.runners.metrics import batch_counts, macro_accuracy
-from mixlab.runners.schedule import StepPlan, lr_at
-from mixlab.runners.train import train_run
+from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.train.metrics import batch_counts, macro_accuracy
+from mixlab.runners.train.run import train_run
+from mixlab.runners.train.schedule import StepPlan, lr_at
 from mixlab.tasks import TASKS
 
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "mlp_hidden": 32}
@@ -167,7 +167,7 @@ def test_macro_accuracy_and_perplexity_match_torchmetrics_per_batch_as_mad_lab_l
     and Perplexity of each batch, averaged weighted by the batch's rows, which is the epoch value PyTorch
     Lightning gives the per-batch values mad-lab logs; the unweighted mean differs."""
     torchmetrics = pytest.importorskip("torchmetrics")
-    from mixlab.runners.evaluation import evaluate
+    from mixlab.runners.train.evaluation import evaluate
     from mixlab.tasks import TaskData
 
     n, t, v, batch = 300, 6, 7, 128

@@ -1,4 +1,4 @@
-"""tasks.fields: checking values against annotations, reading them from text, dataclasses from mappings."""
+"""core.fields: checking values against annotations, reading them from text, dataclasses from mappings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from mixlab.tasks.fields import (
+from mixlab.core.fields import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,

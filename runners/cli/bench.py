@@ -1,0 +1,173 @@
+"""``mixlab bench ...``: kernel and training benchmarks (each prints a markdown table; GPU name and versions on top)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from mixlab.runners.bench.train import WARMUP_STEPS
+from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
+from mixlab.runners.train.speed import SPEED_HELP, from_flags
+
+bench_app = typer.Typer(help="Benchmarks: kernels and training throughput (tables for BENCHMARKS.md).",
+                        no_args_is_help=True)
+
+
+def parse_shape(text: str, n: int, what: str) -> tuple[int, ...]:
+    """``"4,4096,2048,4"`` -> (4, 4096, 2048, 4); anything else raises ValueError naming the text."""
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--shape expects {what}, got {text!r}") from None
+    if len(shape) != n or min(shape) < 1:
+        raise ValueError(f"--shape expects {what} (positive integers), got {text!r}")
+    return shape
+
+
+@bench_app.command("shortconv")
+def bench_shortconv_cmd(
+    shape: str = typer.Option("4,4096,2048,4", help="B,T,D,W."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
+    n_docs: int = typer.Option(64, help="Documents in the packed variant."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    only: str = typer.Option("static,hs1,hs16,lowrank", "--kernels",
+                             help="Comma-separated kernels to time: static, hs1, hs16 (head-wise at head size 1, 16), "
+                                  "lowrank."),
+) -> None:
+    """Static, head-wise and low-rank short convs: fwd and fwd+bwd medians, bandwidth, byte floor, vs torch."""
+    from mixlab.runners.bench.shortconv import bench_shortconv
+
+    typer.echo(bench_shortconv(parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs, repeats=repeats,
+                               progress=True, only=tuple(k.strip() for k in only.split(",") if k.strip())))
+
+
+@bench_app.command("rubiconv")
+def bench_rubiconv_cmd(
+    n_tokens: int = typer.Option(65536, help="Tokens in the packed row (lognormal document lengths)."),
+    d: int = typer.Option(1024, help="Channels D."),
+    dtype: str = typer.Option("fp32", help="fp32 or bf16 activations and filter."),
+    blocks: str = typer.Option("", help="Extra block sizes k for the gemm and triton rows, e.g. 64,256."),
+    seed: int = typer.Option(0, help="Seed of the document lengths and data."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    median_length: int | None = typer.Option(None, help="Median document length (default about 812 tokens)."),
+) -> None:
+    """RubiConv backends against a leaky single FFT, a per-document loop, pad-to-longest and pow2 buckets."""
+    from mixlab.runners.bench.rubiconv import bench_rubiconv
+
+    extra = parse_shape(blocks, len(blocks.split(",")), "block sizes, e.g. 64,256") if blocks else ()
+    typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed,
+                              median_length=median_length))
+
+
+@bench_app.command("attention")
+def bench_attention_cmd(
+    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each."),
+    heads: int = typer.Option(16, help="Heads H."),
+    head_dim: int = typer.Option(8, help="Head size hd."),
+    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T sequences."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+) -> None:
+    """Triton causal attention against SDPA with each backend forced: fwd and fwd+bwd, tokens/s, byte floor."""
+    from mixlab.runners.bench.attention import bench_attention
+
+    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    typer.echo(bench_attention(lens, n_heads=heads, head_dim=head_dim, tokens=tokens, dtype=dtype, repeats=repeats))
+
+
+@bench_app.command("fla")
+def bench_fla_cmd(
+    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each per op."),
+    ops: str = typer.Option("gla,simple_gla,retention", help="fla ops with both kernel forms, comma-separated."),
+    heads: int = typer.Option(16, help="Heads H."),
+    head_dim: int = typer.Option(8, help="Key size per head."),
+    value_dim: int = typer.Option(16, help="Value size per head."),
+    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T rows."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16 (q, k, v; gates fp32)."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+) -> None:
+    """fla's chunked against its fused recurrent kernels (GLA, simple_gla, retention): fwd and fwd+bwd."""
+    from mixlab.runners.bench.fla import bench_fla
+
+    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    typer.echo(bench_fla(lens, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), n_heads=heads,
+                         head_dim=head_dim, value_dim=value_dim, tokens=tokens, dtype=dtype, repeats=repeats))
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    n_runs: int = typer.Option(6, help="Runs trained together (e.g. the MAD lr x wd grid)."),
+    steps: int = typer.Option(200, help="Timed optimizer steps per run."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    speed: str = typer.Option(None, help="Comma-separated speed modes, a batched row each after the eager one: "
+                              "compile, cuda-graph, compile+graph, auto (auto's row names the mode it picked)."),
+    compile: bool = typer.Option(False, "--compile", help="Add a torch.compile row (as --speed compile)."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Add a CUDA-graph row (as --speed cuda-graph; "
+                                    "with --compile also a compile+graph row)."),
+    progress: bool = typer.Option(True, help="Show the runs' progress bars on stderr (on the CPU the benchmark "
+                                  "takes minutes)."),
+    task_params: str = typer.Option("{}", help="Task parameters as JSON, e.g. '{\"query_share\": 0.5}'."),
+    model_params: str = typer.Option("{}", help="ModelConfig fields over the model's as JSON, e.g. "
+                                     "'{\"n_heads\": 8}'."),
+    batch_size: int = typer.Option(128, help="Rows per step."),
+    num_train: int = typer.Option(12800, help="Training rows (generated once per data seed)."),
+    num_test: int = typer.Option(1280, help="Test rows."),
+) -> None:
+    """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
+    from mixlab.runners.bench.train import bench_train
+    from mixlab.runners.cli.sweep import comma_names
+
+    flagged = [m for m, on in (("compile", compile), ("cuda-graph", cuda_graph),
+                               ("compile+graph", compile and cuda_graph)) if on]
+    typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device,
+                           speeds=[*flagged, *(comma_names(speed) or [])], progress=progress,
+                           task_params=json.loads(task_params), model_params=json.loads(model_params),
+                           batch_size=batch_size, num_train=num_train, num_test=num_test))
+
+
+@bench_app.command("mad")
+def bench_mad_cmd(
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    profile: str = typer.Option("paper", help="MAD profile: paper, quick or smoke."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    seeds: int = typer.Option(None, help="Seeds planned (default: the profile's, as `mad run`); a setting's stack "
+                              "holds its grid times the seeds, as the sweep stacks them."),
+    steps: int = typer.Option(30, help="Timed optimizer steps per step shape."),
+    warmup_steps: int = typer.Option(WARMUP_STEPS, help="Steps of the untimed call before each timing "
+                                     "(compilation, graph capture)."),
+    tasks: str = typer.Option(None, help="Only these MAD tasks, comma-separated (e.g. mad/fuzzy_recall)."),
+    settings: str = typer.Option(None, help="Only the step shapes holding one of these settings, comma-separated "
+                                 "(e.g. baseline,seq_len=512)."),
+    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help="Runs per job, as the sweep's --max-stack."),
+    speed: str = typer.Option(None, help=SPEED_HELP),
+    compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile (as --speed compile)."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs (as --speed cuda-graph)."),
+    alone: bool = typer.Option(True, "--alone/--no-alone", help="Also time one run at a time in the plain loop."),
+    stop_after: float = typer.Option(None, help="Seconds after which no step shape starts timing; the totals name "
+                                     "the shapes not timed and leave them out (fit a time limit)."),
+    heaviest_first: bool = typer.Option(False, "--heaviest-first", help="Time the shapes with the most protocol "
+                                        "tokens first (with --stop-after: cover most of the protocol)."),
+    precompile: int = typer.Option(0, help="Processes that first compile the compiled shapes into torch's on-disk "
+                                   "caches, in parallel, so each timing's warm-up loads its code (0: compile as "
+                                   "each shape is timed)."),
+    sweep_epochs: int = typer.Option(0, help="Then run a real sweep of the same runs cut to this many epochs and "
+                                              "compare its tokens/s with the benchmark's (0: skip)."),
+    workers: int = typer.Option(1, help="Jobs at a time in that sweep (as mad run --workers)."),
+) -> None:
+    """The MAD protocol's train tokens/s per step shape, stacked as a sweep stacks it, and its GPU-minutes; each
+    row goes to stderr as soon as it is timed."""
+    from mixlab.runners.bench.mad import BenchMadOptions, bench_mad
+    from mixlab.runners.cli.sweep import comma_names
+
+    options = BenchMadOptions(device=device, seeds=seeds, steps=steps, warmup_steps=warmup_steps,
+                              tasks=comma_names(tasks), settings=comma_names(settings), max_stack=max_stack,
+                              speed=from_flags(speed, compile, cuda_graph), alone=alone, stop_after=stop_after,
+                              heaviest_first=heaviest_first, precompile=precompile,
+                              sweep_epochs=sweep_epochs or None, workers=workers)
+    typer.echo(bench_mad(model, profile, options))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

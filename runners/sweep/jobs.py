@@ -1,0 +1,105 @@
+"""Jobs: the runs of a sweep that one call of the engine trains, and ``run_job``, which trains one.
+
+``plan_jobs`` groups the missing runs of a sweep: runs that the batched engine (``runners.train.engine``) can stack,
+at most ``max_stack`` of them, make one job; a run that cannot stack is a job alone. A stacked run's record
+equals the one it would get alone (on the CPU bitwise, time fields aside), so the grouping changes no result.
+Both backends (``local_backend``, ``ray_backend``) run these jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from mixlab.core.fields import PositiveInt, check
+from mixlab.core.records import has_record
+from mixlab.runners.sweep.plan import PlannedRun
+from mixlab.runners.train.config import RunConfig
+from mixlab.runners.train.engine import chunks, group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train.run import train_run
+
+# Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
+DEFAULT_MAX_STACK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Runs trained by one call of the engine: one stack (runs of equal ``job_key``, at most ``max_stack``) or
+    one run that cannot stack. Plain data, (hash, config dict) pairs, so it pickles to a spawned process or to
+    a Ray task."""
+
+    runs: tuple[tuple[str, dict[str, Any]], ...]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def hashes(self) -> list[str]:
+        return [name for name, _ in self.runs]
+
+    @property
+    def device(self) -> str:
+        """The runs' ``device`` setting as written (``auto``, ``cpu`` or ``cuda``; equal within a job)."""
+        return self.runs[0][1]["train"]["device"]
+
+    @property
+    def label(self) -> str:
+        """``<task> <mixer> x<runs>`` of the first run, for progress and task names."""
+        config = self.runs[0][1]
+        return f"{config['task']} {config['model']['mixer']} x{len(self)}"
+
+
+def job_key(config: RunConfig) -> tuple:
+    """Runs with equal keys may share a job: ``engine.group_key`` as on the CPU, plus the device and precision
+    as written, which fix the rest of the engine's key wherever the job runs. A planner without a GPU can so
+    group runs for ``cuda`` (a driver of a Ray cluster); the engine groups them the same on the worker."""
+    on_cpu = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cpu"))
+    return group_key(on_cpu), config.train.device, config.train.precision
+
+
+def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK,
+              todo: Collection[str] | None = None) -> list[Job]:
+    """Runs of equal ``job_key`` in plan order, in the fewest jobs of at most ``max_stack`` runs whose sizes
+    differ by at most one (``engine.chunks``): a setting's grid, its seeds and the settings of equal shapes
+    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: RubiConv on Triton, the fla
+    baselines on packed tasks) is a job of its own. Jobs are ordered by their first run, so the first jobs hold
+    the plan's first runs (its first seeds).
+
+    ``todo``: the hashes to train now; the other runs (finished ones) still take their places in the jobs, which
+    then drop them, so a sweep run again forms the stacks it formed before, less their finished runs, and each
+    finds its checkpoint (``runners.train.resume``). Jobs left empty are dropped."""
+    max_stack = check("max_stack", max_stack, PositiveInt)
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(runs):
+        key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
+        groups.setdefault(key, []).append(i)
+    stacks = [chunk for members in groups.values() for chunk in chunks(members, max_stack)]
+    stacks = [[i for i in chunk if todo is None or runs[i].hash in todo] for chunk in sorted(stacks)]
+    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in stacks if chunk]
+
+
+def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, speed: str = "eager",
+            checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
+    """Train the runs of ``job`` that have no record in ``runs_dir`` yet; return their records.
+
+    Each record goes to ``<runs_dir>/<hash>.json`` (atomically) as soon as its run ends, so a job run again
+    (resumed after a crash, or retried) trains only its missing runs and never writes a run twice. runs_dir
+    None: nothing is skipped or written (the Ray backend's tasks; the driver writes). batch: the runs
+    trained stacked by ``engine.train_runs_batched`` (with its ``speed``, ``runners.train.speed``); False: one at a
+    time by ``train_run``. checkpoint_every_s: the engine's checkpoints of a stack in mid-training
+    (``runners.train.resume``; with runs_dir only), so a job run again goes on where it stopped.
+    """
+    if not batch and speed != "eager":
+        raise ValueError(f"speed={speed!r} is an option of the batched engine; it needs batch=True")
+    todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
+            if runs_dir is None or not has_record(runs_dir, name)]
+    if not todo:
+        return []
+    names, configs = [name for name, _ in todo], [config for _, config in todo]
+    if batch:
+        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, speed=speed,
+                                  checkpoint_every_s=checkpoint_every_s)
+    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False, checkpoint_every_s=checkpoint_every_s)
+            for name, config in zip(names, configs)]

@@ -1,0 +1,260 @@
+"""Checkpoints of a stack in mid-training, so a stack killed part-way (a GPU lent for ten minutes at a time)
+goes on where it stopped, to the same records bit for bit.
+
+A stack (``runners.train.engine``) trained with an output folder writes ``<out_dir>/partial/<key>-<stamp>.pt``
+(``torch.save`` of plain tensors, lists and dicts, read back with ``weights_only=True``) and then ``<key>.json``,
+which names that file and says which runs it holds and at which step. ``key`` hashes the sorted names of the runs
+the stack started with. It is written at evaluations once ``every_s`` seconds have passed since the last (0: at
+every evaluation), and when the process is interrupted (``Interrupts``), then removed when the stack ends. Each
+write goes to a new .pt and drops the older ones only once the .json names the new one, so a process killed
+between the two files (a worker past the pool's grace period) leaves the previous pair whole.
+
+What it holds is everything that makes the next steps the same: the stacked parameters, AdamW moments and
+training-loss sums, the step counter and the steps summed since the last evaluation, and per row of the stack its
+run (name, config), log (history, best evaluation, early stop, training time), whether it finished, and its
+shuffle generator's state before the permutation of the epoch the next step belongs to (the loop draws that
+permutation again and skips the steps already taken). The data, the initialisation and the learning rates follow
+from the configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the same way, as a stack of
+one whose tensors are its model's and AdamW's state dicts.
+
+A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash,
+and every run still training in it is asked for or has a record by now. A sweep run again plans only the runs
+without records, and the runs that finished since are then dropped from the stack at load. Any other checkpoint
+that shares a run is ignored with a warning, never mixed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from mixlab.core.atomic import atomic_file, write_json_atomic
+from mixlab.core.records import has_record
+from mixlab.runners.train.config import config_hash
+from mixlab.runners.train.record import RunLog
+
+PARTIAL = "partial"
+# A sweep's default seconds between checkpoints: writing one costs well under a second, and a ten-minute GPU call
+# stopped by its limit loses at most this much.
+DEFAULT_EVERY_S = 120.0
+FORMAT = 1
+# The stack's tensors a checkpoint holds: flat parameters and AdamW moments [N, P], training-loss sums [N].
+TENSORS = ("params", "exp_avg", "exp_avg_sq", "loss_acc")
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """A training loop between two steps: its counters, its tensors (a stack's ``TENSORS`` on the CPU, or a run's
+    model and optimizer state dicts) and one dict per run (``log_state``), in the stack's row order. ``finished``
+    names live rows whose records were written after the snapshot."""
+
+    step: int
+    loss_count: int  # steps since the last evaluation
+    tensors: dict[str, Any]
+    rows: list[dict[str, Any]]
+    elapsed_s: float  # wall seconds of the loop so far
+    lap_s: float  # training seconds since the last evaluation
+    finished: frozenset[str] = frozenset()
+
+
+# What a checkpoint file holds of a Snapshot (``finished`` is learnt when it is loaded).
+_SAVED = tuple(f.name for f in dataclasses.fields(Snapshot) if f.name != "finished")
+
+
+def snapshot(stack: Any, rows: Sequence[Any], *, step: int, loss_count: int, new_epoch: bool, lap_s: float,
+             elapsed_s: float) -> Snapshot:
+    """The state of ``stack`` (an ``engine._Stack``) and its ``rows`` (``engine._Run``) after ``step`` steps.
+    ``new_epoch``: the next step starts an epoch, whose permutation is not drawn yet."""
+    return Snapshot(step=step, loss_count=loss_count,
+                    tensors={name: getattr(stack, name).detach().cpu() for name in TENSORS},
+                    rows=[log_state(run, run.shuffle.get_state() if new_epoch else run.epoch_shuffle, run.done)
+                          for run in rows], elapsed_s=elapsed_s, lap_s=lap_s)
+
+
+def restore(saved: Snapshot, stack: Any, rows: Sequence[Any]) -> None:
+    """Put ``saved`` back into a stack built from its rows' configs, in its row order; rows that finished since
+    the snapshot are marked done (the engine drops them)."""
+    for name in TENSORS:
+        getattr(stack, name).copy_(saved.tensors[name])
+    for run, state in zip(rows, saved.rows, strict=True):
+        restore_log(run, run.shuffle, state)
+        run.done = state["done"] or state["name"] in saved.finished
+
+
+def log_state(run: RunLog, shuffle: torch.Tensor, done: bool) -> dict[str, Any]:
+    """A run's part of a snapshot: its name and config, its log, whether it finished, and ``shuffle``, its
+    shuffle generator's state before the permutation of the epoch that its next step belongs to."""
+    best = next(i for i, entry in enumerate(run.history) if entry is run.best) if run.best is not None else None
+    return {"name": run.default_name(), "config": run.config.to_dict(), "history": run.history, "best": best,
+            "stopped_early": run.stopped_early, "train_time": run.train_time, "done": done, "shuffle": shuffle}
+
+
+def restore_log(run: RunLog, shuffle: torch.Generator, state: Mapping[str, Any]) -> None:
+    """Put a ``log_state`` back into the run's log and its shuffle generator."""
+    run.history = list(state["history"])
+    run.best = None if state["best"] is None else run.history[state["best"]]
+    run.stopped_early, run.train_time = state["stopped_early"], state["train_time"]
+    shuffle.set_state(state["shuffle"])
+
+
+def stack_key(names: Sequence[str]) -> str:
+    """The file name of a stack's checkpoint: a hash of its runs' names, sorted."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+class Checkpoint:
+    """The checkpoint file of one stack or run (module docstring): found or started by ``open``, written when
+    ``due``, removed at the end."""
+
+    def __init__(self, out_dir: Path, key: str, members: dict[str, str], every_s: float,
+                 where: dict[str, Any]) -> None:
+        self.out_dir, self.key, self.members, self.every_s, self.where = out_dir, key, members, every_s, where
+        self.folder = out_dir / PARTIAL
+        self.last = time.monotonic()
+
+    @classmethod
+    def open(cls, out_dir: str | Path | None, runs: Sequence[RunLog], *, every_s: float | None, loop: str,
+             device: str, bf16: bool) -> tuple[Checkpoint | None, Snapshot | None]:
+        """The checkpoint of a stack of ``runs`` writing records to ``out_dir`` and what it saved, if anything;
+        ``loop`` (``stack`` or ``run``: what its tensors are), ``device`` (the type) and ``bf16`` must be the
+        checkpoint's. (None, None) when checkpoints are off (no ``out_dir``, ``every_s`` None or negative)."""
+        if out_dir is None or every_s is None or every_s < 0:
+            return None, None
+        out_dir = Path(out_dir)
+        asked = {run.default_name(): config_hash(run.config) for run in runs}
+        where = {"loop": loop, "device": device, "bf16": bf16}
+        for meta_path in sorted((out_dir / PARTIAL).glob("*.json")):
+            found = _matching(meta_path, out_dir, asked, where)
+            if found is not None:
+                meta, saved = found
+                return cls(out_dir, meta_path.stem, meta["members"], every_s, where), saved
+        return cls(out_dir, stack_key(list(asked)), asked, every_s, where), None
+
+    def _tensor_files(self) -> list[Path]:
+        return [*self.folder.glob(f"{self.key}.pt"), *self.folder.glob(f"{self.key}-*.pt")]
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.every_s
+
+    def write(self, saved: Snapshot) -> None:
+        """A new .pt, then the .json that names it, each atomically, then the older .pt files."""
+        live = [row["name"] for row in saved.rows if not row["done"]]
+        state = {"format": FORMAT, "members": self.members,
+                 **{name: getattr(saved, name) for name in _SAVED}}
+        pt = self.folder / f"{self.key}-{time.time_ns():x}.pt"
+        with atomic_file(pt) as f:
+            torch.save(state, f)
+        write_json_atomic(self.folder / f"{self.key}.json", {
+            "format": FORMAT, "members": self.members, "live": live, "step": saved.step, "pt": pt.name,
+            **self.where, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        for old in self._tensor_files():
+            if old != pt:
+                old.unlink(missing_ok=True)
+        self.last = time.monotonic()
+
+    def remove(self) -> None:
+        (self.folder / f"{self.key}.json").unlink(missing_ok=True)
+        for pt in self._tensor_files():
+            pt.unlink(missing_ok=True)
+
+
+def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict[str, Any]
+              ) -> tuple[dict[str, Any], Snapshot] | None:
+    """The checkpoint's metadata and snapshot when it is the one of the stack ``asked`` ({name: config hash});
+    None when it shares no run with it; a warning and None when it shares runs but does not match."""
+    try:
+        meta = json.loads(meta_path.read_text())
+        members, live = meta["members"], set(meta["live"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # half-removed or foreign: nothing says it is this stack's
+    if not asked.keys() & members.keys():
+        return None
+    why = _mismatch(meta, out_dir, asked, where)
+    saved = None
+    if why is None:
+        try:
+            state = torch.load(tensor_file(meta_path, meta), map_location="cpu", weights_only=True)
+            saved = _snapshot_of(state)
+            agree = state["members"] == members and {r["name"] for r in saved.rows if not r["done"]} == live
+        except Exception as exc:  # missing, cut short, foreign or refused by weights_only: not usable
+            why = f"its .pt cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        else:
+            why = None if agree else "its .pt and .json disagree"
+    if why is not None:
+        warnings.warn(f"ignoring the checkpoint {str(tensor_file(meta_path, meta))!r}: {why}; the stack starts "
+                      "from step 0 (delete the checkpoint to silence this)", stacklevel=4)
+        return None
+    return meta, dataclasses.replace(saved, finished=frozenset(live - asked.keys()))
+
+
+def tensor_file(meta_path: Path, meta: Mapping[str, Any]) -> Path:
+    """The .pt a checkpoint's .json names (``<stem>.pt`` for checkpoints written before the .json named it)."""
+    return meta_path.parent / Path(meta.get("pt", f"{meta_path.stem}.pt")).name
+
+
+def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], where: dict[str, Any]) -> str | None:
+    """Why a checkpoint that shares runs with the stack ``asked`` is not its checkpoint, or None."""
+    members, live = meta["members"], set(meta["live"])
+    if {k: meta.get(k) for k in where} != where:
+        return f"it was written for {', '.join(f'{k} {meta.get(k)}' for k in where)}, not for " \
+               f"{', '.join(f'{k} {v}' for k, v in where.items())}"
+    for name, hashed in asked.items():
+        if name not in members:
+            return f"run {name!r} is not one of its runs"
+        if members[name] != hashed:
+            return f"run {name!r} has another config there (hash {members[name]}, now {hashed})"
+        if name not in live and not has_record(out_dir, name):
+            return f"run {name!r} finished there but has no record"
+    for name in sorted(live - asked.keys()):
+        if not has_record(out_dir, name):
+            return f"its run {name!r} is still training there but is not asked for now"
+    return None
+
+
+def _snapshot_of(state: Mapping[str, Any]) -> Snapshot:
+    return Snapshot(**{name: state[name] for name in _SAVED})
+
+
+class Interrupts:
+    """While training, a signal that would raise KeyboardInterrupt (Ctrl-C's SIGINT; SIGTERM in a sweep's
+    worker, ``local_backend``) only sets ``pending``: the loop finishes its step (and the evaluation after
+    it), checkpoints that consistent state and raises KeyboardInterrupt itself. A second such signal raises at
+    once (to leave a long compilation), with no checkpoint. Off the main thread, or where another handler is
+    installed (a worker ignores SIGINT), nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, active: bool = True) -> None:
+        self.active = active  # False: ``held`` holds nothing back (no checkpoint to write)
+        self.pending = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[Interrupts]:
+        """Hold the signals back inside the block; one still pending when it ends raises KeyboardInterrupt."""
+        previous = {}
+        if self.active and threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) is signal.default_int_handler:
+                    previous[signum] = signal.signal(signum, self._handle)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if self.pending:
+            raise KeyboardInterrupt
