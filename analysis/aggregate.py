@@ -19,15 +19,18 @@ is kept as ``Unreadable`` (path and reason), and its run counts as missing, so t
 partial (``SweepData.run_counts``).
 
 Metrics are those of the evaluation with the lowest test perplexity (mad-lab's rule; ``runners.train.record`` stores
-it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties.
+it as ``final``); they are recomputed from the record's history with the same rule, first minimum on ties. The
+other rule of ``EPOCH_RULES``, the run's last evaluation, gives the rows ``SweepData.rows_at`` returns for it: the
+MAD report prints the table under both (docs/mad.md).
 
 MAD score (docs/mad.md), per seed: best macro accuracy over the lr x wd grid for each setting, mean over each
 task's settings, mean over the six tasks; then the median, IQR and count over seeds of each task mean and of
-the average. With the sweep's manifest (``SweepData.planned``), a task is scored for a seed only once every
-run of that task and seed has its record, and the average only for seeds whose every task is scored: a partial
-task's mean over the settings that happen to be finished (the cheap ones first) would not compare with other
-models or the paper. ``MadScores.coverage`` counts the records of each task that is not scored for every seed.
-Without a manifest a seed is scored on what it has.
+the average (and of the average with selective copy's 16-copied variant in place of its own score). With the
+sweep's manifest (``SweepData.planned``), a task is scored for a seed only once every run of that task and seed
+has its record, and the average only for seeds whose every task is scored: a partial task's mean over the
+settings that happen to be finished (the cheap ones first) would not compare with other models or the paper.
+``MadScores.coverage`` counts the records of each task that is not scored for every seed. Without a manifest a
+seed is scored on what it has.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ AVERAGE = "Average"
 # the generator, so the settings num_tokens_to_copy=32, 64 and 96 copied 16 tokens, the baseline's data byte for
 # byte (docs/mad.md). That variant's score needs no runs of its own: those settings take the baseline's score.
 COPY16 = "Selective Copy, 16 copied"
+COPY16_AVERAGE = "Average, 16 copied"
+# Which evaluation of a run's history gives its metrics: mad-lab's (the lowest test perplexity: the best
+# checkpoint, which its trainer.validate loads), or the run's last evaluation (the stop, or the budget's end).
+LOWEST_PPL, LAST_EVAL = "lowest test perplexity", "last evaluation"
+EPOCH_RULES = (LOWEST_PPL, LAST_EVAL)
 # The task parameters a length figure puts on its x axis, in order of preference (plots.accuracy_vs_length).
 LENGTH_PARAMS = ("seq_len", "num_kv_pairs")
 # the labels of one cell of a grid sweep's summary: its best training point per seed, then over seeds
@@ -167,6 +175,10 @@ class SweepData:
             found.setdefault(tuple(labels[k] for k in keys), []).append(run["hash"] in have)
         return {key: (sum(runs), len(runs)) for key, runs in found.items()}
 
+    def rows_at(self, rule: str) -> list[dict[str, Any]]:
+        """The rows with the metrics of the evaluation ``rule`` (of EPOCH_RULES) picks in each record."""
+        return self.rows if rule == LOWEST_PPL else run_rows(self.records, self.manifest, rule)
+
     def run_labels(self, name: str) -> dict[str, Any] | None:
         """The manifest's labels of the run whose record is ``<name>.json`` (``row_labels``), None if unlisted."""
         meta = _manifest_metas(self.manifest).get(name)
@@ -269,34 +281,41 @@ def _manifest_metas(manifest: Mapping[str, Any] | None) -> dict[str, dict[str, A
     return {r["hash"]: r["meta"] for r in (manifest or {}).get("runs", [])}
 
 
-def selected_metrics(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The evaluation with the lowest test perplexity (the first on ties); ``final`` without a history."""
+def selected_metrics(record: Mapping[str, Any], rule: str = LOWEST_PPL) -> dict[str, Any]:
+    """The evaluation ``rule`` picks (EPOCH_RULES): the lowest test perplexity (the first on ties), or the last.
+    Without a history: ``final`` (the lowest perplexity's), and for the last evaluation nothing (its metrics
+    read NaN rather than another evaluation's)."""
     history = record.get("history") or []
+    if rule not in EPOCH_RULES:
+        raise ValueError(f"unknown epoch rule {rule!r}; known: {', '.join(EPOCH_RULES)}")
     if history:
-        return min(history, key=lambda h: h["test_ppl"])
-    return dict(record["final"])
+        return history[-1] if rule == LAST_EVAL else min(history, key=lambda h: h["test_ppl"])
+    return {} if rule == LAST_EVAL else dict(record["final"])
 
 
-def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] | None = None
-             ) -> list[dict[str, Any]]:
-    """One flat row per record (module docstring), labelled from the manifest where it lists the run."""
+def run_rows(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any] | None = None,
+             rule: str = LOWEST_PPL) -> list[dict[str, Any]]:
+    """One flat row per record (module docstring), labelled from the manifest where it lists the run, with the
+    metrics of the evaluation ``rule`` picks."""
     metas = _manifest_metas(manifest)
-    return [run_row(record, metas.get(record["name"])) for record in records]
+    return [run_row(record, metas.get(record["name"]), rule) for record in records]
 
 
-def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A record's row (module docstring), labelled by ``meta`` (a manifest's), else by ``derived_meta``;
-    ValueError naming what the record lacks.
+def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+            rule: str = LOWEST_PPL) -> dict[str, Any]:
+    """A record's row (module docstring), labelled by ``meta`` (a manifest's), else by ``derived_meta``, with the
+    metrics of the evaluation ``rule`` picks (``selected_metrics``); ValueError naming what the record lacks.
 
-    ``at_end``: the run's chosen evaluation (lowest perplexity) is its last and it did not stop early: its
-    training budget ran out while its test perplexity was still falling (a longer run could change it).
+    ``at_end``: the run's lowest-perplexity evaluation is its last and it did not stop early: its training
+    budget ran out while its test perplexity was still falling (a longer run could change it).
     """
     try:
         config = record["config"]
         train = config["train"]
-        chosen = selected_metrics(record)
+        chosen = selected_metrics(record, rule)
         history = record.get("history") or []
-        at_end = bool(history) and chosen is history[-1] and not record.get("stopped_early", False)
+        at_end = (bool(history) and selected_metrics(record) is history[-1]
+                  and not record.get("stopped_early", False))
         # a single run's config holds only the fields it set; its resolved model has the rest
         d_model = config["model"].get("d_model", (record.get("resolved") or {}).get("model", {}).get("d_model"))
         row = {"hash": record["name"], **row_labels(meta or derived_meta(config)),
@@ -427,8 +446,10 @@ class MadScores:
     per_seed: {task name or "Average": {seed: score}}, complete (task, seed) pairs only (module docstring).
     summary: {task name or "Average": Stats over seeds}.
     coverage: {task name: (records, planned runs)} for each task some planned seed of which is incomplete.
-    copy16: {seed: score} of selective copy as mad-lab scored it before commit 35772e8 (``COPY16``), for the
-        seeds whose selective copy score is complete; not part of the Average.
+    copy16: {seed: score} of selective copy as mad-lab generated it before commit 35772e8 (``COPY16``), for
+        the seeds whose selective copy score is complete; not part of the Average.
+    copy16_average: {seed: the Average with ``copy16`` in selective copy's place} (``COPY16_AVERAGE``), for the
+        seeds with both.
     """
 
     per_setting: list[dict[str, Any]]
@@ -436,6 +457,7 @@ class MadScores:
     summary: dict[str, Stats]
     coverage: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     copy16: dict[int, float] = dataclasses.field(default_factory=dict)
+    copy16_average: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
@@ -466,8 +488,14 @@ def mad_scores(rows: Sequence[Mapping[str, Any]], metric: str = "acc_macro",
                          for s in seeds
                          if planned is None or all(s in per_seed.get(t, {}) for t in tasks)}
     summary = {name: Stats.of(scores.values()) for name, scores in per_seed.items()}
-    copy16 = copy16_scores(best, metric, per_seed.get(MAD_TASK_NAMES["mad/selective_copy"], {}))
-    return MadScores(per_setting=best, per_seed=per_seed, summary=summary, coverage=coverage, copy16=copy16)
+    copy = MAD_TASK_NAMES["mad/selective_copy"]
+    copy16 = copy16_scores(best, metric, per_seed.get(copy, {}))
+    # the same tasks in the same order as the Average, selective copy's score swapped for its variant's
+    copy16_average = {s: float(np.mean([copy16[s] if t == copy else per_seed[t][s]
+                                        for t in tasks if s in per_seed.get(t, {})]))
+                      for s in per_seed[AVERAGE] if s in copy16}
+    return MadScores(per_setting=best, per_seed=per_seed, summary=summary, coverage=coverage, copy16=copy16,
+                     copy16_average=copy16_average)
 
 
 def copy16_scores(best: Sequence[Mapping[str, Any]], metric: str, seeds: Iterable[int]) -> dict[int, float]:

@@ -10,6 +10,8 @@ accuracy-against-length figure; every folder of single runs gets a table with on
                                   claims (analysis.claims: the MAD table's, a grid's reference.claims), and
                                   where the records trained (devices and versions, ``provenance_section``)
     mad_tasks.csv                 model, task, median, q25, q75, iqr, n, reference, diff
+    mad_epochs.csv                model, task, epoch rule, median, q25, q75, iqr, n: the MAD table at the
+                                  lowest-perplexity evaluation and at the last (aggregate.EPOCH_RULES)
     mad_settings.csv              best grid point per (model, task, setting, seed)
     mad_tasks.png                 per-task bars, median and IQR over seeds, one dot per seed
     <sweep>_summary.csv           per grid folder: median / IQR / n over seeds of the best training point
@@ -45,12 +47,17 @@ from mixlab.analysis.aggregate import (
 )
 from mixlab.analysis.claims import grid_verdicts, mad_verdicts, sweep_claims, verdict_lines
 from mixlab.analysis.tables import (
+    EPOCH_MOVED,
     REFERENCE,
     SOLVED_AT,
     MadEntry,
     grid_table,
     mad_budget_table,
     mad_entry,
+    mad_epoch_moves,
+    mad_epoch_rows,
+    mad_epoch_setting_moves,
+    mad_epoch_table,
     mad_references,
     mad_seed_rows,
     mad_setting_rows,
@@ -136,6 +143,7 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     if mads:
         entries = _distinct_labels([mad_entry(d) for d in mads], mads)
         written.append(write_csv(out / "mad_tasks.csv", mad_task_rows(entries)))
+        written.append(write_csv(out / "mad_epochs.csv", mad_epoch_rows(entries)))
         written.append(write_csv(out / "mad_settings.csv", mad_setting_rows(entries)))
         seed_rows = mad_seed_rows(entries)
         figure = out / "mad_tasks.png"
@@ -147,8 +155,9 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
             # figure left in the folder would show scores this report no longer has
             figure.unlink(missing_ok=True)
             drawn = "No task has all its runs for any seed yet: nothing to draw."
-        sections += ["## MAD", "", mad_text(entries), "", drawn, "",
-                     "### Per setting (median over seeds of the best grid point)", "",
+        sections += ["## MAD", "", mad_text(entries), "", drawn, ""]
+        sections += epoch_section(entries)
+        sections += ["### Per setting (median over seeds of the best grid point)", "",
                      mad_setting_table(entries).markdown(), "",
                      "### Runs still improving when their budget ended", "",
                      "Of the scored runs (the best grid point of each setting and seed), those whose lowest-"
@@ -177,6 +186,23 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     report = out / "report.md"
     report.write_text("\n".join(sections))
     return [report, *written]
+
+
+def epoch_section(entries: Sequence[MadEntry]) -> list[str]:
+    """The MAD table at both reported epochs, then the cells and the settings the choice moves by more than
+    EPOCH_MOVED."""
+    lines = ["### The reported epoch: lowest test perplexity or last evaluation", "",
+             "Each run's metrics are those of its evaluation with the lowest test perplexity (mad-lab's rule: the "
+             "best checkpoint, which its final validation loads), as in the table above; beside them, the same "
+             "table from each run's last evaluation (where it stopped early, or where its budget ended), the best "
+             "grid point chosen again under that rule. moved: the last evaluation's median minus the lowest "
+             "perplexity's. From the records' evaluation histories; nothing retrained.", "",
+             mad_epoch_table(entries).markdown(), ""]
+    for title, table in ((f"Cells the rule moves by more than {EPOCH_MOVED}", mad_epoch_moves(entries)),
+                         (f"Settings the rule moves by more than {EPOCH_MOVED} (median over seeds of the best "
+                          "grid point)", mad_epoch_setting_moves(entries))):
+        lines += [f"{title}:", "", table.markdown() if table else "none.", ""]
+    return lines
 
 
 # what a record says it trained with (``runners.train.provenance``) that can change its numbers, as report columns

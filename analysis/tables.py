@@ -1,7 +1,11 @@
 """Markdown and CSV tables of sweep results, and the MAD table beside the dynamic-conv paper's values.
 
-MAD cells read ``median [IQR]`` over seeds of the task score (module ``analysis.aggregate``); ``ref`` is the
-dynamic-conv paper's value (docs/mad.md) for the models it reports, ``diff`` is median minus ref.
+MAD cells read ``median [IQR]`` over seeds of the task score (module ``analysis.aggregate``), or the value alone
+for one seed; ``ref`` is the dynamic-conv paper's value (docs/mad.md) for the models it reports, ``diff`` is median
+minus ref. A model's column header gives its seed count (``n=3``) when every scored cell of its table has that
+many seeds; otherwise each cell gives its own (``0.469, n=1``), so a cell of one seed is never read as three.
+The same table at the other reported epoch (``aggregate.EPOCH_RULES``: the last evaluation instead of the lowest
+test perplexity) goes beside it with the difference per cell (``mad_epoch_table``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from mixlab import models
 from mixlab.analysis.aggregate import (
     AVERAGE,
     COPY16,
+    COPY16_AVERAGE,
     GRID_CELL,
+    LAST_EVAL,
+    LOWEST_PPL,
     MAD_TASK_NAMES,
     METRIC_KEYS,
     MadScores,
@@ -38,6 +45,12 @@ REFERENCE: dict[str, dict[str, float]] = {
 }
 MAD_ROWS = (*MAD_TASK_NAMES.values(), AVERAGE)
 SELECTIVE_COPY = MAD_TASK_NAMES["mad/selective_copy"]
+# The rows of the MAD table: the six tasks and the average, each variant under the row it varies (whose reference
+# value and coverage it shares): selective copy as mad-lab generated it before commit 35772e8, and the average
+# with that variant in selective copy's place.
+VARIANTS = {SELECTIVE_COPY: COPY16, AVERAGE: COPY16_AVERAGE}
+# The report lists the cells (and settings) whose median the reported epoch moves by more than this.
+EPOCH_MOVED = 0.01
 # A seed solves a MAD setting when its best grid point reaches this macro accuracy (the claims' solved_at).
 SOLVED_AT = 0.99
 # The paper's claims about its MAD table beyond the values themselves (checked by analysis.claims, which adds
@@ -92,8 +105,16 @@ def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
 
 
 def fmt_stats(stats: Stats) -> str:
-    """``0.942 [0.010]``: median [IQR]."""
-    return "—" if stats.n == 0 else f"{stats.median:.3f} [{stats.iqr:.3f}]"
+    """``0.942 [0.010]``: median [IQR]; one value alone (``0.942``): one seed has no spread."""
+    if stats.n == 0:
+        return "—"
+    return f"{stats.median:.3f}" if stats.n == 1 else f"{stats.median:.3f} [{stats.iqr:.3f}]"
+
+
+def seeds_cell(cell: str, n: int, header_n: int | None) -> str:
+    """``cell`` of ``n`` seeds in a column whose header gives ``header_n`` (None: none): its own n where the
+    header's is not its."""
+    return f"{cell}, n={n}" if n and n != header_n else cell
 
 
 def _fmt3(value: float) -> str:
@@ -112,8 +133,10 @@ def partial_cell(cell: str, scored: bool, done: int, total: int) -> str:
 
 @dataclasses.dataclass
 class MadEntry:
-    """One model's MAD results: column label, scores, reference values (or None), profile, missing runs, and
-    (records, planned runs) per (task name, setting) (``SweepData.run_counts``)."""
+    """One model's MAD results: column label, scores, reference values (or None), profile, missing runs,
+    (records, planned runs) per (task name, setting) (``SweepData.run_counts``), the scores at the last
+    evaluation of every run (None: not read), and ``seeds``, the one seed count of its scored table cells
+    (``table_seeds``; None when they differ), which its label gives."""
 
     label: str
     scores: MadScores
@@ -122,6 +145,29 @@ class MadEntry:
     profile_text: str
     missing: int
     setting_counts: dict[tuple[str, str], tuple[int, int]] = dataclasses.field(default_factory=dict)
+    last: MadScores | None = None
+    seeds: int | None = None
+
+
+def table_stats(scores: MadScores) -> list[tuple[str, str, Stats]]:
+    """Per row of the MAD table, in order: its name, the row whose reference and coverage it shares (itself, or
+    the row a variant varies: ``VARIANTS``) and its statistics over seeds."""
+    variants = {SELECTIVE_COPY: scores.copy16, AVERAGE: scores.copy16_average}
+    rows = []
+    for task in MAD_ROWS:
+        rows.append((task, task, scores.summary.get(task, Stats.of([]))))
+        if task in VARIANTS:
+            rows.append((VARIANTS[task], task, Stats.of(variants[task].values())))
+    return rows
+
+
+def table_seeds(scores: MadScores, planned: int | None) -> int | None:
+    """The seed count every scored cell of the MAD table shares; ``planned`` when no cell is scored; None when
+    the cells differ (a task with its three seeds beside tasks with one so far)."""
+    counts = {stats.n for _, _, stats in table_stats(scores) if stats.n}
+    if not counts:
+        return planned
+    return counts.pop() if len(counts) == 1 else None
 
 
 def reference_name(data: SweepData) -> str | None:
@@ -141,39 +187,121 @@ def mad_entry(data: SweepData) -> MadEntry:
     profile = data.spec.get("profile", {}).get("name", "?")
     scores = mad_scores(data.rows, data.metric, data.planned)
     planned_seeds = data.spec.get("seeds")
-    seeds = len(planned_seeds) if planned_seeds else (scores.summary[AVERAGE].n if AVERAGE in scores.summary else 0)
+    seeds = table_seeds(scores, len(planned_seeds) if planned_seeds else None)
     setting_counts = {(MAD_TASK_NAMES.get(task, task), setting): counts
                       for (task, setting), counts in data.run_counts(("task", "setting")).items()}
-    return MadEntry(label=f"{data.label} ({profile}, n={seeds})", scores=scores,
+    return MadEntry(label=f"{data.label} ({profile}" + (f", n={seeds})" if seeds else ")"), scores=scores,
                     reference=REFERENCE.get(ref) if ref else None, profile=profile,
                     profile_text=data.spec.get("profile_text", ""), missing=data.missing,
-                    setting_counts=setting_counts)
+                    setting_counts=setting_counts,
+                    last=mad_scores(data.rows_at(LAST_EVAL), data.metric, data.planned), seeds=seeds)
 
 
 def mad_table(entries: Sequence[MadEntry]) -> Table:
-    """Rows: the six tasks (reference order) and the average; per model: median [IQR], ref, diff."""
+    """Rows: the six tasks (reference order) and the average, each variant under the row it varies
+    (``table_stats``); per model: median [IQR], ref, diff."""
     headers = ["Task"]
     for entry in entries:
         headers += [entry.label, "ref", "diff"]
+    by_entry = [table_stats(entry.scores) for entry in entries]
     rows = []
-    for task in MAD_ROWS:
-        rows.append([task, *(cell for entry in entries for cell in _mad_cells(entry, task))])
-        if task == SELECTIVE_COPY:  # beside it, the variant mad-lab generated before commit 35772e8
-            rows.append([COPY16, *(cell for entry in entries
-                                   for cell in _mad_cells(entry, task, Stats.of(entry.scores.copy16.values())))])
+    for i, (name, _, _) in enumerate(by_entry[0] if entries else []):
+        row = [name]
+        for entry, stats in zip(entries, by_entry, strict=True):
+            _, task, cell = stats[i]
+            row += _mad_cells(entry, task, cell)
+        rows.append(row)
     return Table(headers, rows)
 
 
-def _mad_cells(entry: MadEntry, task: str, stats: Stats | None = None) -> list[str]:
-    """[median [IQR], ref, diff] of one task row and model; ``stats`` replace the task's own (a variant's)."""
-    stats = entry.scores.summary.get(task, Stats.of([])) if stats is None else stats
-    ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
-    cell = fmt_stats(stats)
+def _mad_cells(entry: MadEntry, task: str, stats: Stats) -> list[str]:
+    """[median [IQR], ref, diff] of one model's cell of ``stats`` in the row of ``task`` or of its variant."""
+    return [_score_cell(entry, task, stats), *_reference_cells(entry, task, stats)]
+
+
+def _score_cell(entry: MadEntry, task: str, stats: Stats) -> str:
+    """median [IQR] (one seed: the value), with its n where the column's header does not give it, and how far
+    the task got where some seed is not scored."""
+    cell = seeds_cell(fmt_stats(stats), stats.n, entry.seeds)
     if task in entry.scores.coverage:  # some seed not scored: say how far the task got
         cell = partial_cell(cell, bool(stats.n), *entry.scores.coverage[task])
     elif task == AVERAGE and entry.scores.coverage and not stats.n:
         cell = "— (tasks partial)"
-    return [cell, "—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
+    return cell
+
+
+def _reference_cells(entry: MadEntry, task: str, stats: Stats) -> list[str]:
+    ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
+    return ["—" if math.isnan(ref) else f"{ref:.3f}", fmt_diff(stats.median - ref)]
+
+
+def mad_epoch_table(entries: Sequence[MadEntry]) -> Table:
+    """The MAD table's cells at both reported epochs (``aggregate.EPOCH_RULES``): per model, the cell at the
+    lowest test perplexity (the MAD table's), at the last evaluation, and the difference of their medians
+    (last minus lowest). Models whose last evaluations were not read are left out."""
+    entries = [e for e in entries if e.last is not None]
+    headers = ["Task"]
+    for entry in entries:
+        headers += [f"{entry.label}: lowest ppl", "last eval", "moved"]
+    pairs = [list(zip(table_stats(e.scores), table_stats(e.last), strict=True)) for e in entries]
+    rows = []
+    for i, ((name, task, _), _) in enumerate(pairs[0] if entries else []):
+        row = [name]
+        for entry, cells in zip(entries, pairs, strict=True):
+            (_, _, lowest), (_, _, last) = cells[i]
+            row += [_score_cell(entry, task, lowest), _score_cell(entry, task, last),
+                    fmt_diff(last.median - lowest.median)]
+        rows.append(row)
+    return Table(headers, rows)
+
+
+def mad_epoch_moves(entries: Sequence[MadEntry], threshold: float = EPOCH_MOVED) -> Table | None:
+    """The cells of the MAD table whose median the reported epoch moves by more than ``threshold``: model, row,
+    the median at the lowest perplexity, at the last evaluation, and the move; None when none moves so far."""
+    rows = []
+    for entry in (e for e in entries if e.last is not None):
+        for (name, _, lowest), (_, _, last) in zip(table_stats(entry.scores), table_stats(entry.last), strict=True):
+            if lowest.n and last.n and abs(last.median - lowest.median) > threshold:
+                rows.append([entry.label, name, f"{lowest.median:.3f}", f"{last.median:.3f}",
+                             fmt_diff(last.median - lowest.median)])
+    return Table(["model", "row", "lowest ppl", "last eval", "moved"], rows) if rows else None
+
+
+def mad_epoch_setting_moves(entries: Sequence[MadEntry], threshold: float = EPOCH_MOVED) -> Table | None:
+    """The settings whose median over seeds of the best grid point the reported epoch moves by more than
+    ``threshold``: model, task, setting (marked partial where some of its planned runs have no record), seeds,
+    both medians and the move; None when none moves so far."""
+    rows = []
+    for entry in (e for e in entries if e.last is not None):
+        lowest, last = _setting_scores(entry.scores), _setting_scores(entry.last)
+        for key, values in lowest.items():
+            a, b = Stats.of(values), Stats.of(last.get(key, []))
+            if b.n and abs(b.median - a.median) > threshold:
+                done, total = entry.setting_counts.get(key, (0, 0))
+                setting = partial_cell(key[1], True, done, total) if 0 < done < total else key[1]
+                rows.append([entry.label, key[0], setting, str(a.n), f"{a.median:.3f}", f"{b.median:.3f}",
+                             fmt_diff(b.median - a.median)])
+    order = {name: i for i, name in enumerate(MAD_ROWS)}
+    rows.sort(key=lambda r: order.get(r[1], len(order)))  # stable: models in their order within a task
+    headers = ["model", "task", "setting", "seeds", "lowest ppl", "last eval", "moved"]
+    return Table(headers, rows) if rows else None
+
+
+def _setting_scores(scores: MadScores, metric: str = "acc_macro") -> dict[tuple[str, str], list[float]]:
+    """Per (task name, setting), the best grid point's score of each seed."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for row in scores.per_setting:
+        out.setdefault((MAD_TASK_NAMES.get(row["task"], row["task"]), row["setting"]), []).append(row[metric])
+    return out
+
+
+def mad_epoch_rows(entries: Sequence[MadEntry]) -> list[dict[str, Any]]:
+    """Long form for CSV of the MAD table at both reported epochs: model, task, epoch rule, median, q25, q75,
+    iqr, n."""
+    return [{"model": entry.label, "task": name, "epoch": rule, **stats.as_dict()}
+            for entry in entries if entry.last is not None
+            for rule, scores in ((LOWEST_PPL, entry.scores), (LAST_EVAL, entry.last))
+            for name, _, stats in table_stats(scores)]
 
 
 def mad_text(entries: Sequence[MadEntry]) -> str:
@@ -186,10 +314,14 @@ def mad_text(entries: Sequence[MadEntry]) -> str:
                          f"the seeds whose runs of it are all finished")
     lines += ["", mad_table(entries).markdown(), "",
               "cells: median [IQR] over seeds of the task score (best macro accuracy of the lr x wd grid per "
-              "setting, at the lowest-perplexity epoch, averaged over the task's settings); ref: the "
-              "dynamic-conv paper (one seed, full protocol); diff = median - ref. A task is scored for a seed "
-              "only when all its runs of that seed have records; 'partial k/n' counts its records, and the "
-              "Average needs every task."]
+              "setting, at the lowest-perplexity epoch, averaged over the task's settings), the value alone for "
+              "one seed; n: the seeds of a column (its header) or of a cell (where the column's cells differ); "
+              "ref: the dynamic-conv paper (one seed, full protocol); diff = median - ref. A task is scored for "
+              "a seed only when all its runs of that seed have records; 'partial k/n' counts its records, and "
+              "the Average needs every task. Selective copy is scored twice: as mixlab generates it "
+              "(num_tokens_to_copy honoured) and '16 copied', as mad-lab generated it before its commit 35772e8 "
+              "(the settings num_tokens_to_copy=32/64/96 copy 16 tokens, the baseline's data); each has its "
+              "Average (docs/mad.md)."]
     return "\n".join(lines)
 
 
@@ -197,13 +329,10 @@ def mad_task_rows(entries: Sequence[MadEntry]) -> list[dict[str, Any]]:
     """Long form for CSV: model, task, median, q25, q75, iqr, n, reference, diff."""
     rows = []
     for entry in entries:
-        for task in MAD_ROWS:
-            named = [(task, entry.scores.summary.get(task, Stats.of([])))]
-            if task == SELECTIVE_COPY:
-                named.append((COPY16, Stats.of(entry.scores.copy16.values())))
+        for name, task, stats in table_stats(entry.scores):
             ref = entry.reference.get(task, math.nan) if entry.reference else math.nan
-            rows += [{"model": entry.label, "task": name, **stats.as_dict(), "reference": ref,
-                      "diff": stats.median - ref} for name, stats in named]
+            rows.append({"model": entry.label, "task": name, **stats.as_dict(), "reference": ref,
+                         "diff": stats.median - ref})
     return rows
 
 
@@ -241,7 +370,7 @@ def mad_setting_table(entries: Sequence[MadEntry]) -> Table:
 
 
 def _setting_cell(entry: MadEntry, key: tuple[str, str], scores: list[float]) -> str:
-    cell = _fmt3(Stats.of(scores).median)
+    cell = seeds_cell(_fmt3(Stats.of(scores).median), len(scores), entry.seeds)
     done, total = entry.setting_counts.get(key, (0, 0))
     return partial_cell(cell, True, done, total) if 0 < done < total else cell
 

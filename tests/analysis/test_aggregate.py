@@ -11,6 +11,7 @@ from mixlab import models
 from mixlab.analysis.aggregate import (
     AVERAGE,
     COPY16,
+    COPY16_AVERAGE,
     best_of_grid,
     derived_meta,
     grid_summary,
@@ -280,7 +281,9 @@ def test_a_task_is_scored_only_for_seeds_with_all_its_runs(mad_dir):
     assert entry.scores.coverage == {"Memorize": (5, 6)}
     assert sorted(entry.scores.per_seed[AVERAGE]) == [1, 2]
     table = mad_table([entry]).markdown()
-    assert cells(table, "Memorize")[1] == "0.415 [0.005] (partial 5/6)"
+    # two seeds here, three in the other tasks: the column's header gives no count, each cell its own
+    assert cells(table, "Memorize")[1] == "0.415 [0.005], n=2 (partial 5/6)"
+    assert cells(table, "Compress")[1] == "0.110 [0.010], n=3"
     # a task with no complete seed has no score, and no seed has an average
     for run in manifest["runs"]:
         if run["meta"]["task"] == "mad/compression" and run["meta"]["train_grid"]["lr"] == 1e-3:
@@ -299,7 +302,7 @@ def test_a_mad_folder_with_no_task_complete_reports_without_a_figure(mad_dir, tm
         if (run["meta"]["seed"] == 0) == (run["meta"]["train_grid"]["lr"] == 1e-3):
             (mad_dir / "runs" / f"{run['hash']}.json").unlink()
     written = {p.name for p in write_report([mad_dir], out)}
-    assert written == {"report.md", "mad_tasks.csv", "mad_settings.csv"}
+    assert written == {"report.md", "mad_tasks.csv", "mad_epochs.csv", "mad_settings.csv"}
     assert not (out / "mad_tasks.png").exists()
     report = (out / "report.md").read_text()
     assert "nothing to draw" in report and "mad_tasks.png" not in report
@@ -349,8 +352,8 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
     out = tmp_path / "report"
     written = write_report([mad_dir, grid_dir], out)
     names = {p.name for p in written}
-    assert names == {"report.md", "mad_tasks.csv", "mad_settings.csv", "mad_tasks.png", "widths_summary.csv",
-                     "widths_acc_vs_width.png"}
+    assert names == {"report.md", "mad_tasks.csv", "mad_epochs.csv", "mad_settings.csv", "mad_tasks.png",
+                     "widths_summary.csv", "widths_acc_vs_width.png"}
     for png in ("mad_tasks.png", "widths_acc_vs_width.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -360,8 +363,9 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
     assert cells(report, "Memorize")[:3] == ["Memorize", "0.410 [0.010]", "0.791"]  # task 3: 0.4 + seed 1
     with (out / "mad_tasks.csv").open() as f:
         tasks_csv = list(csv.DictReader(f))
-    assert len(tasks_csv) == 8 and float(tasks_csv[0]["reference"]) == 0.375
-    assert [r["task"] for r in tasks_csv[5:]] == ["Selective Copy", COPY16, "Average"]
+    assert len(tasks_csv) == 9 and float(tasks_csv[0]["reference"]) == 0.375
+    assert [r["task"] for r in tasks_csv[5:]] == ["Selective Copy", COPY16, "Average", COPY16_AVERAGE]
+    assert float(tasks_csv[8]["reference"]) == REFERENCE["transformer"]["Average"]
     with (out / "widths_summary.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
     # the same records give the same files, figures included (no jitter from a global RNG)
@@ -394,7 +398,11 @@ def test_two_folders_of_one_model_and_profile_get_their_folders_as_column_labels
     shutil.copytree(mad_dir, collection / "transformer-paper")
     v2 = shutil.copytree(mad_dir, collection / "transformer-paper-v2")
     manifest = json.loads((v2 / "sweep.json").read_text())
-    manifest["spec"]["seeds"] = [0]  # the columns' seed counts differ: the model names alone would not tell them
+    # seed 0 only: the columns' seed counts differ, the model names alone would not tell them apart
+    manifest["spec"]["seeds"] = [0]
+    for run in [r for r in manifest["runs"] if r["meta"]["seed"] != 0]:
+        manifest["runs"].remove(run)
+        (v2 / "runs" / f"{run['hash']}.json").unlink()
     (v2 / "sweep.json").write_text(json.dumps(manifest))
     write_report([collection])
     header = cells((collection / "report.md").read_text(), "Task")

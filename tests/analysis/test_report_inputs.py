@@ -106,10 +106,11 @@ def test_an_unreadable_mad_record_makes_its_task_and_setting_partial(mad_dir, tm
                and r["meta"]["seed"] == 0 and r["meta"]["train_grid"]["lr"] == 1e-3)
     (mad_dir / "runs" / f"{run['hash']}.json").write_text("{")
     entry = mad_entry(load_sweep(mad_dir))
-    assert cells(mad_table([entry]).markdown(), "Memorize")[1] == "0.415 [0.005] (partial 5/6)"
+    assert cells(mad_table([entry]).markdown(), "Memorize")[1] == "0.415 [0.005], n=2 (partial 5/6)"
     # seed 0's best of what is left is the worse lr (0.35); the median over seeds 0.41 is then partial
-    assert table_row(mad_setting_table([entry]).markdown(), "Memorize", "baseline")[2] == "0.410 (partial 5/6)"
-    assert table_row(mad_setting_table([entry]).markdown(), "Compress", "baseline")[2] == "0.110"
+    settings = mad_setting_table([entry]).markdown()
+    assert table_row(settings, "Memorize", "baseline")[2] == "0.410, n=3 (partial 5/6)"
+    assert table_row(settings, "Compress", "baseline")[2] == "0.110, n=3"
     report = write_report([mad_dir], tmp_path / "report")[0].read_text()
     assert (f"- `{mad_dir / 'runs' / (run['hash'] + '.json')}`: not valid JSON (Expecting property name enclosed "
             "in double quotes: line 1 column 2 (char 1)) (run: mad/memorization, baseline, transformer, lr=0.001 "
