@@ -9,6 +9,12 @@ whose keys have the same length and the same last W - 2 tokens are one key to th
 independently of keys, so among m such pairs any rule is right with probability 1 / m on average. The ceiling
 is the mean of 1 / m over every scored query. A conv of width >= longest key + 2, or a second layer, lifts it.
 
+MAD memorization (docs/mad.md, ``tasks.mad.memorization``): the value of a key never appears in any input, so the
+only source of it is a training row that holds the key. A test position whose key no training row holds can only
+be guessed, among the values not seen as training targets (one chance in their number at best). The ceiling is
+the share of scored test positions whose key some training row holds (``memorization_ceiling``); with the sweep's
+256 training rows it falls below 1 from vocabulary 2,048 on (``memorization_ceilings``).
+
 The tables take plain task parameters; ``mixlab ceilings`` (runners/cli/ceilings.py) reads them from a sweep
 preset::
 
@@ -28,7 +34,10 @@ import torch
 from mixlab.core.fields import PositiveInt, check
 from mixlab.tasks import get_task
 from mixlab.tasks.base import IGNORE, Role, TaskData
+from mixlab.tasks.mad import mad_sweep_settings
 from torch import nn
+
+MEMORIZATION = "mad/memorization"
 
 
 def query_multiplicity(data: TaskData, window: int) -> torch.Tensor:
@@ -108,3 +117,28 @@ def multiplicity_table(checkpoint: str | Path, window: int) -> str:
     lines += [f"| {row['m']} | {row['n']} | {row['acc']:.4f} | {row['best']:.4f} |"
               for row in accuracy_by_multiplicity(model, data, window)]
     return "\n".join(lines)
+
+
+def memorization_ceiling(train: TaskData, test: TaskData) -> float:
+    """MAD memorization: the share of the test split's scored positions whose key (the input just before) occurs
+    among the training split's keys (module docstring). Returns a float in [0, 1]."""
+    seen = torch.unique(train.inputs[train.roles == Role.KEY])
+    scored = test.targets[:, 1:] != IGNORE  # [N, T-1]: a target at position t + 1 answers the key at t
+    keys = test.inputs[:, :-1][scored]
+    if keys.numel() == 0:
+        raise ValueError("the test split has no scored position")
+    return float(torch.isin(keys, seen).double().mean())
+
+
+def memorization_ceilings(seeds: Sequence[int] = (0, 1, 2)) -> list[dict[str, Any]]:
+    """``memorization_ceiling`` of every memorization setting of the MAD sweep (its training and test rows) for
+    each data seed: one row per (setting, seed) with its vocabulary size and ceiling."""
+    rows = []
+    for setting in (s for s in mad_sweep_settings() if s.task == MEMORIZATION):
+        task = get_task(setting.task, **setting.params)
+        for seed in seeds:
+            train = task.generate(setting.num_train, seed=seed, split="train")
+            test = task.generate(setting.num_test, seed=seed, split="test")
+            rows.append({"setting": setting.label, "vocab_size": setting.params["vocab_size"], "seed": seed,
+                         "ceiling": memorization_ceiling(train, test)})
+    return rows

@@ -3,6 +3,8 @@ import torch
 from mixlab.analysis.ceilings import (
     accuracy_by_multiplicity,
     ceiling_table,
+    memorization_ceiling,
+    memorization_ceilings,
     mqar_varlen_window_ceiling,
     multiplicity_table,
     query_multiplicity,
@@ -100,3 +102,32 @@ def test_multiplicity_table_splits_a_saved_run(tmp_path):
     lines = multiplicity_table(tmp_path / "r.pt", 4).splitlines()
     assert "ceiling" in lines[0] and lines[3].startswith("| 1 | ")
     assert sum(int(line.split("|")[2]) for line in lines[3:]) == 40 * 4  # every query of the 40 test rows
+
+
+def memorization_rows(keys: list[list[int]], vocab_size: int = 16) -> TaskData:
+    """Memorization rows ``key <insert>`` over ``keys`` [N, T/2]; every key's value is key + 8."""
+    inputs = torch.full((len(keys), 2 * len(keys[0])), vocab_size - 1)
+    inputs[:, 0::2] = torch.tensor(keys)
+    targets = torch.full(inputs.shape, IGNORE)
+    targets[:, 1::2] = torch.tensor(keys) + 8
+    roles = torch.full(inputs.shape, int(Role.SPECIAL), dtype=torch.uint8)
+    roles[:, 0::2] = int(Role.KEY)
+    return TaskData(inputs=inputs, targets=targets, roles=roles, vocab_size=vocab_size)
+
+
+def test_the_memorization_ceiling_counts_the_test_keys_training_shows():
+    train = memorization_rows([[0, 1], [1, 2]])
+    # keys 0, 1, 2 seen; 3 and 4 never: 4 of the 6 scored test positions can be answered
+    assert memorization_ceiling(train, memorization_rows([[0, 3], [4, 1], [2, 2]])) == pytest.approx(4 / 6)
+    assert memorization_ceiling(train, train) == 1.0
+    # the insert token is in every training row but is no key: a test "key" equal to it is not seen
+    assert memorization_ceiling(train, memorization_rows([[15, 0]])) == pytest.approx(1 / 2)
+
+
+def test_the_mad_sweeps_memorization_ceiling_falls_from_vocabulary_2048():
+    """256 training rows of 16 keys: at V = 2048, 4096 and 8192 about 0.98, 0.87 and 0.63 of the test keys were
+    shown (docs/mad.md quotes these)."""
+    rows = memorization_ceilings(seeds=(0,))
+    by_vocab = {row["vocab_size"]: row["ceiling"] for row in rows}
+    assert [by_vocab[v] for v in (256, 512, 1024)] == [1.0, 1.0, 1.0]
+    assert [round(by_vocab[v], 2) for v in (2048, 4096, 8192)] == [0.98, 0.87, 0.64]
