@@ -258,6 +258,9 @@ def _judge(claim: Claim, split: Mapping[str, str], metric: str, values: list[flo
         return Verdict(claim, split, metric, 0, note="no scored seeds of its models and settings")
     if claim.solved_at is not None:
         solved = sum(v >= claim.solved_at for v in values)
+        if n < MIN_SEEDS:  # as for a median: no interval, so one seed never shows a spread
+            return Verdict(claim, split, metric, n, solved / n, None, None, INCONCLUSIVE, MIN_SEEDS, solved,
+                           note=f"too few seeds ({n} < {MIN_SEEDS})")
         interval = stats.wilson(solved, n)
         verdict = decide(claim, interval)
         needed = None

@@ -59,6 +59,14 @@ def test_too_few_seeds_is_inconclusive_whatever_the_values():
     assert "too few seeds (2 < 3)" in verdict.verdict_text()
 
 
+def test_too_few_seeds_of_a_solve_fraction_show_no_interval():
+    claim = Claim(text="a sometimes solves it", level="a", solved_at=0.9, op=">", value=0.1)
+    verdict = judge(claim, {"a": [0.99]})  # Wilson's interval of 1/1, [0.21, 1], would clear 0.1
+    assert (verdict.verdict, verdict.interval, verdict.seeds_needed) == ("inconclusive", None, 3)
+    assert verdict.effect_text() == "1/1 solved" and "too few seeds (1 < 3)" in verdict.verdict_text()
+    assert judge(claim, {"a": [0.99] * 3}).verdict == "reproduced"
+
+
 def test_a_claim_without_any_scored_seed_has_no_data():
     (verdict,) = evaluate(Claim(text="c wins", level="c", op=">", value=0.5), observations({"a": [0.9] * 3}),
                           "acc_micro")
