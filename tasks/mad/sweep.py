@@ -51,8 +51,8 @@ _SWEEP = [
 
 # Parameters over a task's defaults in every setting, so the generators behave as mad-lab's: its fuzzy recall
 # can place the probe past the last pair (a few per cent of rows then ask for a key never shown). Selective copy
-# honours num_tokens_to_copy, as mad-lab does since commit 35772e8 (docs/mad.md says why the table most likely
-# did); ``ignore_num_tokens_to_copy`` gives the earlier variant.
+# honours num_tokens_to_copy, as mad-lab's generator does since commit 35772e8; ``ignore_num_tokens_to_copy``
+# gives the earlier variant, which the report scores too (docs/mad.md weighs which one the paper's data held).
 MAD_LAB_PARAMS = {FuzzyRecall: {"probe_anywhere": True}}
 
 
