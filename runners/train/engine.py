@@ -68,6 +68,10 @@ and replay it; the per-step scalars live on the device. Warm-up steps before a c
 state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
 captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
 
+Attention under vmap: on CUDA the stack's template model is built with ``fold_runs`` (``models.build_model``), so
+attention folds the run axis into the batch and calls the fused kernels on plain tensors; on the CPU torch's own
+batch rules loop over the runs (``folds_runs``).
+
 Checkpoints (``runners.train.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
 evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
 the loop stands (step, rows, records) so it can be saved and put back between any two steps.
@@ -82,7 +86,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -91,7 +95,6 @@ import torch
 from mixlab import kernels, models, tasks
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import read_record
-from mixlab.models.layers import stacked_runs
 from mixlab.runners.train import resume
 from mixlab.runners.train.config import RunConfig, resolve
 from mixlab.runners.train.evaluation import eval_batches
@@ -102,7 +105,6 @@ from mixlab.runners.train.run import packed_layout, train_run
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.seeds import initial_model, run_data, shuffle_generator
 from mixlab.runners.train.speed import stack_modes
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 # torch.optim.AdamW's default epsilon; TrainConfig does not set it.
@@ -115,8 +117,6 @@ COMPILED_COMPACTION = 0.5
 # Compiled variants allowed per function (torch's default, 8, is shared by every stack of the process):
 # one per stack size and batch shape (the last batch of an epoch may be smaller).
 RECOMPILE_LIMIT = 256
-# Attention under vmap: "fold", "math", "native", or None: fold on CUDA, native on the CPU (_vmap_attention).
-VMAP_ATTENTION: str | None = None
 
 
 def group_key(config: RunConfig) -> tuple:
@@ -249,36 +249,35 @@ class _Run(RunLog):
                    shuffle=shuffle_generator(config.train.init_seed))
 
 
+def folds_runs(device: torch.device) -> bool:
+    """Whether a stack on ``device`` builds its model with ``fold_runs`` (``models.build_model``: attention folds
+    the run axis into the batch and calls the fused kernels on plain tensors). On CUDA it does: SDPA's own batch
+    rules failed in backward there (torch 2.11 on an H200: "LSE is not correctly aligned"), and their only
+    alternative, the math backend, made a stack 3x slower. On the CPU it does not: torch's batch rules loop over
+    the runs, which keeps every record bitwise equal to train_run's (the CPU flash kernel's sums depend on the
+    batch size, so a folded batch changes the last bits)."""
+    return device.type == "cuda"
+
+
 @functools.lru_cache(maxsize=16)
-def _template(model_config: models.ModelConfig, device: torch.device) -> torch.nn.Module:
+def _template(model_config: models.ModelConfig, device: torch.device, fold_runs: bool) -> torch.nn.Module:
     """The module whose forward every stack of this config calls with its own parameters (functional_call).
 
     One per config, so compiled code, which is specialised to the module, serves every stack of that config.
     """
     with torch.random.fork_rng(devices=[]):  # its own initial values are never used
-        return models.build_model(model_config).to(device)
+        return models.build_model(model_config, fold_runs=fold_runs).to(device)
 
 
-def _vmap_attention(device: torch.device):
-    """How attention runs under vmap (``VMAP_ATTENTION``): "fold" folds the run axis into the batch and calls
-    the fused kernels outside vmap (``models.layers.stacked_runs``); "math" uses the math SDPA
-    backend on CUDA; "native" leaves it to torch's batch rules (their backward failed on an H200 with torch
-    2.11: "LSE is not correctly aligned"; on the CPU they loop over the runs). None: fold on CUDA; native on
-    the CPU, where the loop keeps records bitwise equal to train_run's (the CPU flash kernel's sums depend on
-    the batch size, so a folded batch changes the last bits). Selectable for
-    ``scripts/probe_vmap_attention.py``."""
-    mode = VMAP_ATTENTION or ("fold" if device.type == "cuda" else "native")
-    if mode == "fold":
-        return stacked_runs()
-    if mode == "math" and device.type == "cuda":
-        return sdpa_kernel([SDPBackend.MATH])
-    return _quiet_vmap_fallback()
+def _quiet_vmap_loops(device: torch.device) -> contextlib.AbstractContextManager:
+    """Where runs are not folded (``folds_runs``: the CPU), attention's batch rules loop over the runs on purpose
+    (bitwise records): torch's warning about the missing batch rule would only alarm the reader of a sweep's
+    output. Nothing where they are folded."""
+    return nullcontext() if folds_runs(device) else _quiet_vmap_fallback()
 
 
 @contextlib.contextmanager
-def _quiet_vmap_fallback():
-    """The native mode on the CPU loops over the runs on purpose (bitwise records): torch's warning about the
-    missing batch rule would only alarm the reader of a sweep's output."""
+def _quiet_vmap_fallback() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
         yield
@@ -291,7 +290,7 @@ def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.train.metrics); packed
     tasks' layouts cu_seqlens [N, B * slots + 1]."""
 
-    with bf16_autocast(inputs.device, autocast, cache), _vmap_attention(inputs.device):
+    with bf16_autocast(inputs.device, autocast, cache), _quiet_vmap_loops(inputs.device):
         logits = _stacked_logits(template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
     return torch.stack([training_loss(lg, tg) for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
@@ -348,7 +347,7 @@ class _Stack:
         # the evaluation as a CUDA graph: with the step's graphs, and in compiled stacks (evaluate)
         self.graph_eval = cuda_graph or (compile and device.type == "cuda")
         self.beta1, self.beta2 = tc.beta1, tc.beta2
-        self.template = _template(runs[0].model_config, device)
+        self.template = _template(runs[0].model_config, device, folds_runs(device))
         self.names = [name for name, _ in self.template.named_parameters()]
         self.shapes = [p.shape for _, p in self.template.named_parameters()]
         self.n_params = models.count_parameters(self.template)
@@ -506,7 +505,7 @@ class _Stack:
             targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
             positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
             cu_seqlens = self.layout(self.test_starts, batch)
-            with bf16_autocast(self.device, self.autocast, not self.graph_eval), _vmap_attention(self.device):
+            with bf16_autocast(self.device, self.autocast, not self.graph_eval), _quiet_vmap_loops(self.device):
                 logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])

@@ -70,12 +70,22 @@ def test_mad_lab_init_and_biases_batch_bitwise():
     assert batched[0]["history"] != train_run(tiny(epochs=1, lr=1e-2), progress=False)["history"]
 
 
-@pytest.mark.parametrize("mode", ["fold", "native"])
-def test_attention_modes_under_vmap_match_one_at_a_time(monkeypatch, mode):
-    # fold is the CUDA default (fused kernels outside vmap); on the CPU its folded batch changes the last bits
-    monkeypatch.setattr(engine, "VMAP_ATTENTION", mode)
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "looped"])
+def test_attention_with_runs_folded_or_looped_matches_one_at_a_time(monkeypatch, fold):
+    """Folded runs are CUDA's way (fused kernels outside vmap), here on the CPU, where the folded batch changes the
+    last bits; the CPU's own way, torch's batch rules looping over the runs, is bitwise."""
+    monkeypatch.setattr(engine, "folds_runs", lambda device: fold)
+    built, build = [], models.build_model
+
+    def build_model(config, *, fold_runs=False):
+        built.append(fold_runs)
+        return build(config, fold_runs=fold_runs)
+
+    monkeypatch.setattr(models, "build_model", build_model)
+    engine._template.cache_clear()
     configs = [tiny(lr=1e-2), tiny(lr=5e-3, weight_decay=0.1, init_seed=1, data_seed=1)]
-    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=mode == "native")
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=not fold)
+    assert fold in built, "the stack's template model is built with the fold asked for"
 
 
 def test_bf16_autocast_batches_bitwise_on_cpu():
