@@ -74,7 +74,8 @@ batch rules loop over the runs (``folds_runs``).
 
 Checkpoints (``runners.train.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
 evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
-the loop stands (step, rows, records) so it can be saved and put back between any two steps.
+the loop stands (step, rows, records) and gives it as a ``resume.Snapshot`` of state dicts (its stack's, each
+row's) between any two steps, and takes it back.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ from mixlab import kernels, models, tasks
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import read_record
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, resolve
+from mixlab.runners.train.config import RunConfig, config_hash, resolve
 from mixlab.runners.train.evaluation import eval_batches
 from mixlab.runners.train.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
@@ -247,6 +248,18 @@ class _Run(RunLog):
         task, model_config = resolve(config)
         return cls(config=config, name=name, task=task, model_config=model_config,
                    shuffle=shuffle_generator(config.train.init_seed))
+
+    def state_dict(self, *, new_epoch: bool) -> dict[str, Any]:
+        """The log's state dict, whether the run finished, and its shuffle generator's state before the permutation
+        of the epoch its next step belongs to (``new_epoch``: that epoch starts with the next step, its permutation
+        not drawn yet)."""
+        shuffle = self.shuffle.get_state() if new_epoch else self.epoch_shuffle
+        return {**super().state_dict(), "done": self.done, "shuffle": shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.done = state["done"]
+        self.shuffle.set_state(state["shuffle"])
 
 
 def folds_runs(device: torch.device) -> bool:
@@ -402,6 +415,18 @@ class _Stack:
 
     def __len__(self) -> int:
         return self.params.shape[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stack's training state on the CPU: flat parameters and AdamW moments [N, P], training-loss sums
+        since the last evaluation [N]."""
+        return {"params": self.params.detach().cpu(), "exp_avg": self.exp_avg.detach().cpu(),
+                "exp_avg_sq": self.exp_avg_sq.detach().cpu(), "loss_acc": self.loss_acc.detach().cpu()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back a ``state_dict`` of a stack of these runs, in place."""
+        for name, tensor in (("params", self.params), ("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq),
+                             ("loss_acc", self.loss_acc)):
+            tensor.copy_(state[name])
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view [N, *shape] of a flat [N, P] tensor."""
@@ -570,8 +595,8 @@ def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: 
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
     runs = [_Run.of(config, name) for config, name in zip(configs, names)]
-    saver, saved = resume.Checkpoint.open(out_dir, runs, every_s=checkpoint_every_s, loop="stack",
-                                          device=device.type, bf16=autocast)
+    saver, saved = resume.Checkpoint.open(out_dir, {run.default_name(): config_hash(run.config) for run in runs},
+                                          every_s=checkpoint_every_s, loop="stack", device=device.type, bf16=autocast)
     rows = runs
     if saved is not None:  # the checkpoint's rows, which may hold runs finished before, in its order
         rows = [_Run.of(RunConfig.from_dict(row["config"]), row["name"]) for row in saved.rows]
@@ -716,13 +741,20 @@ class _Loop:
             epoch.keep(keep)
 
     def snapshot(self) -> resume.Snapshot:
-        return resume.snapshot(self.stack, self.rows, step=self.step, loss_count=self.loss_count,
-                               new_epoch=self.step % self.plan.steps_per_epoch == 0, lap_s=self.clock.lap(),
-                               elapsed_s=time.perf_counter() - self.start_wall)
+        """Where the loop stands, as state dicts: the stack's and each row's."""
+        lap_s = self.clock.lap()
+        new_epoch = self.step % self.plan.steps_per_epoch == 0
+        return resume.Snapshot(step=self.step, loss_count=self.loss_count, tensors=self.stack.state_dict(),
+                               rows=[run.state_dict(new_epoch=new_epoch) for run in self.rows],
+                               elapsed_s=time.perf_counter() - self.start_wall, lap_s=lap_s)
 
     def restore(self, saved: resume.Snapshot) -> None:
-        """Continue from ``saved``, taken of a stack of these rows."""
-        resume.restore(saved, self.stack, self.rows)
+        """Continue from ``saved``, taken of a stack of these rows, in its row order; rows that finished since the
+        snapshot are marked done (and dropped)."""
+        self.stack.load_state_dict(saved.tensors)
+        for run, state in zip(self.rows, saved.rows, strict=True):
+            run.load_state_dict(state)
+            run.done = run.done or state["name"] in saved.finished
         self.step, self.loss_count = saved.step, saved.loss_count
         self.start_wall -= saved.elapsed_s
         self.clock.start -= saved.lap_s

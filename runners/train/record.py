@@ -58,6 +58,19 @@ class RunLog:
         task = self.config.task.replace("/", "-")
         return self.name or f"{task}_{self.model_config.mixer}_{config_hash(self.config)}"
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the log holds so far, with the run's name and config, for a checkpoint (``runners.train.resume``);
+        ``best`` is an index into ``history``."""
+        best = next(i for i, entry in enumerate(self.history) if entry is self.best) if self.best is not None else None
+        return {"name": self.default_name(), "config": self.config.to_dict(), "history": self.history,
+                "best": best, "stopped_early": self.stopped_early, "train_time": self.train_time}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what ``state_dict`` gave (other keys are the loop's)."""
+        self.history = list(state["history"])
+        self.best = None if state["best"] is None else self.history[state["best"]]
+        self.stopped_early, self.train_time = state["stopped_early"], state["train_time"]
+
     def record(self, *, n_params: int, device: torch.device, steps: int, start_wall: float,
                named: bool) -> dict[str, Any]:
         """The record after ``steps`` steps of a loop started at ``time.perf_counter()`` = ``start_wall``; named

@@ -3,7 +3,8 @@
 The run's config is ``config.RunConfig``; what it shares with a run of a stack (``engine``) lives in one module
 each of this package: its data, initialisation and shuffling (``seeds``), its steps, evaluations and learning rates
 (``schedule``), its precision (``precision``), its evaluation (``evaluation``) and its record (``record``: the
-reported metrics come from the evaluation with the lowest test perplexity).
+reported metrics come from the evaluation with the lowest test perplexity). Its checkpoints (``resume``) hold its
+model's and AdamW's state dicts and its log's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mixlab import kernels, models, tasks
 from mixlab.core.atomic import writable_folder
 from mixlab.models import checkpoint
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, resolve
+from mixlab.runners.train.config import RunConfig, config_hash, resolve
 from mixlab.runners.train.evaluation import evaluate
 from mixlab.runners.train.metrics import scored_view, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
@@ -77,10 +78,11 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
     loss_acc = torch.zeros((), device=device)
     loss_count = 0
     clock = TrainClock(device)
-    saver, saved = resume.Checkpoint.open(out_dir, [log], every_s=checkpoint_every_s, loop="run",
-                                          device=device.type, bf16=autocast)
+    saver, saved = resume.Checkpoint.open(out_dir, {log.default_name(): config_hash(config)},
+                                          every_s=checkpoint_every_s, loop="run", device=device.type, bf16=autocast)
     if saved is not None:
-        resume.restore_log(log, shuffle, saved.rows[0])
+        log.load_state_dict(saved.rows[0])
+        shuffle.set_state(saved.rows[0]["shuffle"])
         model.load_state_dict(saved.tensors["model"])
         optimizer.load_state_dict(saved.tensors["optimizer"])
         loss_acc.copy_(saved.tensors["loss_acc"])
@@ -96,7 +98,7 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
         tensors = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loss_acc": loss_acc,
                    "best_state": best_state or {}}
         saver.write(resume.Snapshot(step=step, loss_count=loss_count, tensors=tensors,
-                                    rows=[resume.log_state(log, shuffled, False)],
+                                    rows=[{**log.state_dict(), "done": False, "shuffle": shuffled}],
                                     elapsed_s=time.perf_counter() - start_wall, lap_s=clock.lap()))
 
     bar = tqdm(total=plan.total_steps, initial=step, disable=not progress, desc=f"{config.task} {model_config.mixer}",
