@@ -26,7 +26,8 @@ matmul and ``gated_delta_net`` the matmuls of fla's naive chunked delta rule, wh
 fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs at those positions
 only, ``runners.train.metrics``: a stacked matmul of few rows rounds differently).
 
-Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
+Which runs stack (``group_key``: the run's ``ResolvedRun.stack_key`` with the device and precision it resolves
+to here): equal resolved ModelConfig (so equal vocabulary and sequence length),
 equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
 ``eval_batch_size``, ``eval_every``, ``beta1``, ``beta2``, device and precision. Free to differ: ``task``
 and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
@@ -34,8 +35,8 @@ and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``),
 Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
 count per stack, ``_Stack.layout``), built on the host and copied with a host copy so no op syncs to read it;
 attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Eager
-only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack (``unbatchable_reason``)
-are trained one at a time by ``train_run``, in the same call:
+only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack
+(``ResolvedRun.unbatchable_reason``) are trained one at a time by ``train_run``, in the same call:
 
 - packed tasks with an fla-core baseline (``stacks_with_documents``): its document path reads the layout on
   the host with no per-run rule;
@@ -97,11 +98,12 @@ from mixlab import kernels, models, tasks
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import read_record
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, config_hash, resolve
+from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.evaluation import eval_batches
 from mixlab.runners.train.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.train.record import RunLog, TrainClock, write_record
+from mixlab.runners.train.resolved import ResolvedRun, as_resolved, resolve
 from mixlab.runners.train.run import packed_layout, train_run
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.seeds import initial_model, run_data, shuffle_generator
@@ -120,28 +122,13 @@ COMPILED_COMPACTION = 0.5
 RECOMPILE_LIMIT = 256
 
 
-def group_key(config: RunConfig) -> tuple:
-    """Runs with equal keys can be stacked: resolved model config, data shape and every training setting
-    that fixes shapes or the step/evaluation schedule (module docstring lists what may differ)."""
-    task, model_config = resolve(config)
-    sample = task.generate(1, seed=0)
-    tc = config.train
+def group_key(run: ResolvedRun) -> tuple:
+    """Runs with equal keys can be stacked: the run's ``stack_key`` (resolved model config, data shape and every
+    training setting that fixes shapes or the step/evaluation schedule; module docstring lists what may differ),
+    with the device and the precision it resolves to on this machine."""
+    tc = run.config.train
     device = pick_device(tc.device)
-    return (model_config, tuple(sample.inputs.shape[1:]), sample.doc_ids is not None, tc.epochs, tc.steps,
-            tc.batch_size, tc.num_train, tc.num_test, tc.eval_batch_size, tc.eval_every, tc.beta1, tc.beta2,
-            device.type, uses_bf16(tc.precision, device))
-
-
-def is_packed(config: RunConfig) -> bool:
-    """Whether the run's task packs documents into its rows (its data has doc_ids)."""
-    task, _ = resolve(config)
-    return task.generate(1, seed=0).doc_ids is not None
-
-
-def row_tokens(config: RunConfig) -> int:
-    """Tokens in one input row of the run's task (what ``auto`` speed reads)."""
-    task, _ = resolve(config)
-    return task.generate(1, seed=0).inputs.shape[-1]
+    return run.stack_key, device.type, uses_bf16(tc.precision, device)
 
 
 def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
@@ -156,36 +143,14 @@ def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
     return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def auto_compiles(config: RunConfig) -> bool:
-    """False when a layer's mixer asks ``auto`` to leave its stacks eager (``Mixer.auto_compiles``)."""
-    _, model_config = resolve(config)
-    return all(mixer.auto_compiles for mixer in models.pattern_classes(model_config.mixer).values())
-
-
-def unbatchable_reason(config: RunConfig) -> str | None:
-    """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
-    _, model_config = resolve(config)
-    packed = is_packed(config)
-    backend = model_config.kernel_backend
-    for name, mixer in models.pattern_classes(model_config.mixer).items():
-        if not mixer.stacks_on:
-            return (f"mixer {name!r} does not stack: nothing says its forward runs under vmap "
-                    f"(data-dependent control flow or .item() would fail there)")
-        if backend not in mixer.stacks_on:
-            return f"kernel_backend={backend!r}: a kernel of mixer {name!r} has no vmap rule there"
-        if packed and not mixer.stacks_with_documents:
-            return (f"task {config.task!r} has documents and mixer {name!r} reads their layout on the host in "
-                    f"code with no per-run vmap rule")
-    return None
-
-
-def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | None = None,
+def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str | Path | None = None,
                        run_names: Sequence[str | None] | None = None, progress: bool = True,
                        speed: str = "eager", max_stack: int | None = None,
                        checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
-    """Train every run, stacking those with equal ``group_key``; return their records in the order given.
+    """Train every run (resolved, or its config, which is resolved here), stacking those with equal ``group_key``;
+    return their records in the order given.
 
-    Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
+    Each record equals what ``train_run(run, out_dir=out_dir, run_name=name)`` returns (time fields aside,
     module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
     stack steps (``runners.train.speed``; ``auto`` picks per stack from its device and task). ``max_stack`` caps
     the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
@@ -196,36 +161,35 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     never), and on Ctrl-C (``runners.train.resume``); trained again, a stack goes on from its checkpoint to the same
     records. A run that had finished before is not trained again: its record is read from ``out_dir``.
     """
-    configs = list(configs)
-    names = [None] * len(configs) if run_names is None else list(run_names)
-    if len(names) != len(configs):
-        raise ValueError(f"run_names has {len(names)} entries for {len(configs)} configs")
+    runs = [as_resolved(run) for run in runs]
+    names = [None] * len(runs) if run_names is None else list(run_names)
+    if len(names) != len(runs):
+        raise ValueError(f"run_names has {len(names)} entries for {len(runs)} runs")
     max_stack = check("max_stack", max_stack, PositiveInt | None)
     groups: dict[tuple, list[int]] = {}
-    for i, config in enumerate(configs):
-        groups.setdefault(group_key(config), []).append(i)
-    records: list[dict[str, Any] | None] = [None] * len(configs)
+    for i, run in enumerate(runs):
+        groups.setdefault(group_key(run), []).append(i)
+    records: list[dict[str, Any] | None] = [None] * len(runs)
     for members in groups.values():
-        device = pick_device(configs[members[0]].train.device)
-        packed = is_packed(configs[members[0]])
+        first = runs[members[0]]
+        device = pick_device(first.config.train.device)
         # auto leaves packed stacks eager: their layouts are read on the host every step, which neither a compiled
         # graph nor a captured one can do
-        compile, cuda_graph = ((False, False) if packed and speed == "auto"
-                               else stack_modes(speed, device, row_tokens(configs[members[0]]),
-                                                auto_compiles(configs[members[0]])))
-        if packed and (compile or cuda_graph):
+        compile, cuda_graph = ((False, False) if first.packed and speed == "auto"
+                               else stack_modes(speed, device, first.row_tokens, first.auto_compiles))
+        if first.packed and (compile or cuda_graph):
             raise ValueError(f"speed={speed!r} cannot serve runs of a packed task: each step's document layout is "
                              "read on the host")
         if cuda_graph and device.type != "cuda":
             raise ValueError(f"speed={speed!r} needs runs on a CUDA device (cuda_graph), got device "
                              f"{device.type!r}")
-        if unbatchable_reason(configs[members[0]]) is not None:
+        if first.unbatchable_reason is not None:
             for i in members:
-                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i],
+                records[i] = train_run(runs[i], out_dir=out_dir, progress=progress, run_name=names[i],
                                        checkpoint_every_s=checkpoint_every_s)
             continue
         for chunk in chunks(members, max_stack or len(members)):
-            done = _train_stack([configs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
+            done = _train_stack([runs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
                                 progress=progress, compile=compile, cuda_graph=cuda_graph,
                                 compact_at=COMPILED_COMPACTION if compile else 1.0,
                                 checkpoint_every_s=checkpoint_every_s)
@@ -244,10 +208,8 @@ class _Run(RunLog):
     lr: float = 0.0  # of its latest step
 
     @classmethod
-    def of(cls, config: RunConfig, name: str | None) -> _Run:
-        task, model_config = resolve(config)
-        return cls(config=config, name=name, task=task, model_config=model_config,
-                   shuffle=shuffle_generator(config.train.init_seed))
+    def of(cls, run: ResolvedRun, name: str | None) -> _Run:
+        return cls(resolved=run, name=name, shuffle=shuffle_generator(run.config.train.init_seed))
 
     def state_dict(self, *, new_epoch: bool) -> dict[str, Any]:
         """The log's state dict, whether the run finished, and its shuffle generator's state before the permutation
@@ -353,7 +315,7 @@ class _Stack:
     """The state of the runs of a stack still training: flat parameters and AdamW moments [N, P], the data of
     every distinct data set on the device, and the batched step (eager, compiled or CUDA-graphed)."""
 
-    def __init__(self, runs: list[_Run], device: torch.device, autocast: bool, compile: bool,
+    def __init__(self, runs: list[ResolvedRun], device: torch.device, autocast: bool, compile: bool,
                  cuda_graph: bool) -> None:
         tc = runs[0].config.train
         self.device, self.autocast, self.cuda_graph = device, autocast, cuda_graph
@@ -568,45 +530,49 @@ class _Stack:
         self.graph_pool = None
 
 
-def _epoch_schedule(runs: list[_Run], plan: StepPlan, first_step: int, device: torch.device
+def _epoch_schedule(trains: list[TrainConfig], plan: StepPlan, first_step: int, device: torch.device
                     ) -> tuple[list[list[float]], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-step AdamW scalars of the epoch's steps from first_step: lrs [S][N] (floats), decay [S, N],
-    step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW does, stored as fp32."""
-    tc = runs[0].config.train  # betas are equal within a stack
+    """Per-step AdamW scalars of the epoch's steps from first_step for the rows' training settings ``trains``: lrs
+    [S][N] (floats), decay [S, N], step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW
+    does, stored as fp32."""
+    tc = trains[0]  # betas are equal within a stack
     lrs, decay, step_size, bc2_sqrt = [], [], [], []
     for s in range(first_step, first_step + plan.steps_from(first_step)):
         t = float(s + 1)  # AdamW's step count after this step
-        row = [plan.lr(run.config.train, s) for run in runs]
+        row = [plan.lr(train, s) for train in trains]
         lrs.append(row)
-        decay.append([1 - lr * run.config.train.weight_decay for lr, run in zip(row, runs)])
+        decay.append([1 - lr * train.weight_decay for lr, train in zip(row, trains)])
         step_size.append([-(lr / (1 - tc.beta1**t)) for lr in row])
         bc2_sqrt.append((1 - tc.beta2**t) ** 0.5)
     tensors = (torch.tensor(x, dtype=torch.float32).to(device) for x in (decay, step_size, bc2_sqrt))
     return (lrs, *tensors)
 
 
-def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: str | Path | None,
+def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_dir: str | Path | None,
                  progress: bool, compile: bool, cuda_graph: bool, compact_at: float,
                  checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train runs of one group_key together; records in the order given. Finished runs leave the stack
     once at most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and
     ``checkpoint_every_s``, the stack goes on from its checkpoint and writes new ones (``runners.train.resume``)."""
-    tc = configs[0].train
+    tc = resolved[0].config.train
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
-    runs = [_Run.of(config, name) for config, name in zip(configs, names)]
-    saver, saved = resume.Checkpoint.open(out_dir, {run.default_name(): config_hash(run.config) for run in runs},
+    runs = [_Run.of(run, name) for run, name in zip(resolved, names)]
+    asked = {run.default_name(): run for run in runs}
+    saver, saved = resume.Checkpoint.open(out_dir, {name: run.resolved.hash for name, run in asked.items()},
                                           every_s=checkpoint_every_s, loop="stack", device=device.type, bf16=autocast)
     rows = runs
-    if saved is not None:  # the checkpoint's rows, which may hold runs finished before, in its order
-        rows = [_Run.of(RunConfig.from_dict(row["config"]), row["name"]) for row in saved.rows]
-        by_name = {run.default_name(): run for run in rows}
-        runs = [by_name.get(run.default_name(), run) for run in runs]
-    loop = _Loop(_Stack(rows, device, autocast, compile, cuda_graph), rows, StepPlan.of(tc), out_dir, compact_at)
+    if saved is not None:
+        # the checkpoint's rows in its order: the runs asked for (each with the config hash it was saved with), and
+        # runs that finished before, which are resolved here
+        rows = [asked.get(row["name"]) or _Run.of(resolve(RunConfig.from_dict(row["config"])), row["name"])
+                for row in saved.rows]
+    stack = _Stack([run.resolved for run in rows], device, autocast, compile, cuda_graph)
+    loop = _Loop(stack, rows, StepPlan.of(tc), out_dir, compact_at)
     if saved is not None:
         loop.restore(saved)
-    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step",
-               dynamic_ncols=True, leave=False, desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(rows)}")
+    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step", dynamic_ncols=True,
+               leave=False, desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(rows)}")
     interrupts = resume.Interrupts(active=saver is not None)
     try:
         with interrupts.held():
@@ -694,8 +660,10 @@ class _Loop:
         """Each row's permutation of the epoch that starts at ``epoch_start``, and the epoch's schedule."""
         for run in self.rows:
             run.epoch_shuffle = run.shuffle.get_state()
-        orders = torch.stack([torch.randperm(run.config.train.num_train, generator=run.shuffle) for run in self.rows])
-        schedule = _epoch_schedule(self.rows, self.plan, epoch_start, self.stack.device)
+        trains = [run.resolved.config.train for run in self.rows]
+        orders = torch.stack([torch.randperm(train.num_train, generator=run.shuffle)
+                              for train, run in zip(trains, self.rows)])
+        schedule = _epoch_schedule(trains, self.plan, epoch_start, self.stack.device)
         return _Epoch(orders, orders.to(self.stack.device), *schedule)
 
     def _step(self, epoch: _Epoch, i: int) -> None:
@@ -713,8 +681,8 @@ class _Loop:
         live_rows = [n for n, run in enumerate(self.rows) if not run.done]
         share = self.clock.lap() / len(live_rows)
         train_losses = self.stack.take_train_losses()
-        tc = self.rows[0].config.train
-        metrics = self.stack.evaluate([self.rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
+        tc = self.rows[0].resolved.config.train
+        metrics = self.stack.evaluate([self.rows[n].resolved.task for n in live_rows], live_rows, tc.eval_batch_size)
         for n, row_metrics in zip(live_rows, metrics):
             run = self.rows[n]
             run.train_time += share
