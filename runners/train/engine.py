@@ -26,10 +26,10 @@ matmul and ``gated_delta_net`` the matmuls of fla's naive chunked delta rule, wh
 fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs at those positions
 only, ``runners.train.metrics``: a stacked matmul of few rows rounds differently).
 
-Which runs stack (``group_key``: the run's ``ResolvedRun.stack_key`` with the device and precision it resolves
-to here): equal resolved ModelConfig (so equal vocabulary and sequence length),
-equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
-``eval_batch_size``, ``eval_every``, ``beta1``, ``beta2``, device and precision. Free to differ: ``task``
+Which runs stack (``group_key``: the run's ``ResolvedRun.stack_key`` with the device and precision it resolves to
+here): equal resolved ModelConfig (so equal vocabulary and sequence length), equal data shape, equal
+``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``, ``eval_batch_size``, ``eval_every``, ``beta1``,
+``beta2``, device and precision. Free to differ: ``task``
 and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
 ``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
 Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
