@@ -1,12 +1,10 @@
 """Building blocks shared by the mixers and the models: the Mixer base (with what every mixer declares about
-itself), the stacked-runs switch, the biased Linear, RMSNorm, SwiGLU, rotary and sin-cos position features, and
-the pre-norm Block."""
+itself), the biased Linear, RMSNorm, SwiGLU, rotary and sin-cos position features, and the pre-norm Block."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -46,6 +44,9 @@ class Mixer(nn.Module):
             (attention's head count).
         available(): False when an optional dependency it needs is not installed (the fla-core baselines);
             ``mixlab leakage --mixer all`` then leaves it out and its check_config says what to install.
+    An instance's ``fold_runs`` (False unless ``models.build_model(config, fold_runs=True)`` set it, as the stacked
+    engine does on CUDA) says that its forward runs under ``torch.func.vmap`` over stacked runs and may fold the
+    run axis into the batch axis where its kernels need that (attention's fused SDPA); other mixers ignore it.
     A submodule that calls an op of ``mixlab.kernels`` (or of fla-core: ``models.mixers.fla_ops.KERNEL_OPS``)
     passes its attribute ``backend`` to the call and names the op in its attribute ``kernel_op``, so a caller
     can pick the backend per op (``analysis.leakage.use_backend``).
@@ -57,6 +58,7 @@ class Mixer(nn.Module):
     stacks_with_documents = True
     takes_qkv_conv = False
     auto_compiles = True
+    fold_runs = False
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:
@@ -66,28 +68,6 @@ class Mixer(nn.Module):
     def available(cls) -> bool:
         """Every dependency is installed."""
         return True
-
-
-# True inside ``stacked_runs()``; read through ``running_stacked()``.
-_stacked = False
-
-
-@contextlib.contextmanager
-def stacked_runs() -> Iterator[None]:
-    """Mixers whose kernels need another path when runs are stacked under ``torch.func.vmap``
-    (``runners.train.engine``) take it inside this context: ``running_stacked()`` is True there (attention folds the
-    run axis into the batch axis, ``models.mixers.attention``)."""
-    global _stacked
-    previous, _stacked = _stacked, True
-    try:
-        yield
-    finally:
-        _stacked = previous
-
-
-def running_stacked() -> bool:
-    """True inside ``stacked_runs()``."""
-    return _stacked
 
 
 class Linear(nn.Linear):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from mixlab import kernels
 from mixlab.models.config import ModelConfig
-from mixlab.models.layers import Block, Linear, RMSNorm, sincos_embedding
+from mixlab.models.layers import Block, Linear, Mixer, RMSNorm, sincos_embedding
 from mixlab.models.mixers import layer_mixers, resolve_mixer
 from torch import nn
 
@@ -125,10 +125,16 @@ class CompressionAutoencoder(_BlockStack):
         return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))  # [B, S, V]
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The model of `config`: LanguageModel for objective "lm", CompressionAutoencoder for "compression"."""
+def build_model(config: ModelConfig, *, fold_runs: bool = False) -> nn.Module:
+    """The model of `config`: LanguageModel for objective "lm", CompressionAutoencoder for "compression".
+
+    ``fold_runs``: the model runs under ``torch.func.vmap`` over stacked runs (``runners.train.engine``) and every
+    mixer may fold the run axis into its batch axis (``Mixer.fold_runs``); the parameters and their init do not
+    change."""
     if not isinstance(config, ModelConfig):
         raise ValueError(f"build_model needs a ModelConfig, got {type(config).__name__}")
-    if config.objective == "compression":
-        return CompressionAutoencoder(config)
-    return LanguageModel(config)
+    model = CompressionAutoencoder(config) if config.objective == "compression" else LanguageModel(config)
+    for module in model.modules():
+        if isinstance(module, Mixer):
+            module.fold_runs = fold_runs
+    return model

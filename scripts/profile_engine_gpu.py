@@ -21,7 +21,7 @@ import time
 from unittest import mock
 
 import torch
-from mixlab.runners.bench.train import bench_configs
+from mixlab.runners.bench.train import bench_runs
 from mixlab.runners.train import engine
 from mixlab.runners.train.engine import train_runs_batched
 from mixlab.runners.train.speed import SPEEDS
@@ -45,10 +45,10 @@ def main() -> None:
     if not 0 <= args.skip < args.steps:
         parser.error(f"--skip must be in [0, --steps={args.steps}), got {args.skip}")
     # one epoch longer than the steps, so the only evaluation is the final one, after the window
-    configs = bench_configs(args.task, args.model, args.n_runs, args.steps, "cuda",
-                            model_params=args.model_params, task_params=args.task_params,
-                            num_train=128 * (args.steps + 1), num_test=args.num_test)
-    train_runs_batched(configs, progress=False, speed=args.speed)
+    runs = bench_runs(args.task, args.model, args.n_runs, args.steps, "cuda",
+                      model_params=args.model_params, task_params=args.task_params,
+                      num_train=128 * (args.steps + 1), num_test=args.num_test)
+    train_runs_batched(runs, progress=False, speed=args.speed)
     torch.cuda.synchronize()
     window = args.steps - args.skip
     clock: list[float] = []
@@ -67,7 +67,7 @@ def main() -> None:
     recorder = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                        schedule=schedule(wait=args.skip, warmup=0, active=window, repeat=1))
     with recorder as prof, mock.patch.object(engine._Stack, "step", profiled_step):
-        train_runs_batched(configs, progress=False, speed=args.speed)
+        train_runs_batched(runs, progress=False, speed=args.speed)
     wall = clock[1] - clock[0]
     on_gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     busy_s = busy_seconds([(e.time_range.start, e.time_range.end) for e in on_gpu])

@@ -116,6 +116,9 @@ class Task:
     Params: ClassVar[type]
     # Tasks whose train and test splits differ in kind (not just in stream), e.g. MAD recall scoring.
     split_dependent: ClassVar[bool] = False
+    # What a model of this task is trained to output (``models.ModelConfig.objective``, which the task fixes): "lm",
+    # next-token logits, or "compression", the MAD autoencoder's reconstruction of the whole row.
+    objective: ClassVar[str] = "lm"
 
     def __init__(self, **params: Any) -> None:
         self.params = fields.from_mapping(self.Params, params, where=self.name)

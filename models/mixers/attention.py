@@ -17,14 +17,14 @@ import torch.nn.functional as F
 from mixlab import kernels
 from mixlab.kernels.attention.triton import MAX_HEAD_DIM
 from mixlab.kernels.triton_utils import TRITON_DTYPES, per_run
-from mixlab.models.layers import Linear, Mixer, MixerConfig, apply_rope, rope_cos_sin, running_stacked
+from mixlab.models.layers import Linear, Mixer, MixerConfig, apply_rope, rope_cos_sin
 from mixlab.models.mixers.short_conv import check_conv_unit, make_conv_unit
 
-# Runs stacked under ``torch.func.vmap`` (``models.layers.stacked_runs``) call ``causal_sdpa_stacked``, whose vmap
-# rule folds the run axis into the batch axis and calls the fused kernels on plain tensors, instead of the fused
-# SDPA batch rules, which failed in backward on an H200 (torch 2.11, "LSE is not correctly aligned") and whose
-# only alternative, the math backend, made a stack of runs 3x slower. Gradients are unchanged: the fold only
-# reshapes, so every run's rows meet the same kernels as when it trains alone.
+# Runs stacked under ``torch.func.vmap`` in a model built with ``fold_runs`` (``models.build_model``) call
+# ``causal_sdpa_stacked``, whose vmap rule folds the run axis into the batch axis and calls the fused kernels on
+# plain tensors, instead of the fused SDPA batch rules, which failed in backward on an H200 (torch 2.11, "LSE is not
+# correctly aligned") and whose only alternative, the math backend, made a stack of runs 3x slower. Gradients are
+# unchanged: the fold only reshapes, so every run's rows meet the same kernels as when it trains alone.
 
 
 @torch.library.custom_op("mixlab::causal_sdpa_stacked", mutates_args=())
@@ -91,7 +91,8 @@ def document_slots(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tenso
 
 class Attention(Mixer):
     """Fused qkv projection -> optional residual conv on [Q, K, V] -> RoPE -> causal attention -> out projection;
-    both projections biased with ``proj_bias`` (config).
+    both projections biased with ``proj_bias`` (config). With ``fold_runs`` (``Mixer``), rows without documents
+    go through ``causal_sdpa_stacked`` on the SDPA path.
 
     qkv_conv (config): "none", or a conv unit (models.mixers.short_conv) on the 3D channels of [Q, K, V]
     after the projection and before RoPE; dynamic weights are generated from the mixer's input x.
@@ -147,22 +148,25 @@ class Attention(Mixer):
             qkv = self.qkv_conv(qkv, x, cu_seqlens=cu_seqlens)
         if cu_seqlens is None:
             cos, sin = self.rope_tables(T)
-            out = causal_attention(qkv.view(B, T, 3, H, hd), cos, sin, self.backend)  # [B, T, H, hd]
+            out = causal_attention(qkv.view(B, T, 3, H, hd), cos, sin, self.backend,
+                                   fold_runs=self.fold_runs)  # [B, T, H, hd]
             return self.out(out.reshape(B, T, D))
         return self.out(_document_attention_per_run(qkv, cu_seqlens, H, self.rope_base, self.backend))
 
 
-def causal_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str | None) -> torch.Tensor:
+def causal_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str | None, *,
+                     fold_runs: bool = False) -> torch.Tensor:
     """qkv [N, L, 3, H, hd], one sequence per row starting at position 0 -> [N, L, H, hd]: RoPE by the tables
     cos, sin [L, hd] (``rope_cos_sin``), then causal attention by the Triton kernel (``_on_kernel``) or torch's
-    fused SDPA."""
+    fused SDPA, through ``causal_sdpa_stacked`` when ``fold_runs`` (under vmap over stacked runs, the runs fold
+    into its batch)."""
     q, k, v = qkv.unbind(2)  # [N, L, H, hd] each
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [N, H, L, hd]
     if _on_kernel(q, backend):
         # the kernel takes the transposed layout without a copy; its custom op folds stacked runs itself
         return kernels.causal_attention(q, k, v, backend="triton").transpose(1, 2)
-    if running_stacked():
+    if fold_runs:
         return causal_sdpa_stacked(q, k, v).transpose(1, 2)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 

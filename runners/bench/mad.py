@@ -57,10 +57,11 @@ from mixlab.runners.sweep.local_backend import _init_worker
 from mixlab.runners.sweep.mad import get_profile, mad_plan
 from mixlab.runners.sweep.plan import PlannedRun, SweepPlan
 from mixlab.runners.sweep.run import SweepOptions, run_sweep
-from mixlab.runners.train.config import RunConfig, config_hash, resolve
-from mixlab.runners.train.engine import auto_compiles, train_runs_batched
+from mixlab.runners.train.config import RunConfig
+from mixlab.runners.train.engine import train_runs_batched
 from mixlab.runners.train.precision import pick_device, uses_bf16
 from mixlab.runners.train.provenance import device_info, package_versions
+from mixlab.runners.train.resolved import ResolvedRun
 from mixlab.runners.train.run import train_run
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.speed import MODES, SPEEDS, mode_name, stack_modes
@@ -151,75 +152,72 @@ def step_shapes(jobs: Sequence[Job]) -> list[StepShape]:
     """Jobs grouped by what a step costs: resolved model config, input length, batch, precision and stack size."""
     shapes: dict[tuple, StepShape] = {}
     for job in jobs:
-        config = RunConfig.from_dict(job.runs[0][1])
-        task, model_config = resolve(config)
-        seq_len = task.generate(1, seed=0).inputs.shape[1]
-        tc = config.train
+        first = job.runs[0]
+        model_config, seq_len, tc = first.model_config, first.row_tokens, first.config.train
         key = (model_config, seq_len, tc.batch_size, tc.precision, tc.device, len(job))
         shape = shapes.get(key)
         if shape is None:
-            shape = shapes[key] = StepShape(task=config.task, vocab_size=model_config.vocab_size, seq_len=seq_len,
-                                            jobs=[], flop_per_token=flop_per_token(model_config, seq_len),
+            shape = shapes[key] = StepShape(task=first.config.task, vocab_size=model_config.vocab_size,
+                                            seq_len=seq_len, jobs=[],
+                                            flop_per_token=flop_per_token(model_config, seq_len),
                                             exp_per_token=exp_per_token(model_config, seq_len))
         shape.jobs.append(job)
-        for _, run in job.runs:
-            shape.tokens += run["train"]["epochs"] * run["train"]["num_train"] * seq_len
+        for run in job.runs:
+            shape.tokens += run.config.train.epochs * run.config.train.num_train * seq_len
     return sorted(shapes.values(), key=lambda s: (s.task, s.vocab_size, s.seq_len, -len(s.jobs[0])))
 
 
-def _timing_configs(job: Job, steps: int) -> list[RunConfig]:
+def _timing_runs(job: Job, steps: int) -> list[ResolvedRun]:
     """The job's runs cut to ``steps`` steps with one evaluation at the end, no early stop; enough training rows
     for those steps (a step's cost does not depend on how many rows it samples from)."""
     out = []
-    for _, data in job.runs:
-        config = RunConfig.from_dict(data)
-        tc = config.train
-        train = dataclasses.replace(tc, epochs=None, steps=steps, early_stop_acc=None, eval_every=0,
-                                    num_train=min(tc.num_train, steps * tc.batch_size),
-                                    num_test=min(tc.num_test, BENCH_TEST_ROWS))
-        out.append(dataclasses.replace(config, train=train))
+    for run in job.runs:
+        tc = run.config.train
+        out.append(run.with_train(dataclasses.replace(tc, epochs=None, steps=steps, early_stop_acc=None, eval_every=0,
+                                                      num_train=min(tc.num_train, steps * tc.batch_size),
+                                                      num_test=min(tc.num_test, BENCH_TEST_ROWS))))
     return out
 
 
-def _warm_configs(configs: Sequence[RunConfig], steps: int, warmup_steps: int) -> list[RunConfig]:
+def _warm_runs(runs: Sequence[ResolvedRun], steps: int, warmup_steps: int) -> list[ResolvedRun]:
     """The untimed warm-up call's runs: the timed ones cut to ``min(steps, warmup_steps)`` steps."""
-    return [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, warmup_steps)))
-            for c in configs]
+    return [run.with_train(dataclasses.replace(run.config.train, steps=min(steps, warmup_steps))) for run in runs]
 
 
-def _shape_mode(shape: StepShape, configs: Sequence[RunConfig], speed: str) -> str:
+def _shape_mode(shape: StepShape, runs: Sequence[ResolvedRun], speed: str) -> str:
     """The mode (not auto) the shape's stack runs in."""
-    return mode_name(*stack_modes(speed, pick_device(configs[0].train.device), shape.seq_len,
-                                  auto_compiles(configs[0])))
+    return mode_name(*stack_modes(speed, pick_device(runs[0].config.train.device), shape.seq_len,
+                                  runs[0].auto_compiles))
 
 
 def _measure(shape: StepShape, steps: int, speed: str, alone: bool, warmup_steps: int = WARMUP_STEPS) -> None:
     """Time the shape's largest job stacked (``speed``, resolved for the shape), and its first run alone; fill
     in the rates and the gate. The untimed warm-up call trains ``warmup_steps`` steps (compiles, captures)."""
-    configs = _timing_configs(max(shape.jobs, key=len), steps)
-    warm = _warm_configs(configs, steps, warmup_steps)
-    device = pick_device(configs[0].train.device)
-    shape.speed = _shape_mode(shape, configs, speed)
+    runs = _timing_runs(max(shape.jobs, key=len), steps)
+    warm = _warm_runs(runs, steps, warmup_steps)
+    tc = runs[0].config.train
+    device = pick_device(tc.device)
+    shape.speed = _shape_mode(shape, runs, speed)
     compile = MODES[shape.speed][0]
     train_runs_batched(warm, progress=False, speed=shape.speed)
-    stacked, _ = timed(lambda: train_runs_batched(configs, progress=False, speed=shape.speed))
-    tokens = len(configs) * steps * configs[0].train.batch_size * shape.seq_len
+    stacked, _ = timed(lambda: train_runs_batched(runs, progress=False, speed=shape.speed))
+    tokens = len(runs) * steps * tc.batch_size * shape.seq_len
     shape.stacked = tokens / sum(r["train_time_s"] for r in stacked)
     if not alone:
         return
     train_run(warm[0], progress=False)
-    solo = train_run(configs[0], progress=False)
-    shape.alone = steps * configs[0].train.batch_size * shape.seq_len / solo["train_time_s"]
-    bf16 = uses_bf16(configs[0].train.precision, device)
+    solo = train_run(runs[0], progress=False)
+    shape.alone = steps * tc.batch_size * shape.seq_len / solo["train_time_s"]
+    bf16 = uses_bf16(tc.precision, device)
     shape.gate = gate_text(rel_loss_diff(stacked[0], solo), device, bf16, compiled=compile)
 
 
-def compile_stack(configs: Sequence[RunConfig], speed: str) -> float:
-    """Train ``configs`` (a shape's warm-up call) as one stack in ``speed``; seconds taken. Run in another
+def compile_stack(runs: Sequence[ResolvedRun], speed: str) -> float:
+    """Train ``runs`` (a shape's warm-up call) as one stack in ``speed``; seconds taken. Run in another
     process, it leaves the stack's compiled code in torch's on-disk caches (Inductor's FX graph and AOTAutograd
     caches, Triton's kernels), where the timing process finds it."""
     start = time.monotonic()
-    train_runs_batched(list(configs), progress=False, speed=speed)
+    train_runs_batched(list(runs), progress=False, speed=speed)
     return time.monotonic() - start
 
 
@@ -231,10 +229,10 @@ def precompile(shapes: Sequence[StepShape], speed: str, steps: int, warmup_steps
     ``processes`` spawned processes with this one's torch thread count)."""
     todo = []
     for shape in shapes:
-        configs = _timing_configs(max(shape.jobs, key=len), steps)
-        mode = _shape_mode(shape, configs, speed)
+        runs = _timing_runs(max(shape.jobs, key=len), steps)
+        mode = _shape_mode(shape, runs, speed)
         if MODES[mode][0]:
-            todo.append((_warm_configs(configs, steps, warmup_steps), mode))
+            todo.append((_warm_runs(runs, steps, warmup_steps), mode))
     if not todo:
         return 0
     own = executor is None
@@ -300,8 +298,8 @@ def _capped(run: PlannedRun, epochs: int) -> PlannedRun:
     """The run with at most ``epochs`` epochs (its cosine spans them), renamed by its new hash; a prefix run (quick
     profile) becomes those epochs whole."""
     tc = run.config.train
-    config = dataclasses.replace(run.config, train=dataclasses.replace(tc, epochs=min(tc.epochs, epochs), steps=None))
-    return PlannedRun(config_hash(config), config, run.meta)
+    return PlannedRun(run.resolved.with_train(dataclasses.replace(tc, epochs=min(tc.epochs, epochs), steps=None)),
+                      run.meta)
 
 
 def end_to_end(runs: Sequence[PlannedRun], shapes: Sequence[StepShape], *, epochs: int, workers: int,
@@ -459,9 +457,9 @@ def bench_mad(model: str = "transformer", profile: str = "paper", options: Bench
     if options.sweep_epochs is not None:
         e2e = end_to_end(runs, shapes, epochs=options.sweep_epochs, workers=options.workers,
                          max_stack=options.max_stack, speed=options.speed, progress=options.progress)
-    first = RunConfig.from_dict(shapes[0].jobs[0].runs[0][1])
-    _, model_config = resolve(first)
-    bf16 = uses_bf16(first.train.precision, dev)
+    first = shapes[0].jobs[0].runs[0]
+    model_config = first.model_config
+    bf16 = uses_bf16(first.config.train.precision, dev)
     info, versions = device_info(dev), package_versions(model_config)
     fields = ", ".join(f"{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
                        if f.name != "progress")

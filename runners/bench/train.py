@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from mixlab import kernels, models
 from mixlab.core.fields import PositiveInt, check
-from mixlab.runners.train.config import RunConfig, TrainConfig, resolve
-from mixlab.runners.train.engine import auto_compiles, row_tokens, train_runs_batched
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.engine import train_runs_batched
 from mixlab.runners.train.precision import pick_device, uses_bf16
 from mixlab.runners.train.provenance import device_info, package_versions
+from mixlab.runners.train.resolved import ResolvedRun, resolve
 from mixlab.runners.train.run import train_run
 from mixlab.runners.train.speed import LABELS, check_speed, mode_name, stack_modes
 
@@ -59,22 +60,21 @@ def kernel_backend_label(model_config: models.ModelConfig) -> str:
     return model_config.kernel_backend or kernels.utils.env_backend() or "auto"
 
 
-def bench_configs(task: str, model: str, n_runs: int, steps: int, device: str, *,
-                  task_params: dict[str, Any] | None = None, model_params: dict[str, Any] | None = None,
-                  **train: Any) -> list[RunConfig]:
-    """The benchmark's runs: the MAD grid in turn, then the next seed (init and data); ``model_params`` are
-    ModelConfig fields over the model's."""
+def bench_runs(task: str, model: str, n_runs: int, steps: int, device: str, *,
+               task_params: dict[str, Any] | None = None, model_params: dict[str, Any] | None = None,
+               **train: Any) -> list[ResolvedRun]:
+    """The benchmark's runs, resolved: the MAD grid in turn, then the next seed (init and data); ``model_params``
+    are ModelConfig fields over the model's. A bad task, parameter or model field fails here, before any timing."""
     n_runs = check("n_runs", n_runs, PositiveInt)
-    out = []
+    trains = []
     for i in range(n_runs):
         lr, wd = MAD_GRID[i % len(MAD_GRID)]
         seed = i // len(MAD_GRID)
-        tc = TrainConfig(epochs=None, steps=steps, lr=lr, weight_decay=wd, init_seed=seed, data_seed=seed,
-                         device=device, **train)
-        out.append(RunConfig(task=task, task_params=dict(task_params or {}),
-                             model={**_model_fields(model), **(model_params or {})}, train=tc))
-    resolve(out[0])  # a bad task, parameter or model field fails here, before any timing
-    return out
+        trains.append(TrainConfig(epochs=None, steps=steps, lr=lr, weight_decay=wd, init_seed=seed, data_seed=seed,
+                                  device=device, **train))
+    first = resolve(RunConfig(task=task, task_params=dict(task_params or {}),
+                              model={**_model_fields(model), **(model_params or {})}, train=trains[0]))
+    return [first.with_train(tc) for tc in trains]
 
 
 def rel_loss_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -114,19 +114,18 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
     ``progress``: the step bars of train_run and of the batched engine on stderr while the benchmark runs (a
     microsecond a step, within the timings' noise)."""
     steps = check("steps", steps, PositiveInt)
-    configs = bench_configs(task, model, n_runs, steps, device, task_params=task_params,  # checks n_runs
-                            model_params=model_params, **train)
+    runs = bench_runs(task, model, n_runs, steps, device, task_params=task_params,  # checks n_runs
+                      model_params=model_params, **train)
     if check("solo_runs", solo_runs, PositiveInt) > n_runs:
         raise ValueError(f"solo_runs must be in [1, n_runs={n_runs}], got {solo_runs}")
-    warm = [dataclasses.replace(c, train=dataclasses.replace(c.train, steps=min(steps, WARMUP_STEPS)))
-            for c in configs]
-    dev = pick_device(configs[0].train.device)
-    tc = configs[0].train
-    _, model_config = resolve(configs[0])
-    seq_len = row_tokens(configs[0])
+    warm = [run.with_train(dataclasses.replace(run.config.train, steps=min(steps, WARMUP_STEPS))) for run in runs]
+    tc = runs[0].config.train
+    dev = pick_device(tc.device)
+    model_config = runs[0].model_config
+    seq_len = runs[0].row_tokens
     bf16 = uses_bf16(tc.precision, dev)
     full_steps = epochs * math.ceil(tc.num_train / tc.batch_size)
-    compiles = auto_compiles(configs[0])
+    compiles = runs[0].auto_compiles
 
     modes = [("batched", "eager")]
     for speed in dict.fromkeys(check_speed(s) for s in speeds if s != "eager"):
@@ -135,13 +134,13 @@ def bench_train(task: str = "mad/in_context_recall", model: str = "transformer",
         modes.append((f"batched, {label}", speed))
 
     train_run(warm[0], progress=progress)
-    solo, solo_total = timed(lambda: [train_run(c, progress=progress) for c in configs[:solo_runs]])
+    solo, solo_total = timed(lambda: [train_run(c, progress=progress) for c in runs[:solo_runs]])
     rows = [_row("one at a time", solo, solo_total, sum(r["wall_time_s"] for r in solo), steps, tc.batch_size,
                  seq_len, full_steps, None, "reference")]
     base_rate = rows[0][1]
     for label, speed in modes:
         train_runs_batched(warm, progress=progress, speed=speed)
-        batched, total = timed(lambda s=speed: train_runs_batched(configs, progress=progress, speed=s))
+        batched, total = timed(lambda s=speed: train_runs_batched(runs, progress=progress, speed=s))
         diff = max(rel_loss_diff(b, a) for b, a in zip(batched, solo))
         gate = gate_text(diff, dev, bf16, compiled=stack_modes(speed, dev, seq_len, compiles)[0])
         loop = max(r["wall_time_s"] for r in batched)

@@ -21,7 +21,7 @@ from mixlab.core.records import RUNS
 from mixlab.runners.sweep.mad import mad_plan
 from mixlab.runners.sweep.plan import SweepPlan
 from mixlab.runners.sweep.spec import load_spec
-from mixlab.runners.train.config import RunConfig, resolve
+from mixlab.runners.train.config import RunConfig
 from mixlab.runners.train.schedule import StepPlan
 
 
@@ -49,7 +49,6 @@ def _budget(config: RunConfig) -> tuple[int, int]:
 def plan_costs(plan: SweepPlan, records: Mapping[str, dict], sweep: str) -> list[TaskCost]:
     """The cost of the runs of ``plan`` without a record in ``records`` (name -> record), one entry per model and
     task in plan order."""
-    row_len: dict[tuple, int] = {}  # (task, params) -> tokens a row
     costs: dict[tuple[str, str], TaskCost] = {}
     budgets: dict[tuple[str, str], list[int]] = {}  # -> [steps trained, steps budgeted] over finished runs
     for run in plan.runs:
@@ -65,12 +64,9 @@ def plan_costs(plan: SweepPlan, records: Mapping[str, dict], sweep: str) -> list
             share[0] += record["steps"]
             share[1] += budget
             continue
-        task_key = (config.task, tuple(sorted(config.task_params.items())))
-        if task_key not in row_len:
-            row_len[task_key] = resolve(config)[0].generate(1, seed=0).inputs.shape[1]
         cost.missing[seed] = cost.missing.get(seed, 0) + 1
         cost.steps += budget
-        cost.tokens += rows * row_len[task_key]
+        cost.tokens += rows * run.resolved.row_tokens
     for key, (trained, budgeted) in budgets.items():
         costs[key].trained_share = trained / budgeted
     return list(costs.values())

@@ -16,8 +16,8 @@ from typing import Any
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import has_record
 from mixlab.runners.sweep.plan import PlannedRun
-from mixlab.runners.train.config import RunConfig
-from mixlab.runners.train.engine import chunks, group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train.engine import chunks, train_runs_batched
+from mixlab.runners.train.resolved import ResolvedRun
 from mixlab.runners.train.run import train_run
 
 # Runs per job (one stack of the batched engine): bounds what a stopped or failed job loses, and memory.
@@ -27,43 +27,42 @@ DEFAULT_MAX_STACK = 64
 @dataclasses.dataclass(frozen=True)
 class Job:
     """Runs trained by one call of the engine: one stack (runs of equal ``job_key``, at most ``max_stack``) or
-    one run that cannot stack. Plain data, (hash, config dict) pairs, so it pickles to a spawned process or to
-    a Ray task."""
+    one run that cannot stack. Its runs are resolved (``runners.train.resolved``), each named by its hash, and
+    pickle as they are to a spawned process or to a Ray task, which train them without resolving again."""
 
-    runs: tuple[tuple[str, dict[str, Any]], ...]
+    runs: tuple[ResolvedRun, ...]
 
     def __len__(self) -> int:
         return len(self.runs)
 
     @property
     def hashes(self) -> list[str]:
-        return [name for name, _ in self.runs]
+        return [run.hash for run in self.runs]
 
     @property
     def device(self) -> str:
         """The runs' ``device`` setting as written (``auto``, ``cpu`` or ``cuda``; equal within a job)."""
-        return self.runs[0][1]["train"]["device"]
+        return self.runs[0].config.train.device
 
     @property
     def label(self) -> str:
         """``<task> <mixer> x<runs>`` of the first run, for progress and task names."""
-        config = self.runs[0][1]
-        return f"{config['task']} {config['model']['mixer']} x{len(self)}"
+        run = self.runs[0]
+        return f"{run.config.task} {run.model_config.mixer} x{len(self)}"
 
 
-def job_key(config: RunConfig) -> tuple:
-    """Runs with equal keys may share a job: ``engine.group_key`` as on the CPU, plus the device and precision
-    as written, which fix the rest of the engine's key wherever the job runs. A planner without a GPU can so
-    group runs for ``cuda`` (a driver of a Ray cluster); the engine groups them the same on the worker."""
-    on_cpu = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cpu"))
-    return group_key(on_cpu), config.train.device, config.train.precision
+def job_key(run: ResolvedRun) -> tuple:
+    """Runs with equal keys may share a job: the run's ``stack_key`` plus the device and precision as written,
+    which fix the rest of the engine's key (``engine.group_key``) wherever the job runs. A planner without a GPU
+    can so group runs for ``cuda`` (a driver of a Ray cluster); the engine groups them the same on the worker."""
+    return run.stack_key, run.config.train.device, run.config.train.precision
 
 
 def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK,
               todo: Collection[str] | None = None) -> list[Job]:
     """Runs of equal ``job_key`` in plan order, in the fewest jobs of at most ``max_stack`` runs whose sizes
     differ by at most one (``engine.chunks``): a setting's grid, its seeds and the settings of equal shapes
-    share a job. A run the engine cannot stack (``engine.unbatchable_reason``: RubiConv on Triton, the fla
+    share a job. A run the engine cannot stack (``ResolvedRun.unbatchable_reason``: RubiConv on Triton, the fla
     baselines on packed tasks) is a job of its own. Jobs are ordered by their first run, so the first jobs hold
     the plan's first runs (its first seeds).
 
@@ -73,11 +72,11 @@ def plan_jobs(runs: Sequence[PlannedRun], max_stack: int = DEFAULT_MAX_STACK,
     max_stack = check("max_stack", max_stack, PositiveInt)
     groups: dict[tuple, list[int]] = {}
     for i, run in enumerate(runs):
-        key = ("alone", run.hash) if unbatchable_reason(run.config) is not None else job_key(run.config)
+        key = ("alone", run.hash) if run.resolved.unbatchable_reason is not None else job_key(run.resolved)
         groups.setdefault(key, []).append(i)
     stacks = [chunk for members in groups.values() for chunk in chunks(members, max_stack)]
     stacks = [[i for i in chunk if todo is None or runs[i].hash in todo] for chunk in sorted(stacks)]
-    return [Job(tuple((runs[i].hash, runs[i].config.to_dict()) for i in chunk)) for chunk in stacks if chunk]
+    return [Job(tuple(runs[i].resolved for i in chunk)) for chunk in stacks if chunk]
 
 
 def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, speed: str = "eager",
@@ -93,13 +92,12 @@ def run_job(job: Job, runs_dir: str | Path | None, *, batch: bool = True, speed:
     """
     if not batch and speed != "eager":
         raise ValueError(f"speed={speed!r} is an option of the batched engine; it needs batch=True")
-    todo = [(name, RunConfig.from_dict(config)) for name, config in job.runs
-            if runs_dir is None or not has_record(runs_dir, name)]
+    todo = [run for run in job.runs if runs_dir is None or not has_record(runs_dir, run.hash)]
     if not todo:
         return []
-    names, configs = [name for name, _ in todo], [config for _, config in todo]
+    names = [run.hash for run in todo]
     if batch:
-        return train_runs_batched(configs, out_dir=runs_dir, run_names=names, progress=False, speed=speed,
+        return train_runs_batched(todo, out_dir=runs_dir, run_names=names, progress=False, speed=speed,
                                   checkpoint_every_s=checkpoint_every_s)
-    return [train_run(config, out_dir=runs_dir, run_name=name, progress=False, checkpoint_every_s=checkpoint_every_s)
-            for name, config in zip(names, configs)]
+    return [train_run(run, out_dir=runs_dir, run_name=run.hash, progress=False, checkpoint_every_s=checkpoint_every_s)
+            for run in todo]

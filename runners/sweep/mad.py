@@ -56,7 +56,6 @@ from typing import Any
 from mixlab import models
 from mixlab.core.fields import NonNegativeFloat, PositiveFloat, PositiveInt, check_dataclass
 from mixlab.runners.sweep.plan import PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.runners.train.config import config_hash
 from mixlab.tasks.mad import MadSetting, mad_sweep_settings
 from mixlab.tasks.mad.sweep import MAD_LAB_PARAMS
 
@@ -209,11 +208,10 @@ def mad_plan(model: str, profile: str = "paper", *, seeds: int | None = None,
                              "min_lr": MIN_LR, "weight_decay": wd, "schedule": "cosine_epoch",
                              "early_stop_acc": EARLY_STOP_ACC, "data_seed": seed, "init_seed": seed,
                              "device": device, "eval_batch_size": BATCH_SIZE}
-                    config = resolver.config(setting.task, setting.params,
-                                             {**MAD_LAB_MODEL, **fields}, train)
+                    run = resolver.run(setting.task, setting.params, {**MAD_LAB_MODEL, **fields}, train)
                     meta = {"task": setting.task, "setting": setting.label, "model": model, "model_grid": {},
                             "train_grid": {"lr": lr, "weight_decay": wd}, "seed": seed}
-                    runs.append(PlannedRun(config_hash(config), config, meta))
+                    runs.append(PlannedRun(run, meta))
     # What mad-lab's code fixes beyond the model and profile: part of the sweep's identity, so a folder of runs
     # planned under other rules is refused rather than mixed with these (runners.sweep.manifest).
     mad_lab = {"model": MAD_LAB_MODEL,

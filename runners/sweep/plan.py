@@ -1,4 +1,4 @@
-"""What a sweep plans: its runs (``PlannedRun``: hash, resolved config, labels) in one ``SweepPlan``.
+"""What a sweep plans: its runs (``PlannedRun``: the resolved run and its labels) in one ``SweepPlan``.
 
 Two planners build plans: ``spec.SweepSpec.plan`` (YAML grids) and ``mad.mad_plan`` (the MAD protocol).
 Both name a run by ``runners.train.config.config_hash`` of its *resolved* config (``Resolver``): task parameters with
@@ -6,6 +6,9 @@ every default filled in and every ModelConfig field (except vocab_size and max_s
 writing a default out or leaving it implicit names the same run, and a later change of a default does not reuse
 old records. A field added later (``core.fields.added_field``) is left out while it holds its default, so the
 records written before it existed keep their names.
+
+Each run is resolved here, once (``runners.train.resolved.ResolvedRun``): its jobs, the engine and its record
+read the value the plan made.
 """
 
 from __future__ import annotations
@@ -16,19 +19,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from mixlab.core.fields import NonNegativeInt, PositiveInt, check, from_mapping, resolved_fields
-from mixlab.runners.train.config import RunConfig, TrainConfig, resolve
+from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.resolved import ResolvedRun, resolve
 
-# ModelConfig fields the task sets (resolve() fills them in); a grid may not set them.
+# ModelConfig fields the task sets (resolve() fills them in); a grid may not set them. The task's objective is
+# kept in the resolved config: the hashes of the runs planned before the task declared it include it.
 TASK_FIXED_MODEL_FIELDS = ("vocab_size", "max_seq_len")
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """One run of a sweep: its hash (the record's file stem), its resolved config and its labels."""
+    """One run of a sweep: the run, resolved, and its labels."""
 
-    hash: str
-    config: RunConfig
+    resolved: ResolvedRun
     meta: dict[str, Any]
+
+    @property
+    def hash(self) -> str:
+        """The run's name: its record's file stem."""
+        return self.resolved.hash
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's resolved config."""
+        return self.resolved.config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,25 +66,27 @@ def parse_seeds(data: Any) -> tuple[int, ...]:
 
 
 class Resolver:
-    """Builds resolved RunConfigs, resolving each (task, params, model) once for all its training points."""
+    """Builds resolved runs, resolving each (task, params, model) once for all its training points: they share its
+    task and model config, under a config that spells out every task parameter and model field."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[ResolvedRun, dict[str, Any], dict[str, Any]]] = {}
 
-    def config(self, task: str, params: Mapping[str, Any], model: Mapping[str, Any],
-               train: Mapping[str, Any]) -> RunConfig:
+    def run(self, task: str, params: Mapping[str, Any], model: Mapping[str, Any],
+            train: Mapping[str, Any]) -> ResolvedRun:
         key = json.dumps([task, params, model], sort_keys=True, default=str)
         if key not in self._cache:
-            run = RunConfig(task=task, task_params=dict(params), model=dict(model))
-            task_obj, model_config = resolve(run)
-            full = {k: v for k, v in resolved_fields(model_config).items() if k not in TASK_FIXED_MODEL_FIELDS}
-            self._cache[key] = (resolved_fields(task_obj.params), full)
-        task_params, full_model = self._cache[key]
-        train_config = from_mapping(TrainConfig, train, where="train")
-        return RunConfig(task=task, task_params=dict(task_params), model=dict(full_model), train=train_config)
+            base = resolve(RunConfig(task=task, task_params=dict(params), model=dict(model)))
+            full = {k: v for k, v in resolved_fields(base.model_config).items() if k not in TASK_FIXED_MODEL_FIELDS}
+            self._cache[key] = (base, resolved_fields(base.task.params), full)
+        base, task_params, full_model = self._cache[key]
+        config = RunConfig(task=task, task_params=dict(task_params), model=dict(full_model),
+                           train=from_mapping(TrainConfig, train, where="train"))
+        return dataclasses.replace(base, config=config)
 
 
-def resolved_config(task: str, params: Mapping[str, Any], model: Mapping[str, Any],
-                    train: Mapping[str, Any]) -> RunConfig:
-    """The resolved RunConfig (every task parameter, every model field) of one run; its hash names the run."""
-    return Resolver().config(task, params, model, train)
+def resolved_run(task: str, params: Mapping[str, Any], model: Mapping[str, Any],
+                 train: Mapping[str, Any]) -> ResolvedRun:
+    """One run resolved, under its resolved config (every task parameter, every model field), whose hash names
+    it."""
+    return Resolver().run(task, params, model, train)

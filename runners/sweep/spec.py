@@ -42,7 +42,7 @@ from mixlab.analysis import claims
 from mixlab.analysis.aggregate import METRIC_KEYS
 from mixlab.core.fields import check, check_mapping, field_types, from_yaml
 from mixlab.runners.sweep.plan import TASK_FIXED_MODEL_FIELDS, PlannedRun, Resolver, SweepPlan, parse_seeds
-from mixlab.runners.train.config import TrainConfig, config_hash
+from mixlab.runners.train.config import TrainConfig
 
 # TrainConfig fields the seeds set.
 SEED_FIELDS = ("init_seed", "data_seed")
@@ -136,9 +136,9 @@ class SweepSpec:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def plan(self, *, device: str | None = None, seeds: Sequence[int] | None = None) -> SweepPlan:
-        """Expand into runs (hash, resolved config, labels); ``device`` and ``seeds`` override the spec's.
+        """Expand into runs (resolved, with their labels); ``device`` and ``seeds`` override the spec's.
 
-        Every config is resolved (and so checked) here, before anything trains.
+        Every run is resolved (and so checked) here, once, before anything trains.
         """
         seed_list = self.seeds if seeds is None else parse_seeds(list(seeds))
         spec = {**self.to_dict(), "seeds": list(seed_list), "device": device}
@@ -154,11 +154,11 @@ class SweepSpec:
                         train["data_seed"] = seed
                     if device is not None:
                         train["device"] = device
-                    config = resolver.config(entry.task, {**entry.params, **task_point},
-                                             {**fields, **model_point}, train)
+                    run = resolver.run(entry.task, {**entry.params, **task_point}, {**fields, **model_point},
+                                       train)
                     meta = {"task": entry.task, "setting": grid_label(task_point), "model": label,
                             "model_grid": dict(model_point), "train_grid": dict(train_point), "seed": seed}
-                    runs.append(PlannedRun(config_hash(config), config, meta))
+                    runs.append(PlannedRun(run, meta))
         return SweepPlan(name=self.name, kind="grid", spec=spec, runs=_unique(runs))
 
 

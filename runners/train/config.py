@@ -1,5 +1,5 @@
-"""What defines a run: its training settings (``TrainConfig``), the whole run (``RunConfig``), the task and model
-config it resolves to, and the hash that names it.
+"""What defines a run: its training settings (``TrainConfig``), the whole run (``RunConfig``) and the hash that
+names it. What a run resolves to (its task and full model config) is ``runners.train.resolved``.
 
 Configs are typed dataclasses that refuse unknown keys. ``config_hash`` names a run by its whole config: sweeps
 find a run's record by it, so the same config must keep giving the same hash.
@@ -14,7 +14,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from mixlab import models, tasks
 from mixlab.core.fields import (
     NonNegativeFloat,
     NonNegativeInt,
@@ -89,8 +88,9 @@ class TrainConfig:
 class RunConfig:
     """Everything that defines a run; saved whole in its record and enough to repeat it.
 
-    ``model`` holds ModelConfig fields other than those the task fixes (vocab_size, max_seq_len, and the
-    objective of the compression task); ``task_params`` are the task's parameters (defaults filled in).
+    ``model`` holds ModelConfig fields; those the task fixes (vocab_size, max_seq_len, objective) may be left out
+    and must agree when set (``runners.train.resolved.resolve``). ``task_params`` are the task's parameters
+    (defaults filled in).
     """
 
     task: str
@@ -108,18 +108,6 @@ class RunConfig:
         data = check_mapping("RunConfig", data)
         train = from_mapping(TrainConfig, data.get("train", {}), where="RunConfig.train")
         return from_mapping(cls, {**data, "train": train})
-
-
-def resolve(config: RunConfig) -> tuple[tasks.Task, models.ModelConfig]:
-    """The task and the full model config of a run; raises ValueError on any bad name or value."""
-    task = tasks.get_task(config.task, **config.task_params)
-    fixed = {"vocab_size": task.vocab_size, "max_seq_len": task.generate(1, seed=0).seq_len}
-    if config.task == "mad/compression":
-        fixed["objective"] = "compression"
-    clash = sorted(k for k in set(config.model) & set(fixed) if config.model[k] != fixed[k])
-    if clash:
-        raise ValueError(f"model fields {clash} are set by the task {config.task!r}")
-    return task, models.ModelConfig.from_dict({**config.model, **fixed})
 
 
 def config_hash(config: RunConfig) -> str:

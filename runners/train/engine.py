@@ -26,16 +26,17 @@ matmul and ``gated_delta_net`` the matmuls of fla's naive chunked delta rule, wh
 fp32 on the CPU; so does the output head of tasks scored at few positions (the head runs at those positions
 only, ``runners.train.metrics``: a stacked matmul of few rows rounds differently).
 
-Which runs stack (``group_key``): equal resolved ModelConfig (so equal vocabulary and sequence length),
-equal data shape, equal ``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``,
-``eval_batch_size``, ``eval_every``, ``beta1``, ``beta2``, device and precision. Free to differ: ``task``
+Which runs stack (``group_key``: the run's ``ResolvedRun.stack_key`` with the device and precision it resolves to
+here): equal resolved ModelConfig (so equal vocabulary and sequence length), equal data shape, equal
+``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``, ``eval_batch_size``, ``eval_every``, ``beta1``,
+``beta2``, device and precision. Free to differ: ``task``
 and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
 ``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
 Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
 count per stack, ``_Stack.layout``), built on the host and copied with a host copy so no op syncs to read it;
 attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Eager
-only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack (``unbatchable_reason``)
-are trained one at a time by ``train_run``, in the same call:
+only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack
+(``ResolvedRun.unbatchable_reason``) are trained one at a time by ``train_run``, in the same call:
 
 - packed tasks with an fla-core baseline (``stacks_with_documents``): its document path reads the layout on
   the host with no per-run rule;
@@ -68,9 +69,14 @@ and replay it; the per-step scalars live on the device. Warm-up steps before a c
 state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
 captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
 
+Attention under vmap: on CUDA the stack's template model is built with ``fold_runs`` (``models.build_model``), so
+attention folds the run axis into the batch and calls the fused kernels on plain tensors; on the CPU torch's own
+batch rules loop over the runs (``folds_runs``).
+
 Checkpoints (``runners.train.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
 evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
-the loop stands (step, rows, records) so it can be saved and put back between any two steps.
+the loop stands (step, rows, records) and gives it as a ``resume.Snapshot`` of state dicts (its stack's, each
+row's) between any two steps, and takes it back.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -91,18 +97,17 @@ import torch
 from mixlab import kernels, models, tasks
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import read_record
-from mixlab.models.layers import stacked_runs
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, resolve
+from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.evaluation import eval_batches
 from mixlab.runners.train.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.train.record import RunLog, TrainClock, write_record
+from mixlab.runners.train.resolved import ResolvedRun, as_resolved, resolve
 from mixlab.runners.train.run import packed_layout, train_run
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.seeds import initial_model, run_data, shuffle_generator
 from mixlab.runners.train.speed import stack_modes
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 # torch.optim.AdamW's default epsilon; TrainConfig does not set it.
@@ -115,32 +120,15 @@ COMPILED_COMPACTION = 0.5
 # Compiled variants allowed per function (torch's default, 8, is shared by every stack of the process):
 # one per stack size and batch shape (the last batch of an epoch may be smaller).
 RECOMPILE_LIMIT = 256
-# Attention under vmap: "fold", "math", "native", or None: fold on CUDA, native on the CPU (_vmap_attention).
-VMAP_ATTENTION: str | None = None
 
 
-def group_key(config: RunConfig) -> tuple:
-    """Runs with equal keys can be stacked: resolved model config, data shape and every training setting
-    that fixes shapes or the step/evaluation schedule (module docstring lists what may differ)."""
-    task, model_config = resolve(config)
-    sample = task.generate(1, seed=0)
-    tc = config.train
+def group_key(run: ResolvedRun) -> tuple:
+    """Runs with equal keys can be stacked: the run's ``stack_key`` (resolved model config, data shape and every
+    training setting that fixes shapes or the step/evaluation schedule; module docstring lists what may differ),
+    with the device and the precision it resolves to on this machine."""
+    tc = run.config.train
     device = pick_device(tc.device)
-    return (model_config, tuple(sample.inputs.shape[1:]), sample.doc_ids is not None, tc.epochs, tc.steps,
-            tc.batch_size, tc.num_train, tc.num_test, tc.eval_batch_size, tc.eval_every, tc.beta1, tc.beta2,
-            device.type, uses_bf16(tc.precision, device))
-
-
-def is_packed(config: RunConfig) -> bool:
-    """Whether the run's task packs documents into its rows (its data has doc_ids)."""
-    task, _ = resolve(config)
-    return task.generate(1, seed=0).doc_ids is not None
-
-
-def row_tokens(config: RunConfig) -> int:
-    """Tokens in one input row of the run's task (what ``auto`` speed reads)."""
-    task, _ = resolve(config)
-    return task.generate(1, seed=0).inputs.shape[-1]
+    return run.stack_key, device.type, uses_bf16(tc.precision, device)
 
 
 def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
@@ -155,36 +143,14 @@ def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
     return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def auto_compiles(config: RunConfig) -> bool:
-    """False when a layer's mixer asks ``auto`` to leave its stacks eager (``Mixer.auto_compiles``)."""
-    _, model_config = resolve(config)
-    return all(mixer.auto_compiles for mixer in models.pattern_classes(model_config.mixer).values())
-
-
-def unbatchable_reason(config: RunConfig) -> str | None:
-    """Why the run cannot be trained in a stack (then it is trained alone), or None when it can."""
-    _, model_config = resolve(config)
-    packed = is_packed(config)
-    backend = model_config.kernel_backend
-    for name, mixer in models.pattern_classes(model_config.mixer).items():
-        if not mixer.stacks_on:
-            return (f"mixer {name!r} does not stack: nothing says its forward runs under vmap "
-                    f"(data-dependent control flow or .item() would fail there)")
-        if backend not in mixer.stacks_on:
-            return f"kernel_backend={backend!r}: a kernel of mixer {name!r} has no vmap rule there"
-        if packed and not mixer.stacks_with_documents:
-            return (f"task {config.task!r} has documents and mixer {name!r} reads their layout on the host in "
-                    f"code with no per-run vmap rule")
-    return None
-
-
-def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | None = None,
+def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str | Path | None = None,
                        run_names: Sequence[str | None] | None = None, progress: bool = True,
                        speed: str = "eager", max_stack: int | None = None,
                        checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
-    """Train every run, stacking those with equal ``group_key``; return their records in the order given.
+    """Train every run (resolved, or its config, which is resolved here), stacking those with equal ``group_key``;
+    return their records in the order given.
 
-    Each record equals what ``train_run(config, out_dir=out_dir, run_name=name)`` returns (time fields aside,
+    Each record equals what ``train_run(run, out_dir=out_dir, run_name=name)`` returns (time fields aside,
     module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
     stack steps (``runners.train.speed``; ``auto`` picks per stack from its device and task). ``max_stack`` caps
     the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
@@ -195,36 +161,35 @@ def train_runs_batched(configs: Sequence[RunConfig], *, out_dir: str | Path | No
     never), and on Ctrl-C (``runners.train.resume``); trained again, a stack goes on from its checkpoint to the same
     records. A run that had finished before is not trained again: its record is read from ``out_dir``.
     """
-    configs = list(configs)
-    names = [None] * len(configs) if run_names is None else list(run_names)
-    if len(names) != len(configs):
-        raise ValueError(f"run_names has {len(names)} entries for {len(configs)} configs")
+    runs = [as_resolved(run) for run in runs]
+    names = [None] * len(runs) if run_names is None else list(run_names)
+    if len(names) != len(runs):
+        raise ValueError(f"run_names has {len(names)} entries for {len(runs)} runs")
     max_stack = check("max_stack", max_stack, PositiveInt | None)
     groups: dict[tuple, list[int]] = {}
-    for i, config in enumerate(configs):
-        groups.setdefault(group_key(config), []).append(i)
-    records: list[dict[str, Any] | None] = [None] * len(configs)
+    for i, run in enumerate(runs):
+        groups.setdefault(group_key(run), []).append(i)
+    records: list[dict[str, Any] | None] = [None] * len(runs)
     for members in groups.values():
-        device = pick_device(configs[members[0]].train.device)
-        packed = is_packed(configs[members[0]])
+        first = runs[members[0]]
+        device = pick_device(first.config.train.device)
         # auto leaves packed stacks eager: their layouts are read on the host every step, which neither a compiled
         # graph nor a captured one can do
-        compile, cuda_graph = ((False, False) if packed and speed == "auto"
-                               else stack_modes(speed, device, row_tokens(configs[members[0]]),
-                                                auto_compiles(configs[members[0]])))
-        if packed and (compile or cuda_graph):
+        compile, cuda_graph = ((False, False) if first.packed and speed == "auto"
+                               else stack_modes(speed, device, first.row_tokens, first.auto_compiles))
+        if first.packed and (compile or cuda_graph):
             raise ValueError(f"speed={speed!r} cannot serve runs of a packed task: each step's document layout is "
                              "read on the host")
         if cuda_graph and device.type != "cuda":
             raise ValueError(f"speed={speed!r} needs runs on a CUDA device (cuda_graph), got device "
                              f"{device.type!r}")
-        if unbatchable_reason(configs[members[0]]) is not None:
+        if first.unbatchable_reason is not None:
             for i in members:
-                records[i] = train_run(configs[i], out_dir=out_dir, progress=progress, run_name=names[i],
+                records[i] = train_run(runs[i], out_dir=out_dir, progress=progress, run_name=names[i],
                                        checkpoint_every_s=checkpoint_every_s)
             continue
         for chunk in chunks(members, max_stack or len(members)):
-            done = _train_stack([configs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
+            done = _train_stack([runs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
                                 progress=progress, compile=compile, cuda_graph=cuda_graph,
                                 compact_at=COMPILED_COMPACTION if compile else 1.0,
                                 checkpoint_every_s=checkpoint_every_s)
@@ -243,42 +208,51 @@ class _Run(RunLog):
     lr: float = 0.0  # of its latest step
 
     @classmethod
-    def of(cls, config: RunConfig, name: str | None) -> _Run:
-        task, model_config = resolve(config)
-        return cls(config=config, name=name, task=task, model_config=model_config,
-                   shuffle=shuffle_generator(config.train.init_seed))
+    def of(cls, run: ResolvedRun, name: str | None) -> _Run:
+        return cls(resolved=run, name=name, shuffle=shuffle_generator(run.config.train.init_seed))
+
+    def state_dict(self, *, new_epoch: bool) -> dict[str, Any]:
+        """The log's state dict, whether the run finished, and its shuffle generator's state before the permutation
+        of the epoch its next step belongs to (``new_epoch``: that epoch starts with the next step, its permutation
+        not drawn yet)."""
+        shuffle = self.shuffle.get_state() if new_epoch else self.epoch_shuffle
+        return {**super().state_dict(), "done": self.done, "shuffle": shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.done = state["done"]
+        self.shuffle.set_state(state["shuffle"])
+
+
+def folds_runs(device: torch.device) -> bool:
+    """Whether a stack on ``device`` builds its model with ``fold_runs`` (``models.build_model``: attention folds
+    the run axis into the batch and calls the fused kernels on plain tensors). On CUDA it does: SDPA's own batch
+    rules failed in backward there (torch 2.11 on an H200: "LSE is not correctly aligned"), and their only
+    alternative, the math backend, made a stack 3x slower. On the CPU it does not: torch's batch rules loop over
+    the runs, which keeps every record bitwise equal to train_run's (the CPU flash kernel's sums depend on the
+    batch size, so a folded batch changes the last bits)."""
+    return device.type == "cuda"
 
 
 @functools.lru_cache(maxsize=16)
-def _template(model_config: models.ModelConfig, device: torch.device) -> torch.nn.Module:
+def _template(model_config: models.ModelConfig, device: torch.device, fold_runs: bool) -> torch.nn.Module:
     """The module whose forward every stack of this config calls with its own parameters (functional_call).
 
     One per config, so compiled code, which is specialised to the module, serves every stack of that config.
     """
     with torch.random.fork_rng(devices=[]):  # its own initial values are never used
-        return models.build_model(model_config).to(device)
+        return models.build_model(model_config, fold_runs=fold_runs).to(device)
 
 
-def _vmap_attention(device: torch.device):
-    """How attention runs under vmap (``VMAP_ATTENTION``): "fold" folds the run axis into the batch and calls
-    the fused kernels outside vmap (``models.layers.stacked_runs``); "math" uses the math SDPA
-    backend on CUDA; "native" leaves it to torch's batch rules (their backward failed on an H200 with torch
-    2.11: "LSE is not correctly aligned"; on the CPU they loop over the runs). None: fold on CUDA; native on
-    the CPU, where the loop keeps records bitwise equal to train_run's (the CPU flash kernel's sums depend on
-    the batch size, so a folded batch changes the last bits). Selectable for
-    ``scripts/probe_vmap_attention.py``."""
-    mode = VMAP_ATTENTION or ("fold" if device.type == "cuda" else "native")
-    if mode == "fold":
-        return stacked_runs()
-    if mode == "math" and device.type == "cuda":
-        return sdpa_kernel([SDPBackend.MATH])
-    return _quiet_vmap_fallback()
+def _quiet_vmap_loops(device: torch.device) -> contextlib.AbstractContextManager:
+    """Where runs are not folded (``folds_runs``: the CPU), attention's batch rules loop over the runs on purpose
+    (bitwise records): torch's warning about the missing batch rule would only alarm the reader of a sweep's
+    output. Nothing where they are folded."""
+    return nullcontext() if folds_runs(device) else _quiet_vmap_fallback()
 
 
 @contextlib.contextmanager
-def _quiet_vmap_fallback():
-    """The native mode on the CPU loops over the runs on purpose (bitwise records): torch's warning about the
-    missing batch rule would only alarm the reader of a sweep's output."""
+def _quiet_vmap_fallback() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
         yield
@@ -291,7 +265,7 @@ def _batched_losses(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     [N, B, S] at positions [N, B, S] when the head runs at scored positions only (runners.train.metrics); packed
     tasks' layouts cu_seqlens [N, B * slots + 1]."""
 
-    with bf16_autocast(inputs.device, autocast, cache), _vmap_attention(inputs.device):
+    with bf16_autocast(inputs.device, autocast, cache), _quiet_vmap_loops(inputs.device):
         logits = _stacked_logits(template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
     # unbind, not logits[n]: its backward stacks the N gradients once instead of N full-size scatters.
     return torch.stack([training_loss(lg, tg) for lg, tg in zip(logits.float().unbind(0), targets.unbind(0))])
@@ -341,14 +315,14 @@ class _Stack:
     """The state of the runs of a stack still training: flat parameters and AdamW moments [N, P], the data of
     every distinct data set on the device, and the batched step (eager, compiled or CUDA-graphed)."""
 
-    def __init__(self, runs: list[_Run], device: torch.device, autocast: bool, compile: bool,
+    def __init__(self, runs: list[ResolvedRun], device: torch.device, autocast: bool, compile: bool,
                  cuda_graph: bool) -> None:
         tc = runs[0].config.train
         self.device, self.autocast, self.cuda_graph = device, autocast, cuda_graph
         # the evaluation as a CUDA graph: with the step's graphs, and in compiled stacks (evaluate)
         self.graph_eval = cuda_graph or (compile and device.type == "cuda")
         self.beta1, self.beta2 = tc.beta1, tc.beta2
-        self.template = _template(runs[0].model_config, device)
+        self.template = _template(runs[0].model_config, device, folds_runs(device))
         self.names = [name for name, _ in self.template.named_parameters()]
         self.shapes = [p.shape for _, p in self.template.named_parameters()]
         self.n_params = models.count_parameters(self.template)
@@ -403,6 +377,18 @@ class _Stack:
 
     def __len__(self) -> int:
         return self.params.shape[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stack's training state on the CPU: flat parameters and AdamW moments [N, P], training-loss sums
+        since the last evaluation [N]."""
+        return {"params": self.params.detach().cpu(), "exp_avg": self.exp_avg.detach().cpu(),
+                "exp_avg_sq": self.exp_avg_sq.detach().cpu(), "loss_acc": self.loss_acc.detach().cpu()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back a ``state_dict`` of a stack of these runs, in place."""
+        for name, tensor in (("params", self.params), ("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq),
+                             ("loss_acc", self.loss_acc)):
+            tensor.copy_(state[name])
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view [N, *shape] of a flat [N, P] tensor."""
@@ -506,7 +492,7 @@ class _Stack:
             targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
             positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
             cu_seqlens = self.layout(self.test_starts, batch)
-            with bf16_autocast(self.device, self.autocast, not self.graph_eval), _vmap_attention(self.device):
+            with bf16_autocast(self.device, self.autocast, not self.graph_eval), _quiet_vmap_loops(self.device):
                 logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
             for n, acc in zip(rows, sums):
                 acc.add(logits[n], targets[n])
@@ -544,45 +530,49 @@ class _Stack:
         self.graph_pool = None
 
 
-def _epoch_schedule(runs: list[_Run], plan: StepPlan, first_step: int, device: torch.device
+def _epoch_schedule(trains: list[TrainConfig], plan: StepPlan, first_step: int, device: torch.device
                     ) -> tuple[list[list[float]], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-step AdamW scalars of the epoch's steps from first_step: lrs [S][N] (floats), decay [S, N],
-    step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW does, stored as fp32."""
-    tc = runs[0].config.train  # betas are equal within a stack
+    """Per-step AdamW scalars of the epoch's steps from first_step for the rows' training settings ``trains``: lrs
+    [S][N] (floats), decay [S, N], step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW
+    does, stored as fp32."""
+    tc = trains[0]  # betas are equal within a stack
     lrs, decay, step_size, bc2_sqrt = [], [], [], []
     for s in range(first_step, first_step + plan.steps_from(first_step)):
         t = float(s + 1)  # AdamW's step count after this step
-        row = [plan.lr(run.config.train, s) for run in runs]
+        row = [plan.lr(train, s) for train in trains]
         lrs.append(row)
-        decay.append([1 - lr * run.config.train.weight_decay for lr, run in zip(row, runs)])
+        decay.append([1 - lr * train.weight_decay for lr, train in zip(row, trains)])
         step_size.append([-(lr / (1 - tc.beta1**t)) for lr in row])
         bc2_sqrt.append((1 - tc.beta2**t) ** 0.5)
     tensors = (torch.tensor(x, dtype=torch.float32).to(device) for x in (decay, step_size, bc2_sqrt))
     return (lrs, *tensors)
 
 
-def _train_stack(configs: list[RunConfig], names: list[str | None], *, out_dir: str | Path | None,
+def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_dir: str | Path | None,
                  progress: bool, compile: bool, cuda_graph: bool, compact_at: float,
                  checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
     """Train runs of one group_key together; records in the order given. Finished runs leave the stack
     once at most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and
     ``checkpoint_every_s``, the stack goes on from its checkpoint and writes new ones (``runners.train.resume``)."""
-    tc = configs[0].train
+    tc = resolved[0].config.train
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
-    runs = [_Run.of(config, name) for config, name in zip(configs, names)]
-    saver, saved = resume.Checkpoint.open(out_dir, runs, every_s=checkpoint_every_s, loop="stack",
-                                          device=device.type, bf16=autocast)
+    runs = [_Run.of(run, name) for run, name in zip(resolved, names)]
+    asked = {run.default_name(): run for run in runs}
+    saver, saved = resume.Checkpoint.open(out_dir, {name: run.resolved.hash for name, run in asked.items()},
+                                          every_s=checkpoint_every_s, loop="stack", device=device.type, bf16=autocast)
     rows = runs
-    if saved is not None:  # the checkpoint's rows, which may hold runs finished before, in its order
-        rows = [_Run.of(RunConfig.from_dict(row["config"]), row["name"]) for row in saved.rows]
-        by_name = {run.default_name(): run for run in rows}
-        runs = [by_name.get(run.default_name(), run) for run in runs]
-    loop = _Loop(_Stack(rows, device, autocast, compile, cuda_graph), rows, StepPlan.of(tc), out_dir, compact_at)
+    if saved is not None:
+        # the checkpoint's rows in its order: the runs asked for (each with the config hash it was saved with), and
+        # runs that finished before, which are resolved here
+        rows = [asked.get(row["name"]) or _Run.of(resolve(RunConfig.from_dict(row["config"])), row["name"])
+                for row in saved.rows]
+    stack = _Stack([run.resolved for run in rows], device, autocast, compile, cuda_graph)
+    loop = _Loop(stack, rows, StepPlan.of(tc), out_dir, compact_at)
     if saved is not None:
         loop.restore(saved)
-    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step",
-               dynamic_ncols=True, leave=False, desc=f"{configs[0].task} {runs[0].model_config.mixer} x{len(rows)}")
+    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step", dynamic_ncols=True,
+               leave=False, desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(rows)}")
     interrupts = resume.Interrupts(active=saver is not None)
     try:
         with interrupts.held():
@@ -670,8 +660,10 @@ class _Loop:
         """Each row's permutation of the epoch that starts at ``epoch_start``, and the epoch's schedule."""
         for run in self.rows:
             run.epoch_shuffle = run.shuffle.get_state()
-        orders = torch.stack([torch.randperm(run.config.train.num_train, generator=run.shuffle) for run in self.rows])
-        schedule = _epoch_schedule(self.rows, self.plan, epoch_start, self.stack.device)
+        trains = [run.resolved.config.train for run in self.rows]
+        orders = torch.stack([torch.randperm(train.num_train, generator=run.shuffle)
+                              for train, run in zip(trains, self.rows)])
+        schedule = _epoch_schedule(trains, self.plan, epoch_start, self.stack.device)
         return _Epoch(orders, orders.to(self.stack.device), *schedule)
 
     def _step(self, epoch: _Epoch, i: int) -> None:
@@ -689,8 +681,8 @@ class _Loop:
         live_rows = [n for n, run in enumerate(self.rows) if not run.done]
         share = self.clock.lap() / len(live_rows)
         train_losses = self.stack.take_train_losses()
-        tc = self.rows[0].config.train
-        metrics = self.stack.evaluate([self.rows[n].task for n in live_rows], live_rows, tc.eval_batch_size)
+        tc = self.rows[0].resolved.config.train
+        metrics = self.stack.evaluate([self.rows[n].resolved.task for n in live_rows], live_rows, tc.eval_batch_size)
         for n, row_metrics in zip(live_rows, metrics):
             run = self.rows[n]
             run.train_time += share
@@ -717,13 +709,20 @@ class _Loop:
             epoch.keep(keep)
 
     def snapshot(self) -> resume.Snapshot:
-        return resume.snapshot(self.stack, self.rows, step=self.step, loss_count=self.loss_count,
-                               new_epoch=self.step % self.plan.steps_per_epoch == 0, lap_s=self.clock.lap(),
-                               elapsed_s=time.perf_counter() - self.start_wall)
+        """Where the loop stands, as state dicts: the stack's and each row's."""
+        lap_s = self.clock.lap()
+        new_epoch = self.step % self.plan.steps_per_epoch == 0
+        return resume.Snapshot(step=self.step, loss_count=self.loss_count, tensors=self.stack.state_dict(),
+                               rows=[run.state_dict(new_epoch=new_epoch) for run in self.rows],
+                               elapsed_s=time.perf_counter() - self.start_wall, lap_s=lap_s)
 
     def restore(self, saved: resume.Snapshot) -> None:
-        """Continue from ``saved``, taken of a stack of these rows."""
-        resume.restore(saved, self.stack, self.rows)
+        """Continue from ``saved``, taken of a stack of these rows, in its row order; rows that finished since the
+        snapshot are marked done (and dropped)."""
+        self.stack.load_state_dict(saved.tensors)
+        for run, state in zip(self.rows, saved.rows, strict=True):
+            run.load_state_dict(state)
+            run.done = run.done or state["name"] in saved.finished
         self.step, self.loss_count = saved.step, saved.loss_count
         self.start_wall -= saved.elapsed_s
         self.clock.start -= saved.lap_s

@@ -18,20 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mixlab import models, tasks
 from mixlab.core.atomic import write_json_atomic
-from mixlab.runners.train.config import RunConfig, config_hash
 from mixlab.runners.train.provenance import device_info, package_versions
+from mixlab.runners.train.resolved import ResolvedRun
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
 class RunLog:
-    """What a run's record says about it: the run (config, resolved task and model, the caller's name) and what
-    it did (its evaluations, the best one, whether it stopped early, its training time)."""
+    """What a run's record says about it: the run (resolved, and the caller's name) and what it did (its
+    evaluations, the best one, whether it stopped early, its training time)."""
 
-    config: RunConfig
-    task: tasks.Task
-    model_config: models.ModelConfig
+    resolved: ResolvedRun
     name: str | None = None
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best: dict[str, Any] | None = None
@@ -49,25 +46,39 @@ class RunLog:
         improved = self.best is None or entry["test_ppl"] < self.best["test_ppl"]
         if improved:
             self.best = entry
-        stop = self.config.train.early_stop_acc
+        stop = self.resolved.config.train.early_stop_acc
         self.stopped_early = stop is not None and entry["acc_macro"] > stop
         return improved
 
     def default_name(self) -> str:
         """The caller's name, else ``<task>_<mixer>_<config_hash>``."""
-        task = self.config.task.replace("/", "-")
-        return self.name or f"{task}_{self.model_config.mixer}_{config_hash(self.config)}"
+        task = self.resolved.config.task.replace("/", "-")
+        return self.name or f"{task}_{self.resolved.model_config.mixer}_{self.resolved.hash}"
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the log holds so far, with the run's name and config, for a checkpoint (``runners.train.resume``);
+        ``best`` is an index into ``history``."""
+        best = next(i for i, entry in enumerate(self.history) if entry is self.best) if self.best is not None else None
+        return {"name": self.default_name(), "config": self.resolved.config.to_dict(), "history": self.history,
+                "best": best, "stopped_early": self.stopped_early, "train_time": self.train_time}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what ``state_dict`` gave (other keys are the loop's)."""
+        self.history = list(state["history"])
+        self.best = None if state["best"] is None else self.history[state["best"]]
+        self.stopped_early, self.train_time = state["stopped_early"], state["train_time"]
 
     def record(self, *, n_params: int, device: torch.device, steps: int, start_wall: float,
                named: bool) -> dict[str, Any]:
         """The record after ``steps`` steps of a loop started at ``time.perf_counter()`` = ``start_wall``; named
         (``default_name``) for a file when ``named``, else it keeps the caller's name (maybe None)."""
-        tc, best = self.config.train, self.best
+        run, best = self.resolved, self.best
+        tc = run.config.train
         return {
             "name": self.default_name() if named else self.name,
-            "config": self.config.to_dict(),
-            "resolved": {"task_params": dataclasses.asdict(self.task.params), "model": self.model_config.to_dict()},
-            "versions": package_versions(self.model_config),
+            "config": run.config.to_dict(),
+            "resolved": {"task_params": dataclasses.asdict(run.task.params), "model": run.model_config.to_dict()},
+            "versions": package_versions(run.model_config),
             "device": device_info(device),
             "seeds": {"data_seed": tc.data_seed, "init_seed": tc.init_seed},
             "n_params": n_params,

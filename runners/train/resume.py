@@ -9,13 +9,15 @@ every evaluation), and when the process is interrupted (``Interrupts``), then re
 write goes to a new .pt and drops the older ones only once the .json names the new one, so a process killed
 between the two files (a worker past the pool's grace period) leaves the previous pair whole.
 
-What it holds is everything that makes the next steps the same: the stacked parameters, AdamW moments and
-training-loss sums, the step counter and the steps summed since the last evaluation, and per row of the stack its
-run (name, config), log (history, best evaluation, early stop, training time), whether it finished, and its
-shuffle generator's state before the permutation of the epoch the next step belongs to (the loop draws that
-permutation again and skips the steps already taken). The data, the initialisation and the learning rates follow
-from the configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the same way, as a stack of
-one whose tensors are its model's and AdamW's state dicts.
+What it holds is the state the training loop gives (``Snapshot``), everything that makes the next steps the same:
+the step counter and the steps summed since the last evaluation, the stack's state dict (``engine._Stack``:
+stacked parameters, AdamW moments, training-loss sums), and per row of the stack its run's state dict: name,
+config and log (``record.RunLog.state_dict``: history, best evaluation, early stop, training time), whether it
+finished, and its shuffle generator's state before the permutation of the epoch the next step belongs to (the
+loop draws that permutation again and skips the steps already taken). The data, the initialisation and the
+learning rates follow from the configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the
+same way, as a stack of one whose tensors are its model's and AdamW's state dicts. This module writes and reads
+those dicts and the files around them; the loops give and take their contents.
 
 A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash,
 and every run still training in it is asked for or has a record by now. A sweep run again plans only the runs
@@ -40,23 +42,19 @@ from typing import Any
 import torch
 from mixlab.core.atomic import atomic_file, write_json_atomic
 from mixlab.core.records import has_record
-from mixlab.runners.train.config import config_hash
-from mixlab.runners.train.record import RunLog
 
 PARTIAL = "partial"
 # A sweep's default seconds between checkpoints: writing one costs well under a second, and a ten-minute GPU call
 # stopped by its limit loses at most this much.
 DEFAULT_EVERY_S = 120.0
 FORMAT = 1
-# The stack's tensors a checkpoint holds: flat parameters and AdamW moments [N, P], training-loss sums [N].
-TENSORS = ("params", "exp_avg", "exp_avg_sq", "loss_acc")
 
 
 @dataclasses.dataclass
 class Snapshot:
-    """A training loop between two steps: its counters, its tensors (a stack's ``TENSORS`` on the CPU, or a run's
-    model and optimizer state dicts) and one dict per run (``log_state``), in the stack's row order. ``finished``
-    names live rows whose records were written after the snapshot."""
+    """A training loop between two steps, as the loop gives it: its counters, its tensors (the state dict of a
+    stack, or of a run's model and optimizer) and one state dict per run, in the stack's row order, each with at
+    least ``name`` and ``done``. ``finished`` names live rows whose records were written after the snapshot."""
 
     step: int
     loss_count: int  # steps since the last evaluation
@@ -69,42 +67,6 @@ class Snapshot:
 
 # What a checkpoint file holds of a Snapshot (``finished`` is learnt when it is loaded).
 _SAVED = tuple(f.name for f in dataclasses.fields(Snapshot) if f.name != "finished")
-
-
-def snapshot(stack: Any, rows: Sequence[Any], *, step: int, loss_count: int, new_epoch: bool, lap_s: float,
-             elapsed_s: float) -> Snapshot:
-    """The state of ``stack`` (an ``engine._Stack``) and its ``rows`` (``engine._Run``) after ``step`` steps.
-    ``new_epoch``: the next step starts an epoch, whose permutation is not drawn yet."""
-    return Snapshot(step=step, loss_count=loss_count,
-                    tensors={name: getattr(stack, name).detach().cpu() for name in TENSORS},
-                    rows=[log_state(run, run.shuffle.get_state() if new_epoch else run.epoch_shuffle, run.done)
-                          for run in rows], elapsed_s=elapsed_s, lap_s=lap_s)
-
-
-def restore(saved: Snapshot, stack: Any, rows: Sequence[Any]) -> None:
-    """Put ``saved`` back into a stack built from its rows' configs, in its row order; rows that finished since
-    the snapshot are marked done (the engine drops them)."""
-    for name in TENSORS:
-        getattr(stack, name).copy_(saved.tensors[name])
-    for run, state in zip(rows, saved.rows, strict=True):
-        restore_log(run, run.shuffle, state)
-        run.done = state["done"] or state["name"] in saved.finished
-
-
-def log_state(run: RunLog, shuffle: torch.Tensor, done: bool) -> dict[str, Any]:
-    """A run's part of a snapshot: its name and config, its log, whether it finished, and ``shuffle``, its
-    shuffle generator's state before the permutation of the epoch that its next step belongs to."""
-    best = next(i for i, entry in enumerate(run.history) if entry is run.best) if run.best is not None else None
-    return {"name": run.default_name(), "config": run.config.to_dict(), "history": run.history, "best": best,
-            "stopped_early": run.stopped_early, "train_time": run.train_time, "done": done, "shuffle": shuffle}
-
-
-def restore_log(run: RunLog, shuffle: torch.Generator, state: Mapping[str, Any]) -> None:
-    """Put a ``log_state`` back into the run's log and its shuffle generator."""
-    run.history = list(state["history"])
-    run.best = None if state["best"] is None else run.history[state["best"]]
-    run.stopped_early, run.train_time = state["stopped_early"], state["train_time"]
-    shuffle.set_state(state["shuffle"])
 
 
 def stack_key(names: Sequence[str]) -> str:
@@ -123,15 +85,16 @@ class Checkpoint:
         self.last = time.monotonic()
 
     @classmethod
-    def open(cls, out_dir: str | Path | None, runs: Sequence[RunLog], *, every_s: float | None, loop: str,
+    def open(cls, out_dir: str | Path | None, asked: Mapping[str, str], *, every_s: float | None, loop: str,
              device: str, bf16: bool) -> tuple[Checkpoint | None, Snapshot | None]:
-        """The checkpoint of a stack of ``runs`` writing records to ``out_dir`` and what it saved, if anything;
-        ``loop`` (``stack`` or ``run``: what its tensors are), ``device`` (the type) and ``bf16`` must be the
-        checkpoint's. (None, None) when checkpoints are off (no ``out_dir``, ``every_s`` None or negative)."""
+        """The checkpoint of a stack of the runs ``asked`` ({record name: config hash}) writing records to
+        ``out_dir`` and what it saved, if anything; ``loop`` (``stack`` or ``run``: what its tensors are),
+        ``device`` (the type) and ``bf16`` must be the checkpoint's. (None, None) when checkpoints are off (no
+        ``out_dir``, ``every_s`` None or negative)."""
         if out_dir is None or every_s is None or every_s < 0:
             return None, None
         out_dir = Path(out_dir)
-        asked = {run.default_name(): config_hash(run.config) for run in runs}
+        asked = dict(asked)
         where = {"loop": loop, "device": device, "bf16": bf16}
         for meta_path in sorted((out_dir / PARTIAL).glob("*.json")):
             found = _matching(meta_path, out_dir, asked, where)

@@ -1,9 +1,10 @@
 """One training run: a task, a model, AdamW, evaluation every epoch, one JSON record written atomically.
 
-The run's config is ``config.RunConfig``; what it shares with a run of a stack (``engine``) lives in one module
-each of this package: its data, initialisation and shuffling (``seeds``), its steps, evaluations and learning rates
-(``schedule``), its precision (``precision``), its evaluation (``evaluation``) and its record (``record``: the
-reported metrics come from the evaluation with the lowest test perplexity).
+The run is a ``resolved.ResolvedRun`` (a bare ``config.RunConfig`` is resolved here); what it shares with a run of
+a stack (``engine``) lives in one module each of this package: its data, initialisation and shuffling (``seeds``),
+its steps, evaluations and learning rates (``schedule``), its precision (``precision``), its evaluation
+(``evaluation``) and its record (``record``: the reported metrics come from the evaluation with the lowest test
+perplexity). Its checkpoints (``resume``) hold its model's and AdamW's state dicts and its log's.
 """
 
 from __future__ import annotations
@@ -18,20 +19,22 @@ from mixlab import kernels, models, tasks
 from mixlab.core.atomic import writable_folder
 from mixlab.models import checkpoint
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, resolve
+from mixlab.runners.train.config import RunConfig
 from mixlab.runners.train.evaluation import evaluate
 from mixlab.runners.train.metrics import scored_view, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.train.record import RunLog, TrainClock, write_record
+from mixlab.runners.train.resolved import ResolvedRun, as_resolved, resolve
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.seeds import initial_model, run_data, shuffle_generator
 from tqdm.auto import tqdm
 
 
-def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress: bool = True,
+def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None, progress: bool = True,
               run_name: str | None = None, save: bool = False,
               checkpoint_every_s: float | None = None) -> dict[str, Any]:
-    """Train one run and return its record; with ``out_dir`` also write ``<out_dir>/<run_name>.json``.
+    """Train one run (resolved, or its config, which is resolved here) and return its record; with ``out_dir`` also
+    write ``<out_dir>/<run_name>.json``.
 
     ``save`` (needs ``out_dir``) also writes the model to ``<out_dir>/<run_name>.pt`` (``models.save``): the
     weights of the evaluation the record's ``final`` metrics come from (the lowest test perplexity), not those
@@ -50,8 +53,9 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
     if out_dir is not None:
         writable_folder(out_dir)
+    run = as_resolved(run)
+    config, task, model_config = run.config, run.task, run.model_config
     tc = config.train
-    task, model_config = resolve(config)
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
 
@@ -70,17 +74,18 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
         tqdm.write(f"{config.task} {model_config.mixer} on {device.type}: {length}, {n_params:,} parameters",
                    file=sys.stderr)
 
-    log = RunLog(config=config, task=task, model_config=model_config, name=run_name)
+    log = RunLog(resolved=run, name=run_name)
     best_state: dict[str, torch.Tensor] | None = None  # weights at log.best, kept only when saving
     step = 0
     start_wall = time.perf_counter()
     loss_acc = torch.zeros((), device=device)
     loss_count = 0
     clock = TrainClock(device)
-    saver, saved = resume.Checkpoint.open(out_dir, [log], every_s=checkpoint_every_s, loop="run",
-                                          device=device.type, bf16=autocast)
+    saver, saved = resume.Checkpoint.open(out_dir, {log.default_name(): run.hash}, every_s=checkpoint_every_s,
+                                          loop="run", device=device.type, bf16=autocast)
     if saved is not None:
-        resume.restore_log(log, shuffle, saved.rows[0])
+        log.load_state_dict(saved.rows[0])
+        shuffle.set_state(saved.rows[0]["shuffle"])
         model.load_state_dict(saved.tensors["model"])
         optimizer.load_state_dict(saved.tensors["optimizer"])
         loss_acc.copy_(saved.tensors["loss_acc"])
@@ -96,7 +101,7 @@ def train_run(config: RunConfig, *, out_dir: str | Path | None = None, progress:
         tensors = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loss_acc": loss_acc,
                    "best_state": best_state or {}}
         saver.write(resume.Snapshot(step=step, loss_count=loss_count, tensors=tensors,
-                                    rows=[resume.log_state(log, shuffled, False)],
+                                    rows=[{**log.state_dict(), "done": False, "shuffle": shuffled}],
                                     elapsed_s=time.perf_counter() - start_wall, lap_s=clock.lap()))
 
     bar = tqdm(total=plan.total_steps, initial=step, disable=not progress, desc=f"{config.task} {model_config.mixer}",
@@ -182,8 +187,7 @@ def load_saved_run(path: str | Path, device: str | torch.device = "cpu") -> tupl
     """The model that ``train_run(..., save=True)`` wrote to ``path`` (on ``device``) and its run's test set,
     regenerated from the run config in the checkpoint's metadata."""
     config = RunConfig.from_dict(checkpoint.metadata(path)["config"])
-    task, _ = resolve(config)
-    _, test = run_data(task, config.train)
+    _, test = run_data(resolve(config).task, config.train)
     return models.load(path, device=device), test
 
 

@@ -21,6 +21,7 @@ from mixlab.tasks.base import Role, Task, TaskData, require
 class Compression(Task):
     name = "mad/compression"
     description = "MAD compression: reconstruct the whole row from the state at its last (compression) token."
+    objective = "compression"
 
     @dataclass(frozen=True)
     class Params:

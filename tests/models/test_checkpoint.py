@@ -7,8 +7,9 @@ from mixlab import models
 from mixlab.models import checkpoint
 from mixlab.runners.cli.main import main
 from mixlab.runners.train import run as train_module
-from mixlab.runners.train.config import RunConfig, TrainConfig, resolve
+from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.evaluation import evaluate
+from mixlab.runners.train.resolved import resolve
 from mixlab.runners.train.run import train_run
 from torch import nn
 
@@ -151,7 +152,7 @@ def test_train_run_saves_the_weights_of_the_reported_evaluation(tmp_path, monkey
     assert record["checkpoint"] == "r.pt"
     assert json.loads((tmp_path / "r.json").read_text())["checkpoint"] == "r.pt"
     model = models.load(tmp_path / "r.pt")
-    task, _ = resolve(config)
+    task = resolve(config).task
     test_data = task.generate(16, seed=0, split="test")
     again = evaluate(model, test_data, 256, torch.device("cpu"), False, task)
     for key in ("test_loss", "acc_micro", "acc_macro"):

@@ -13,6 +13,7 @@ from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.spec import SweepSpec
 from mixlab.runners.train import engine
 from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.train.resolved import resolve
 
 
 @pytest.mark.parametrize(("pattern", "n_layers", "expected"), [
@@ -86,13 +87,13 @@ def tiny(mixer: str, init_seed: int = 0, **model) -> RunConfig:
 
 def test_a_hybrid_stacks_only_when_every_mixer_of_it_does(monkeypatch):
     monkeypatch.setitem(MIXERS, "unstackable", Unstackable)
-    assert engine.unbatchable_reason(tiny("static_conv,attention")) is None
-    assert "mixer 'unstackable' does not stack" in engine.unbatchable_reason(tiny("attention,unstackable"))
-    reason = engine.unbatchable_reason(tiny("attention,rubiconv", kernel_backend="triton"))
+    assert resolve(tiny("static_conv,attention")).unbatchable_reason is None
+    assert "mixer 'unstackable' does not stack" in resolve(tiny("attention,unstackable")).unbatchable_reason
+    reason = resolve(tiny("attention,rubiconv", kernel_backend="triton")).unbatchable_reason
     assert "a kernel of mixer 'rubiconv' has no vmap rule" in reason
     # the declaration is honoured: such runs are trained one at a time, by train_run
     calls = []
-    monkeypatch.setattr(engine, "train_run", lambda config, **kw: calls.append(config) or {"config": config})
+    monkeypatch.setattr(engine, "train_run", lambda run, **kw: calls.append(run.config) or {})
     configs = [tiny("unstackable"), tiny("attention,unstackable")]
     engine.train_runs_batched(configs, progress=False)
     assert calls == configs

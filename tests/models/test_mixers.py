@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from mixlab import kernels
-from mixlab.models import MIXERS, ModelConfig
-from mixlab.models.layers import running_stacked, stacked_runs
+from mixlab.models import MIXERS, ModelConfig, build_model
+from mixlab.models.layers import Mixer
 from mixlab.models.mixers import attention
 from mixlab.models.mixers.attention import causal_sdpa_stacked, document_slots
 from torch import nn
@@ -227,8 +227,10 @@ def test_stacked_attention_op_registration():
     torch.library.opcheck(causal_sdpa_stacked, (q, k, v))
 
 
-def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
-    """Inside stacked_runs (runners.train.engine) attention calls causal_sdpa_stacked: the same outputs per run."""
+def test_a_model_built_to_fold_runs_folds_them_in_attention(monkeypatch):
+    """build_model(config, fold_runs=True), as the stacked engine builds its model on CUDA, makes attention call
+    causal_sdpa_stacked, whose vmap rule folds the runs into one batch: each run's logits as alone, and the same
+    parameters as a model built without it, whose attention never calls the op."""
     calls = []
 
     def spy(q, k, v):
@@ -236,16 +238,22 @@ def test_attention_takes_the_fold_inside_stacked_runs(monkeypatch):
         return causal_sdpa_stacked(q, k, v)
 
     monkeypatch.setattr(attention, "causal_sdpa_stacked", spy)
-    mixer = make_mixer("attention")
-    x = randn(2, B, T, D)  # two runs
-    with stacked_runs():
-        assert running_stacked()
-        out = torch.func.vmap(mixer)(x)
-    assert not running_stacked()
+    built = {}
+    for fold in (True, False):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            built[fold] = build_model(make_config("attention"), fold_runs=fold)
+    assert [m.fold_runs for m in built[True].modules() if isinstance(m, Mixer)] == [True]
+    assert [m.fold_runs for m in built[False].modules() if isinstance(m, Mixer)] == [False]
+    plain, folded = built[False].state_dict(), built[True].state_dict()
+    assert all(torch.equal(plain[name], folded[name]) for name in plain)
+    ids = torch.randint(0, 11, (2, B, T), generator=torch.Generator().manual_seed(0))  # two runs
+    out = torch.func.vmap(built[True])(ids)  # [2, B, T, V]
     assert calls and calls[-1][0] == 2 * B  # [R * B, H, T, hd]: the op's vmap rule folded the runs
-    inside = len(calls)
-    expected = torch.stack([mixer(x[0]), mixer(x[1])])
-    assert len(calls) == inside  # plain SDPA outside the context
+    calls.clear()
+    expected = torch.stack([built[False](ids[0]), built[False](ids[1])])
+    torch.func.vmap(built[False])(ids)
+    assert not calls
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 

@@ -119,10 +119,10 @@ def test_a_shape_that_fails_is_named_and_left_out_of_the_totals(monkeypatch):
     """One failing step shape (here: memorization's stack raises) costs its row, not the report."""
     real = bench_mad_module.train_runs_batched
 
-    def failing(configs, **options):
-        if configs[0].task == "mad/memorization":
+    def failing(runs, **options):
+        if runs[0].config.task == "mad/memorization":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return real(configs, **options)
+        return real(runs, **options)
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
     text = bench_mad("transformer", "smoke", BenchMadOptions(device="cpu", seeds=1, steps=1,
@@ -136,7 +136,7 @@ def test_a_shape_that_fails_is_named_and_left_out_of_the_totals(monkeypatch):
 
 
 def test_every_shape_failing_is_one_error(monkeypatch):
-    def failing(configs, **options):
+    def failing(runs, **options):
         raise RuntimeError("no kernel image is available")
 
     monkeypatch.setattr(bench_mad_module, "train_runs_batched", failing)
@@ -230,11 +230,11 @@ def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monke
     threads and ``compile_stack`` by a spy: nothing trains)."""
     calls, lock, running, most = [], threading.Lock(), [0], [0]
 
-    def spy(configs, speed):
+    def spy(runs, speed):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-            calls.append((configs[0].task, configs[0].train.steps, len(configs), speed))
+            calls.append((runs[0].config.task, runs[0].config.train.steps, len(runs), speed))
         time.sleep(0.02)
         with lock:
             running[0] -= 1
@@ -242,7 +242,7 @@ def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monke
 
     monkeypatch.setattr(bench_mad_module, "compile_stack", spy)
     _, shapes = bench_mad_module._chosen_shapes("transformer", "smoke", BenchMadOptions(device="cpu", seeds=2))
-    want = [(max(s.jobs, key=len).runs[0][1]["task"], 2, len(max(s.jobs, key=len)), "compile") for s in shapes]
+    want = [(max(s.jobs, key=len).runs[0].config.task, 2, len(max(s.jobs, key=len)), "compile") for s in shapes]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         assert bench_mad_module.precompile(shapes, "eager", 5, 2, 1, executor=pool) == 0
         assert calls == []
@@ -256,8 +256,8 @@ def test_precompile_compiles_the_compiled_shapes_ahead_in_the_timing_order(monke
                                            executor=pool) == 0
         assert calls == []
 
-        def fails_on_the_first(configs, speed):  # the timing of that shape names the error; the rest go on
-            spy(configs, speed)
+        def fails_on_the_first(runs, speed):  # the timing of that shape names the error; the rest go on
+            spy(runs, speed)
             if len(calls) == 1:
                 raise RuntimeError("out of memory")
             return 0.0

@@ -9,7 +9,8 @@ from mixlab.kernels.dynamic_conv import triton_headwise
 from mixlab.runners.bench.train import bench_train
 from mixlab.runners.train import run as train_module
 from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
-from mixlab.runners.train.engine import _adamw_update, group_key, train_runs_batched, unbatchable_reason
+from mixlab.runners.train.engine import _adamw_update, group_key, train_runs_batched
+from mixlab.runners.train.resolved import resolve
 from mixlab.runners.train.run import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
@@ -70,12 +71,22 @@ def test_mad_lab_init_and_biases_batch_bitwise():
     assert batched[0]["history"] != train_run(tiny(epochs=1, lr=1e-2), progress=False)["history"]
 
 
-@pytest.mark.parametrize("mode", ["fold", "native"])
-def test_attention_modes_under_vmap_match_one_at_a_time(monkeypatch, mode):
-    # fold is the CUDA default (fused kernels outside vmap); on the CPU its folded batch changes the last bits
-    monkeypatch.setattr(engine, "VMAP_ATTENTION", mode)
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "looped"])
+def test_attention_with_runs_folded_or_looped_matches_one_at_a_time(monkeypatch, fold):
+    """Folded runs are CUDA's way (fused kernels outside vmap), here on the CPU, where the folded batch changes the
+    last bits; the CPU's own way, torch's batch rules looping over the runs, is bitwise."""
+    monkeypatch.setattr(engine, "folds_runs", lambda device: fold)
+    built, build = [], models.build_model
+
+    def build_model(config, *, fold_runs=False):
+        built.append(fold_runs)
+        return build(config, fold_runs=fold_runs)
+
+    monkeypatch.setattr(models, "build_model", build_model)
+    engine._template.cache_clear()
     configs = [tiny(lr=1e-2), tiny(lr=5e-3, weight_decay=0.1, init_seed=1, data_seed=1)]
-    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=mode == "native")
+    assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=not fold)
+    assert fold in built, "the stack's template model is built with the fold asked for"
 
 
 def test_bf16_autocast_batches_bitwise_on_cpu():
@@ -93,7 +104,7 @@ def test_bf16_autocast_with_biases_batches_bitwise_on_cpu():
 
 def test_tasks_of_equal_shapes_stack_and_keep_their_own_data():
     configs = [tiny(task=("mad/noisy_recall", {"seq_len": 32, "frac_noise": p})) for p in (0.2, 0.6)]
-    assert group_key(configs[0]) == group_key(configs[1])
+    assert group_key(resolve(configs[0])) == group_key(resolve(configs[1]))
     batched = train_runs_batched(configs, progress=False)
     assert_same_records(batched, solo(configs))
 
@@ -105,7 +116,7 @@ def test_tasks_of_equal_shapes_stack_and_keep_their_own_data():
     ("eval_every", 2, False), ("beta2", 0.99, False), ("precision", "bf16", False),
 ], ids=lambda x: str(x))
 def test_group_key_train_fields(field, value, stacks):
-    assert (group_key(tiny()) == group_key(tiny(**{field: value}))) == stacks
+    assert (group_key(resolve(tiny())) == group_key(resolve(tiny(**{field: value})))) == stacks
 
 
 @pytest.mark.parametrize(("task_params", "model"), [
@@ -115,7 +126,7 @@ def test_group_key_train_fields(field, value, stacks):
     ({"seq_len": 32}, {"qkv_conv": "static"}),
 ], ids=["seq_len", "vocab_size", "d_model", "qkv_conv"])
 def test_group_key_shapes_and_model(task_params, model):
-    assert group_key(tiny()) != group_key(tiny(task=(ICR[0], task_params), model=model))
+    assert group_key(resolve(tiny())) != group_key(resolve(tiny(task=(ICR[0], task_params), model=model)))
 
 
 def test_early_stopped_run_drops_out_and_is_written_first(tmp_path, monkeypatch):
@@ -160,8 +171,8 @@ def test_finished_runs_stay_frozen_until_half_the_stack_is_done(monkeypatch):
         step(self, *args, **kwargs)
 
     monkeypatch.setattr(engine._Stack, "_step", spy_step)
-    batched = engine._train_stack(configs, [None] * 3, out_dir=None, progress=False, compile=False,
-                                  cuda_graph=False, compact_at=0.5)
+    batched = engine._train_stack([resolve(c) for c in configs], [None] * 3, out_dir=None, progress=False,
+                                  compile=False, cuda_graph=False, compact_at=0.5)
     assert_same_records(batched, solo(configs))
     assert [r["steps"] for r in batched] == [15, 2, 15]
     assert stack_sizes == [3] * 15
@@ -181,7 +192,7 @@ def test_cuda_graph_step_and_evaluation_match_uncaptured(compact_at, model, comp
     configs = [tiny(model=model, lr=1e-2, eval_every=2, device="cuda"),
                tiny(model=model, init_seed=1, eval_every=2, early_stop_acc=1e-6, device="cuda"),
                tiny(model=model, init_seed=2, eval_every=2, device="cuda")]
-    records = {graph: engine._train_stack(configs, [None] * 3, out_dir=None, progress=False,
+    records = {graph: engine._train_stack([resolve(c) for c in configs], [None] * 3, out_dir=None, progress=False,
                                           compile=compile, cuda_graph=graph, compact_at=compact_at)
                for graph in (False, True)}
     assert [r["steps"] for r in records[True]] == [15, 2, 15]
@@ -206,7 +217,7 @@ BATCHED_CASES = [(mixer, ICR, {"mixer": mixer}) for mixer in sorted(models.MIXER
 def test_every_mixer_batches(label, task, model):
     configs = [tiny(task=task, model=model, epochs=1),
                tiny(task=task, model=model, epochs=1, init_seed=1, lr=1e-3)]
-    assert unbatchable_reason(configs[0]) is None
+    assert resolve(configs[0]).unbatchable_reason is None
     # batched FFTs (rubiconv, fft_conv_leaky, hyena, hyena_leaky) round differently from one-row FFTs; so does
     # the head-wise generator's batched matmul (test logits differ in the last bits, which the loss sum may or
     # may not show), and the chunked delta rule its batched matmuls and triangular solves
@@ -232,13 +243,14 @@ def test_short_convs_stack_on_their_triton_kernels(label, model, knobs, monkeypa
     sizes = {"epochs": 1, "num_train": 8, "batch_size": 4, "num_test": 4, "eval_batch_size": 4}
     configs = [tiny(model={**model, "kernel_backend": "triton"}, **sizes),
                tiny(model={**model, "kernel_backend": "triton"}, init_seed=1, **sizes)]
-    assert unbatchable_reason(configs[0]) is None
+    assert resolve(configs[0]).unbatchable_reason is None
     for name, value in knobs.items():
         monkeypatch.setattr(triton_headwise, name, value)
     exact = not label.startswith("dynamic_headwise")  # its generator's batched matmul rounds differently (above)
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
     for long_conv in ("rubiconv", "hyena"):
-        assert "has no vmap rule" in unbatchable_reason(tiny(model={"mixer": long_conv, "kernel_backend": "triton"}))
+        run = resolve(tiny(model={"mixer": long_conv, "kernel_backend": "triton"}))
+        assert "has no vmap rule" in run.unbatchable_reason
 
 
 PACKED = ("packed/associative_retrieval", {"seq_len": 64, "min_doc_len": 8, "doc_len_median": 16, "max_doc_len": 32,
@@ -259,7 +271,7 @@ def test_packed_runs_stack(monkeypatch, label, model):
     up to the head's rounding at few scored positions (module docstring of runners.train.engine; the mixers' outputs
     per run: tests/models/test_mixers.py)."""
     configs = packed_pair(model)
-    assert unbatchable_reason(configs[0]) is None
+    assert resolve(configs[0]).unbatchable_reason is None
     monkeypatch.setattr(engine, "train_run", None)  # nothing may train alone
     batched = train_runs_batched(configs, progress=False)
     monkeypatch.undo()
@@ -271,7 +283,7 @@ def test_packed_runs_refuse_compile_and_graphs(monkeypatch):
         with pytest.raises(ValueError, match="packed task"):
             train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, speed=speed)
     modes = []
-    monkeypatch.setattr(engine, "_train_stack", lambda configs, names, **kw: modes.append(kw) or [{}] * len(configs))
+    monkeypatch.setattr(engine, "_train_stack", lambda runs, names, **kw: modes.append(kw) or [{}] * len(runs))
     monkeypatch.setattr(engine, "pick_device", lambda name: torch.device("cuda"))  # where auto would graph
     train_runs_batched(packed_pair({"mixer": "rubiconv"}), progress=False, speed="auto")
     assert [(m["compile"], m["cuda_graph"]) for m in modes] == [(False, False)]  # auto: eager
@@ -307,13 +319,13 @@ def test_packed_stack_steps_never_wait_for_the_device(monkeypatch, mixer):
 @pytest.mark.skipif(not models.MIXERS["gla"].available(), reason="needs fla-core")
 def test_packed_fla_baselines_are_trained_one_at_a_time(monkeypatch):
     configs = packed_pair({"mixer": "gla"})
-    assert "layout on the host" in unbatchable_reason(configs[0])
-    assert unbatchable_reason(tiny(model={"mixer": "gla"})) is None  # without documents it stacks
+    assert "layout on the host" in resolve(configs[0]).unbatchable_reason
+    assert resolve(tiny(model={"mixer": "gla"})).unbatchable_reason is None  # without documents it stacks
     calls = []
 
-    def spy(config, **kwargs):
-        calls.append(config)
-        return train_run(config, **kwargs)
+    def spy(run, **kwargs):
+        calls.append(run.config)
+        return train_run(run, **kwargs)
 
     monkeypatch.setattr(engine, "train_run", spy)
     train_runs_batched(configs, progress=False)
@@ -325,9 +337,9 @@ def test_max_stack_splits_groups_and_keeps_the_order(monkeypatch):
                tiny(epochs=1, init_seed=2)]
     sizes = []
     stack = engine._train_stack
-    def spy(configs, *args, **kwargs):
-        sizes.append(len(configs))
-        return stack(configs, *args, **kwargs)
+    def spy(runs, *args, **kwargs):
+        sizes.append(len(runs))
+        return stack(runs, *args, **kwargs)
 
     monkeypatch.setattr(engine, "_train_stack", spy)
     batched = train_runs_batched(configs, progress=False, max_stack=2)

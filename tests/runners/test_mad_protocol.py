@@ -12,7 +12,6 @@ from mixlab.models.layers import Mixer
 from mixlab.runners.cli.sweep import register
 from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.manifest import write_manifest
-from mixlab.runners.train.config import resolve
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.tasks import get_task
 from mixlab.tasks.mad import mad_sweep_settings
@@ -110,7 +109,7 @@ def test_every_model_name_plans(name):
 
 
 def test_striped_hybrid_preset_builds_a_hyena_block_then_an_attention_block():
-    _, config = resolve(mad.mad_plan("striped_hyena_attention", "smoke").runs[0].config)
+    config = mad.mad_plan("striped_hyena_attention", "smoke").runs[0].resolved.model_config
     model = models.build_model(config)
     mixers = [type(m).__name__ for m in model.modules() if isinstance(m, Mixer)]
     assert mixers == ["Hyena", "Attention"]

@@ -21,6 +21,7 @@ from mixlab.runners.train import resume
 from mixlab.runners.train import run as train_module
 from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.engine import train_runs_batched
+from mixlab.runners.train.resolved import resolve
 from mixlab.runners.train.run import train_run
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
@@ -177,13 +178,13 @@ def test_a_run_that_stopped_early_before_the_interrupt_is_neither_trained_nor_wr
                "compact_at": compact_at, "checkpoint_every_s": NEVER}
     interrupt_after(monkeypatch, "step", 7)
     with pytest.raises(KeyboardInterrupt):
-        engine._train_stack(configs, NAMES, **options)
+        engine._train_stack([resolve(c) for c in configs], NAMES, **options)
     assert [p.name for p in tmp_path.glob("*.json")] == ["early.json"]
     early = (tmp_path / "early.json").stat()
 
     monkeypatch.undo()
     sizes = interrupt_after(monkeypatch, "step", 0)
-    records = engine._train_stack(configs, NAMES, **options)
+    records = engine._train_stack([resolve(c) for c in configs], NAMES, **options)
     assert sizes == [3 if compact_at == 0.5 else 2] * 8
     assert (tmp_path / "early.json").stat().st_mtime_ns == early.st_mtime_ns, "not written again"
     expected = files(reference[("fp32", 1e-6)])
@@ -331,7 +332,7 @@ def test_a_sweep_worker_checkpoints_its_stack_when_the_pool_ends_it(tmp_path, mo
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(engine._Stack, "step", step)
-    job = Job(tuple((name, config.to_dict()) for name, config in zip(NAMES, stack())))
+    job = Job(tuple(resolve(config) for config in stack()))
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Exited):
         local_backend.run_in_worker(job, str(tmp_path), {"checkpoint_every_s": NEVER})
@@ -339,7 +340,9 @@ def test_a_sweep_worker_checkpoints_its_stack_when_the_pool_ends_it(tmp_path, mo
     assert json.loads(next((tmp_path / resume.PARTIAL).glob("*.json")).read_text())["step"] == 7
     monkeypatch.undo()
     assert local_backend.run_in_worker(job, str(tmp_path), {"checkpoint_every_s": NEVER}) == 3
-    assert files(tmp_path) == files(reference[("fp32", None)])
+    # the job names its records by hash; the reference by NAMES
+    named = {name: {**record, "name": name} for name, record in zip(NAMES, files(tmp_path, job.hashes).values())}
+    assert named == files(reference[("fp32", None)])
 
 
 # Six runs of one stack: those with early_stop_acc 1e-6 stop at their first evaluation (step 1).

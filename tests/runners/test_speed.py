@@ -10,6 +10,7 @@ from mixlab.runners.cli.main import main
 from mixlab.runners.sweep.jobs import run_job
 from mixlab.runners.train import engine
 from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.resolved import resolve
 from mixlab.runners.train.speed import GRAPH_MAX_ROW, from_flags, stack_modes
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
@@ -36,11 +37,11 @@ def test_stack_modes(speed, device, row, modes):
 def test_auto_leaves_stacks_of_fla_baselines_eager(mixer, compiles):
     """A model with an fla mixer in any layer: auto runs its stacks eager on CUDA (compiling them was timed not
     to help); what was asked explicitly stays as asked."""
-    config = RunConfig(task="mad/in_context_recall", model={"mixer": mixer, "n_layers": 2})
-    assert engine.auto_compiles(config) is compiles
-    modes = stack_modes("auto", CUDA, 127, engine.auto_compiles(config))
+    run = resolve(RunConfig(task="mad/in_context_recall", model={"mixer": mixer, "n_layers": 2}))
+    assert run.auto_compiles is compiles
+    modes = stack_modes("auto", CUDA, 127, run.auto_compiles)
     assert modes == ((True, False) if compiles else (False, False))
-    assert stack_modes("compile", CUDA, 127, engine.auto_compiles(config)) == (True, False)
+    assert stack_modes("compile", CUDA, 127, run.auto_compiles) == (True, False)
 
 
 @pytest.mark.parametrize(("speed", "compile", "cuda_graph", "want"), [
@@ -71,21 +72,21 @@ def test_auto_compiles_on_cuda_graphs_short_rows_and_leaves_packed_stacks_eager(
     trains)."""
     picked = {}
 
-    def spy(configs, names, **kwargs):
-        picked[configs[0].task, engine.row_tokens(configs[0])] = (kwargs["compile"], kwargs["cuda_graph"],
-                                                                  kwargs["compact_at"])
-        return [{} for _ in configs]
+    def spy(runs, names, **kwargs):
+        picked[runs[0].config.task, runs[0].row_tokens] = (kwargs["compile"], kwargs["cuda_graph"],
+                                                           kwargs["compact_at"])
+        return [{} for _ in runs]
 
     monkeypatch.setattr(engine, "_train_stack", spy)
     monkeypatch.setattr(engine, "pick_device", lambda _: CUDA)
-    monkeypatch.setattr(engine, "group_key", lambda c: (c.task, engine.row_tokens(c)))
+    monkeypatch.setattr(engine, "group_key", lambda run: (run.config.task, run.row_tokens))
     small = {"d_model": 16, "n_heads": 2}
     configs = [RunConfig(task="mad/in_context_recall", task_params={"seq_len": t}, model=small,
                          train=TrainConfig(epochs=1, init_seed=seed)) for t in (32, 64, 1024) for seed in (0, 1)]
     configs.append(RunConfig(task="packed/noisy_recall", model=small, train=TrainConfig(epochs=1)))
     engine.train_runs_batched(configs, progress=False, speed="auto")
     compiled = (True, False, engine.COMPILED_COMPACTION)
-    packed_len = engine.row_tokens(configs[-1])
+    packed_len = resolve(configs[-1]).row_tokens
     assert picked == {("mad/in_context_recall", 31): (True, True, engine.COMPILED_COMPACTION),
                       ("mad/in_context_recall", 63): compiled, ("mad/in_context_recall", 1023): compiled,
                       ("packed/noisy_recall", packed_len): (False, False, 1.0)}

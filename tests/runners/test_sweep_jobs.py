@@ -3,9 +3,11 @@ resuming a half-done job change no record."""
 
 import dataclasses
 import json
+import pickle
 
 import pytest
 import typer
+from mixlab import tasks
 from mixlab.runners.cli.sweep import register
 from mixlab.runners.sweep import jobs as sweep_jobs
 from mixlab.runners.sweep.jobs import Job, job_key, plan_jobs, run_job
@@ -13,8 +15,10 @@ from mixlab.runners.sweep.mad import LRS, WEIGHT_DECAYS, mad_plan
 from mixlab.runners.sweep.plan import PlannedRun
 from mixlab.runners.sweep.run import SweepOptions, run_sweep
 from mixlab.runners.sweep.spec import SweepSpec
-from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
+from mixlab.runners.train import engine
+from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.engine import chunks
+from mixlab.runners.train.resolved import resolve
 from typer.testing import CliRunner
 
 # vmap of CPU attention loops over the runs (no batching rule for the CPU flash kernel): slower, same numbers.
@@ -68,7 +72,7 @@ def assert_same_results(got, want):
 def planned(task, params, model, **train):
     config = RunConfig(task=task, task_params=params, model=model,
                        train=TrainConfig(**{**GRID["train"], **train}))
-    return PlannedRun(config_hash(config), config, {})
+    return PlannedRun(resolve(config), {})
 
 
 def test_runs_of_one_model_shape_share_a_job_in_plan_order():
@@ -77,9 +81,9 @@ def test_runs_of_one_model_shape_share_a_job_in_plan_order():
     assert [len(job) for job in jobs] == [4, 4, 4, 4]
     position = {run.hash: i for i, run in enumerate(plan.runs)}
     for job in jobs:
-        models = {json.dumps(config["model"], sort_keys=True) for _, config in job.runs}
+        models = {json.dumps(run.config.model, sort_keys=True) for run in job.runs}
         assert len(models) == 1, "one model config per job"
-        assert {(c["train"]["lr"], c["train"]["init_seed"]) for _, c in job.runs} == {
+        assert {(run.config.train.lr, run.config.train.init_seed) for run in job.runs} == {
             (lr, seed) for lr in (1e-3, 1e-2) for seed in (0, 1)}, "learning rates and seeds stack"
         assert [position[h] for h in job.hashes] == sorted(position[h] for h in job.hashes)
     assert sorted(h for job in jobs for h in job.hashes) == sorted(position)
@@ -144,17 +148,44 @@ def test_unbatchable_runs_are_jobs_of_their_own():
                                             [runs[4].hash, runs[5].hash], [runs[6].hash, runs[7].hash]]
 
 
+def test_a_sweep_resolves_each_run_once(monkeypatch):
+    """Planning the MAD smoke profile, cutting it into jobs and handing each job to the engine builds each run's
+    task at most once (``runners.train.resolved.resolve``; the plan shares one resolution among the training
+    points of a task and model); the training itself is left out."""
+    built = []
+    get_task = tasks.get_task
+    monkeypatch.setattr(tasks, "get_task", lambda name, **params: built.append(name) or get_task(name, **params))
+    monkeypatch.setattr(engine, "_train_stack", lambda runs, names, **kwargs: [{"name": name} for name in names])
+    plan = mad_plan("transformer", "smoke", seeds=2, device="cpu")
+    jobs = plan_jobs(plan.runs)
+    trained = [record["name"] for job in jobs for record in run_job(job, None)]
+    assert sorted(trained) == sorted(r.hash for r in plan.runs)
+    assert 0 < len(built) <= len(plan.runs)
+
+
+def test_a_job_pickles_with_its_resolved_runs():
+    """Jobs reach spawned workers and Ray tasks as pickles: a run of every task comes back with its config, hash,
+    task (the same data), model config and stacking key."""
+    runs = [resolve(RunConfig(task=name, model={"d_model": 16, "n_heads": 2}, train=TrainConfig(device="cpu")))
+            for name in tasks.TASKS]
+    job = pickle.loads(pickle.dumps(Job(tuple(runs))))
+    for run, again in zip(runs, job.runs, strict=True):
+        assert (again.config, again.hash, again.model_config, again.stack_key) == \
+               (run.config, run.hash, run.model_config, run.stack_key)
+        assert again.task.params == run.task.params and again.objective == run.objective
+        assert again.task.generate(2, seed=1).inputs.equal(run.task.generate(2, seed=1).inputs)
+
+
 def test_job_key_plans_cuda_runs_without_a_gpu():
     """A driver without a GPU plans a GPU sweep (engine.group_key would refuse device 'cuda' here)."""
     params = GRID["tasks"][0]["params"]
     runs = [planned("mqar", params, {**LAYER, "d_model": 8}, device=device, init_seed=seed)
             for device in ("cuda", "cpu", "auto") for seed in (0, 1)]
-    keys = [job_key(run.config) for run in runs]
+    keys = [job_key(run.resolved) for run in runs]
     assert keys[0] == keys[1] and len({keys[0], keys[2], keys[4]}) == 3
     assert [job.device for job in plan_jobs(runs)] == ["cuda", "cpu", "auto"]
-    config = runs[0].config
-    bf16 = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))
-    assert job_key(bf16) != keys[0]
+    run = runs[0].resolved
+    assert job_key(run.with_train(dataclasses.replace(run.config.train, precision="bf16"))) != keys[0]
 
 
 def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
