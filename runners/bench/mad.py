@@ -98,7 +98,7 @@ class StepShape:
 
     @property
     def label(self) -> str:
-        return f"{self.task} T={self.seq_len} V={self.vocab_size} x{len(self.jobs[0])}"
+        return f"{self.task} T={self.seq_len} V={self.vocab_size} x{self.jobs[0].stack_width}"
 
 
 def _modules(model_config: models.ModelConfig) -> list[nn.Module]:
@@ -149,12 +149,12 @@ def matmul_tflops(device: torch.device) -> float | None:
 
 
 def step_shapes(jobs: Sequence[Job]) -> list[StepShape]:
-    """Jobs grouped by what a step costs: resolved model config, input length, batch, precision and stack size."""
+    """Jobs grouped by what a step costs: resolved model config, input length, batch, precision and stack width."""
     shapes: dict[tuple, StepShape] = {}
     for job in jobs:
         first = job.runs[0]
         model_config, seq_len, tc = first.model_config, first.row_tokens, first.config.train
-        key = (model_config, seq_len, tc.batch_size, tc.precision, tc.device, len(job))
+        key = (model_config, seq_len, tc.batch_size, tc.precision, tc.device, job.stack_width)
         shape = shapes.get(key)
         if shape is None:
             shape = shapes[key] = StepShape(task=first.config.task, vocab_size=model_config.vocab_size,
@@ -164,14 +164,14 @@ def step_shapes(jobs: Sequence[Job]) -> list[StepShape]:
         shape.jobs.append(job)
         for run in job.runs:
             shape.tokens += run.config.train.epochs * run.config.train.num_train * seq_len
-    return sorted(shapes.values(), key=lambda s: (s.task, s.vocab_size, s.seq_len, -len(s.jobs[0])))
+    return sorted(shapes.values(), key=lambda s: (s.task, s.vocab_size, s.seq_len, -s.jobs[0].stack_width))
 
 
 def _timing_runs(job: Job, steps: int) -> list[ResolvedRun]:
-    """The job's runs cut to ``steps`` steps with one evaluation at the end, no early stop; enough training rows
-    for those steps (a step's cost does not depend on how many rows it samples from)."""
+    """The first stack of the job's runs (its width) cut to ``steps`` steps with one evaluation at the end, no early
+    stop; enough training rows for those steps (a step's cost does not depend on how many rows it samples from)."""
     out = []
-    for run in job.runs:
+    for run in job.runs[: job.stack_width]:
         tc = run.config.train
         out.append(run.with_train(dataclasses.replace(tc, epochs=None, steps=steps, early_stop_acc=None, eval_every=0,
                                                       num_train=min(tc.num_train, steps * tc.batch_size),
@@ -333,7 +333,7 @@ def _shape_row(s: StepShape, ceilings: Ceilings) -> str:
     speedup = f"{s.stacked / s.alone:.1f}x" if s.alone else "-"
     verdict = f"FAILED {s.error}" if s.error else "not timed (stop_after)" if s.skipped else s.gate or "-"
     tasks = ", ".join(sorted(s.tasks or {s.task}))
-    return (f"| {tasks} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {len(s.jobs[0])} | "
+    return (f"| {tasks} | {', '.join(sorted(s.settings))} | {s.vocab_size} | {s.seq_len} | {s.jobs[0].stack_width} | "
             f"{len(s.jobs)} | {s.speed or '-'} | {_fmt(s.stacked, ',.0f')} | {_fmt(s.alone, ',.0f')} | {speedup} | "
             f"{s.tokens / 1e6:,.1f} | {_fmt(_minutes(s.tokens, s.stacked), '.2f')} | "
             f"{_fmt(_minutes(s.tokens, s.alone), '.2f')} | {_fmt(ceilings.flop_minutes(s), '.2f')} | "

@@ -15,7 +15,7 @@ that has a record. An exception from training (a bad config) is not retried: it 
 local backend. Ctrl-C on the driver cancels the tasks in flight; finished records stay.
 
 The cost of returning records: a job's records arrive when the whole job ends, so a dead or cancelled task
-loses all of its job, runs that stopped early included; ``max_stack`` bounds that loss.
+loses all of its job, runs that stopped early included; a job's size (``jobs.plan_jobs``) bounds that loss.
 
 Resources: a job asks Ray for ``cpus_per_job`` CPUs (torch uses that many threads in the task), plus
 ``gpus_per_job`` GPUs (a fraction lets jobs share a GPU) when its runs' device is ``cuda``, or ``auto`` on a

@@ -48,8 +48,9 @@ class SweepOptions:
         backend). Under a hard time limit (a 10-minute GPU call), set it to the limit minus the longest job, so a
         kill at the limit does not throw away jobs that were nearly done.
     progress: a tqdm bar that counts runs, with an ETA.
-    batch: the runs of a job trained stacked by the batched engine; False: one run per job with ``train_run``
-        (max_stack is then 1). max_stack: most runs in one job. speed: how the engine steps each stack
+    batch: the runs of a job trained stacked by the batched engine; False: one run per job with ``train_run``.
+        max_stack: most runs a stack trains at once (its width); a job holds up to ``jobs.JOB_STACKS`` times as
+        many, queued, each taking the row of a run that ended. speed: how the engine steps each stack
         (``runners.train.speed``: eager, compile, cuda-graph, compile+graph, or auto, picked per stack).
     backend: ``local``, or ``ray``: each job a Ray task (``runners.sweep.ray_backend``, options ``ray``, default
         ``RayOptions()``); needs ``pip install mixlab[ray]``, and workers must be 1 (Ray schedules the jobs by
@@ -152,7 +153,8 @@ def run_sweep(plan: SweepPlan, out_dir: str | Path, options: SweepOptions | None
               and (not options.settings or r.meta["setting"] in options.settings)]
     todo = [r.hash for r in chosen if r.hash not in done][: options.limit]
     # the finished runs shape the jobs too: a stack stopped part-way is formed again and finds its checkpoint
-    jobs = plan_jobs(chosen, options.max_stack if options.batch else 1, todo=set(todo))
+    jobs = (plan_jobs(chosen, options.max_stack, todo=set(todo)) if options.batch
+            else plan_jobs(chosen, 1, todo=set(todo), job_stacks=1))
     writable_folder(out)
     runs_dir.mkdir(exist_ok=True)
     write_manifest(out, plan)

@@ -81,6 +81,7 @@ row's) between any two steps, and takes it back.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -98,12 +99,12 @@ from mixlab import kernels, models, tasks
 from mixlab.core.fields import PositiveInt, check
 from mixlab.core.records import read_record
 from mixlab.runners.train import resume
-from mixlab.runners.train.config import RunConfig, TrainConfig
+from mixlab.runners.train.config import RunConfig
 from mixlab.runners.train.evaluation import eval_batches
 from mixlab.runners.train.metrics import EvalSums, scored_positions, sparse_width, training_loss
 from mixlab.runners.train.precision import bf16_autocast, pick_device, uses_bf16
 from mixlab.runners.train.record import RunLog, TrainClock, write_record
-from mixlab.runners.train.resolved import ResolvedRun, as_resolved, resolve
+from mixlab.runners.train.resolved import ResolvedRun, as_resolved
 from mixlab.runners.train.run import packed_layout, train_run
 from mixlab.runners.train.schedule import StepPlan
 from mixlab.runners.train.seeds import initial_model, run_data, shuffle_generator
@@ -114,8 +115,8 @@ from tqdm.auto import tqdm
 ADAM_EPS = 1e-8
 # Warm-up steps (undone) before a CUDA graph capture: lazy initialisations must not happen during capture.
 GRAPH_WARMUP_STEPS = 2
-# With compile, finished runs stay in the stack (trained on, unreported) until at most this fraction of it
-# is still training: each new stack size costs a compilation.
+# With compile, once the queue is empty, rows left empty stay in the stack (idle) until at most this fraction of it
+# still trains: each new stack size costs a compilation.
 COMPILED_COMPACTION = 0.5
 # Compiled variants allowed per function (torch's default, 8, is shared by every stack of the process):
 # one per stack size and batch shape (the last batch of an epoch may be smaller).
@@ -123,24 +124,12 @@ RECOMPILE_LIMIT = 256
 
 
 def group_key(run: ResolvedRun) -> tuple:
-    """Runs with equal keys can be stacked: the run's ``stack_key`` (resolved model config, data shape and every
-    training setting that fixes shapes or the step/evaluation schedule; module docstring lists what may differ),
+    """Runs with equal keys can share a stack: the run's ``stack_key`` (resolved model config, row shape and the
+    training settings that fix a tensor shape or the stacked arithmetic; module docstring lists what may differ),
     with the device and the precision it resolves to on this machine."""
     tc = run.config.train
     device = pick_device(tc.device)
     return run.stack_key, device.type, uses_bf16(tc.precision, device)
-
-
-def chunks(members: Sequence[int], max_stack: int) -> list[list[int]]:
-    """``members`` in order, cut into the fewest stacks of at most ``max_stack``, their sizes differing by at
-    most one: 90 runs at 64 make stacks of 45 and 45, not 64 and 26 (one stack size to compile, not two, and
-    the two stacks take as long)."""
-    count = -(-len(members) // max_stack)
-    size, extra = divmod(len(members), count)
-    bounds = [0]
-    for n in range(count):
-        bounds.append(bounds[-1] + size + (n < extra))
-    return [list(members[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
 
 def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str | Path | None = None,
@@ -152,9 +141,9 @@ def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str 
 
     Each record equals what ``train_run(run, out_dir=out_dir, run_name=name)`` returns (time fields aside,
     module docstring) and is written to ``<out_dir>/<name>.json`` as soon as its run ends. ``speed``: how each
-    stack steps (``runners.train.speed``; ``auto`` picks per stack from its device and task). ``max_stack`` caps
-    the runs per stack (a larger group is trained in consecutive stacks of near-equal sizes, ``chunks``);
-    None = no cap.
+    stack steps (``runners.train.speed``; ``auto`` picks per stack from its device and task). ``max_stack``: the
+    most runs a stack trains at once, its width; a group of more runs waits in the stack's queue, in the order
+    given, and each run that ends hands its row to the next (module docstring). None = no cap.
 
     ``checkpoint_every_s`` (with ``out_dir``): each stack writes a checkpoint under ``<out_dir>/partial/`` at
     evaluations once that many seconds have passed since its last (0: at every evaluation; None or negative:
@@ -188,40 +177,77 @@ def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str 
                 records[i] = train_run(runs[i], out_dir=out_dir, progress=progress, run_name=names[i],
                                        checkpoint_every_s=checkpoint_every_s)
             continue
-        for chunk in chunks(members, max_stack or len(members)):
-            done = _train_stack([runs[i] for i in chunk], [names[i] for i in chunk], out_dir=out_dir,
-                                progress=progress, compile=compile, cuda_graph=cuda_graph,
-                                compact_at=COMPILED_COMPACTION if compile else 1.0,
-                                checkpoint_every_s=checkpoint_every_s)
-            for i, record in zip(chunk, done):
-                records[i] = record
+        done = _train_stack([runs[i] for i in members], [names[i] for i in members], out_dir=out_dir,
+                            progress=progress, compile=compile, cuda_graph=cuda_graph,
+                            compact_at=COMPILED_COMPACTION if compile else 1.0,
+                            width=min(max_stack or len(members), len(members)),
+                            checkpoint_every_s=checkpoint_every_s)
+        for i, record in zip(members, done):
+            records[i] = record
     return records
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
 class _Run(RunLog):
-    """One run of a stack: what train_run logs for its record, and its place in the stack's loop."""
+    """One run of a stack: what train_run logs for its record, and where its own step plan stands. It steps only in
+    the stack's steps whose batch length is that of its next batch (``_Loop._step``)."""
 
+    plan: StepPlan
     shuffle: torch.Generator
-    epoch_shuffle: torch.Tensor | None = None  # shuffle's state before the current epoch's permutation
-    done: bool = False  # record written; the run may still sit in the stack, frozen, until compaction
+    offset: int = 0  # its training set's first row in the stack's training data
+    step: int = 0  # optimizer steps it has taken
+    loss_count: int = 0  # of them since its last evaluation
+    order: torch.Tensor | None = None  # its epoch's permutation of its training rows (offset added), once drawn
+    epoch_shuffle: torch.Tensor | None = None  # shuffle's state before ``order`` was drawn
     lr: float = 0.0  # of its latest step
+    share: float = 0.0  # its share of the stack's steps since the training clock's last lap
+    start_wall: float = 0.0  # time.perf_counter() when it took its row
 
     @classmethod
     def of(cls, run: ResolvedRun, name: str | None) -> _Run:
-        return cls(resolved=run, name=name, shuffle=shuffle_generator(run.config.train.init_seed))
+        tc = run.config.train
+        return cls(resolved=run, name=name, plan=StepPlan.of(tc), shuffle=shuffle_generator(tc.init_seed))
 
-    def state_dict(self, *, new_epoch: bool) -> dict[str, Any]:
-        """The log's state dict, whether the run finished, and its shuffle generator's state before the permutation
-        of the epoch its next step belongs to (``new_epoch``: that epoch starts with the next step, its permutation
-        not drawn yet)."""
-        shuffle = self.shuffle.get_state() if new_epoch else self.epoch_shuffle
-        return {**super().state_dict(), "done": self.done, "shuffle": shuffle}
+    @property
+    def next_batch(self) -> int:
+        """Rows of its next step's batch."""
+        return self.plan.batch_rows(self.step)
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped_early or self.step == self.plan.total_steps
+
+    def batch_rows(self) -> torch.Tensor:
+        """Its next step's rows of the stack's training data [next_batch]; the epoch's permutation is drawn at its
+        first step (or at the first step after a resume), as train_run draws it."""
+        i = self.step % self.plan.steps_per_epoch
+        if i == 0 or self.order is None:
+            self.epoch_shuffle = self.shuffle.get_state()
+            self.order = torch.randperm(self.plan.num_train, generator=self.shuffle) + self.offset
+        return self.order[self.plan.batch(i)]
+
+    def adamw_scalars(self) -> tuple[float, float, float, float]:
+        """(lr, decay 1 - lr * wd, step size -lr / (1 - beta1^t), sqrt(1 - beta2^t)) of its next step, t its AdamW
+        step count after it, in float64 as torch.optim.AdamW computes them."""
+        train = self.resolved.config.train
+        t = float(self.step + 1)
+        lr = self.plan.lr(train, self.step)
+        return lr, 1 - lr * train.weight_decay, -(lr / (1 - train.beta1**t)), (1 - train.beta2**t) ** 0.5
+
+    def state_dict(self) -> dict[str, Any]:
+        """The log's state dict, its step counters, and its shuffle generator's state before the permutation of
+        the epoch its next step belongs to (drawn again on load)."""
+        fresh = self.order is None or self.step % self.plan.steps_per_epoch == 0  # next step draws a permutation
+        return {**super().state_dict(), "step": self.step, "loss_count": self.loss_count,
+                "shuffle": self.shuffle.get_state() if fresh else self.epoch_shuffle, "share": self.share,
+                "wall_s": time.perf_counter() - self.start_wall}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.done = state["done"]
+        self.step, self.loss_count, self.share = state["step"], state["loss_count"], state["share"]
         self.shuffle.set_state(state["shuffle"])
+        self.order = None
+        self.start_wall = time.perf_counter() - state["wall_s"]
 
 
 def folds_runs(device: torch.device) -> bool:
@@ -284,87 +310,99 @@ def _stacked_logits(template: torch.nn.Module, params: dict[str, torch.Tensor], 
     return torch.func.vmap(forward, in_dims=in_dims)(params, inputs, positions, cu_seqlens)
 
 
-def _scored_stack(targets: list[torch.Tensor], device: torch.device
-                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Targets [N, T] of each distinct data set, stacked for the device: (None, [U, N, T]) for dense tasks, or
-    (positions, targets) [U, N, S] at the scored positions (runners.train.metrics), S the widest set's."""
+def _scored(targets: list[torch.Tensor]) -> tuple[list[torch.Tensor] | None, list[torch.Tensor]]:
+    """Targets [rows, T] of each distinct data set as the stack's head sees them: (None, targets) for dense tasks,
+    or (positions, targets) [rows, S] at the scored positions (runners.train.metrics), S the widest set's."""
     widths = [sparse_width(t) for t in targets]
     if any(w is None for w in widths):
-        return None, torch.stack(targets).to(device)
+        return None, targets
     pairs = [scored_positions(t, max(widths)) for t in targets]
-    return torch.stack([p for p, _ in pairs]).to(device), torch.stack([t for _, t in pairs]).to(device)
+    return [p for p, _ in pairs], [t for _, t in pairs]
 
 
 @torch.no_grad()
 def _adamw_update(params: torch.Tensor, grads: Sequence[torch.Tensor], exp_avg: torch.Tensor,
-                  exp_avg_sq: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor, bc2_sqrt: torch.Tensor,
-                  beta1: float, beta2: float) -> None:
-    """torch.optim.AdamW's step on flat [N, P] tensors, in its op order; grads are each parameter's [N, *shape]
-    in the flat layout's order; per run decay = 1 - lr * wd and step_size = -lr / (1 - beta1^t) are [N],
-    bc2_sqrt = sqrt(1 - beta2^t) is a 0-dim tensor."""
+                  exp_avg_sq: torch.Tensor, scalars: torch.Tensor, beta1: float, beta2: float) -> None:
+    """torch.optim.AdamW's step on flat [N, P] tensors, in its op order, for the rows that step; the others keep
+    their parameters and moments. grads are each parameter's [N, *shape] in the flat layout's order; scalars
+    [4, N] hold per row decay = 1 - lr * wd, step_size = -lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) (t the
+    row's own AdamW step count) and 1 for a row that steps, 0 for one that idles."""
     # one concatenation, which compiled code fuses into the update, instead of a copy per parameter
     grads = torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)  # [N, P]
-    params.mul_(decay[:, None])
-    exp_avg.lerp_(grads, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
-    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(ADAM_EPS)
-    params.add_(step_size[:, None] * exp_avg / denom)  # addcdiv's order: param + (value * m) / denom
+    decay, step_size, bc2_sqrt, steps = scalars[:, :, None].unbind(0)  # each [N, 1]
+    stepping = steps > 0
+    new_params = params * decay
+    new_avg = exp_avg.lerp(grads, 1 - beta1)
+    new_sq = (exp_avg_sq * beta2).addcmul_(grads, grads, value=1 - beta2)
+    denom = (new_sq.sqrt() / bc2_sqrt).add_(ADAM_EPS)
+    new_params.add_(step_size * new_avg / denom)  # addcdiv's order: param + (value * m) / denom
+    for state, new in ((params, new_params), (exp_avg, new_avg), (exp_avg_sq, new_sq)):
+        state.copy_(torch.where(stepping, new, state))
+
+
+def _data_key(run: ResolvedRun) -> str:
+    """Runs with equal keys train and test on the same rows (``seeds.run_data``)."""
+    tc = run.config.train
+    return json.dumps([run.config.task, dataclasses.asdict(run.task.params), tc.data_seed, tc.num_train, tc.num_test],
+                      sort_keys=True, default=str)
+
+
+def _eval_width(due: int, width: int) -> int:
+    """Rows of a captured evaluation of ``due`` runs in a stack of ``width``: the next power of two (a graph per
+    power, not per count), at most the stack."""
+    return min(width, 1 << (due - 1).bit_length())
 
 
 class _Stack:
-    """The state of the runs of a stack still training: flat parameters and AdamW moments [N, P], the data of
-    every distinct data set on the device, and the batched step (eager, compiled or CUDA-graphed)."""
+    """A stack's state: ``width`` rows, each holding one run or none, of flat parameters and AdamW moments [N, P];
+    the training and test data of every run it may hold, on the device; and the batched step (eager, compiled or
+    CUDA-graphed) and evaluation."""
 
-    def __init__(self, runs: list[ResolvedRun], device: torch.device, autocast: bool, compile: bool,
+    def __init__(self, runs: list[ResolvedRun], width: int, device: torch.device, autocast: bool, compile: bool,
                  cuda_graph: bool) -> None:
         tc = runs[0].config.train
         self.device, self.autocast, self.cuda_graph = device, autocast, cuda_graph
-        # the evaluation as a CUDA graph: with the step's graphs, and in compiled stacks (evaluate)
-        self.graph_eval = cuda_graph or (compile and device.type == "cuda")
         self.beta1, self.beta2 = tc.beta1, tc.beta2
         self.template = _template(runs[0].model_config, device, folds_runs(device))
         self.names = [name for name, _ in self.template.named_parameters()]
         self.shapes = [p.shape for _, p in self.template.named_parameters()]
         self.n_params = models.count_parameters(self.template)
-
-        flat = []
-        for run in runs:
-            # the init of train_run, on the CPU; the stack moves to the device
-            model = initial_model(run.model_config, run.config.train.init_seed, torch.device("cpu"))
-            named = dict(model.named_parameters())
-            flat.append(torch.cat([named[name].detach().reshape(-1) for name in self.names]))
-        self.params = torch.stack(flat).to(device)  # [N, P]
+        self.params = torch.zeros(width, self.n_params, device=device)  # [N, P]; rows are filled by ``load_row``
         self.exp_avg = torch.zeros_like(self.params)
         self.exp_avg_sq = torch.zeros_like(self.params)
-        self.loss_acc = torch.zeros(len(runs), device=device)  # [N] training-loss sums since the last eval
+        self.loss_acc = torch.zeros(width, device=device)  # [N] training-loss sums since each row's last eval
 
-        data_keys: dict[str, int] = {}
-        train_sets, test_sets, index = [], [], []
+        # every distinct data set once: the training sets end to end [R, T] (a run's rows from its ``offset``), the
+        # test sets (num_test is equal within a stack) stacked [U, num_test, T]
+        self.offsets: dict[str, int] = {}
+        self.test_sets: dict[str, int] = {}
+        train_sets, test_sets = [], []
         for run in runs:
-            seed = run.config.train.data_seed
-            key = json.dumps([run.config.task, dataclasses.asdict(run.task.params), seed], sort_keys=True,
-                             default=str)
-            if key not in data_keys:
-                data_keys[key] = len(train_sets)
+            key = _data_key(run)
+            if key not in self.offsets:
+                self.offsets[key] = sum(len(d) for d in train_sets)
+                self.test_sets[key] = len(test_sets)
                 train_data, test_data = run_data(run.task, run.config.train)
                 train_sets.append(train_data)
                 test_sets.append(test_data)
-            index.append(data_keys[key])
-        self.train_inputs = torch.stack([d.inputs for d in train_sets]).to(device)  # [U, num_train, T]
-        # sparse tasks: as train_run, the head and the loss see only the scored positions [U, num_train, S]
-        self.train_positions, self.train_targets = _scored_stack([d.targets for d in train_sets], device)
+        self.train_inputs = torch.cat([d.inputs for d in train_sets]).to(device)  # [R, T]
+        # sparse tasks: as train_run, the head and the loss see only the scored positions [R, S]
+        positions, targets = _scored([d.targets for d in train_sets])
+        self.train_positions = None if positions is None else torch.cat(positions).to(device)
+        self.train_targets = torch.cat(targets).to(device)
         self.test_inputs = torch.stack([d.inputs for d in test_sets]).to(device)  # [U, num_test, T]
-        self.test_positions, self.test_targets = _scored_stack([d.targets for d in test_sets], device)
-        self.data_index_host = torch.tensor(index)  # [N]: each run's data set
+        positions, targets = _scored([d.targets for d in test_sets])
+        self.test_positions = None if positions is None else torch.stack(positions).to(device)
+        self.test_targets = torch.stack(targets).to(device)
+        self.data_index_host = torch.zeros(width, dtype=torch.long)  # [N]: each row's test set
         self.data_index = self.data_index_host.to(device)
-        # packed tasks: every row's document starts on the host [U, rows, slots], one slot count for the stack
-        # (the most documents of any row), so each step's layouts [N, B * slots + 1] stack (train.packed_layout)
+        # packed tasks: every row's document starts on the host (training [R, slots], test [U, num_test, slots]),
+        # one slot count for the stack (the most documents of any row), so each step's layouts stack
         self.train_starts = self.test_starts = None
         if train_sets[0].doc_ids is not None:
             slots = kernels.utils.max_docs_per_row(*(d.doc_ids for d in train_sets + test_sets))
-            self.train_starts, self.test_starts = (
-                torch.stack([kernels.utils.row_starts(d.doc_ids, slots) for d in sets])
-                for sets in (train_sets, test_sets))
+            self.train_starts = torch.cat([kernels.utils.row_starts(d.doc_ids, slots) for d in train_sets])
+            self.test_starts = torch.stack([kernels.utils.row_starts(d.doc_ids, slots) for d in test_sets])
 
         # static shapes: vmap does not run on symbolic sizes (dynamic=None fails once a second shape shows up)
         self.compile = compile
@@ -372,20 +410,40 @@ class _Stack:
         self.update_fn = torch.compile(_adamw_update, dynamic=False) if compile else _adamw_update
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.graph_pool = None
-        # the evaluation's graph: (live rows, batch size), the graph, the sums it rewrites
-        self.eval_graph: tuple[tuple[tuple[int, ...], int], torch.cuda.CUDAGraph, list[EvalSums]] | None = None
+        # the evaluation as CUDA graphs, one per width (_eval_width), with the steps' graphs and in compiled stacks
+        # on CUDA; not for tasks that report score groups (their sums are the task's, and the rows' tasks change)
+        self.graph_eval = (cuda_graph or (compile and device.type == "cuda")) and not any(
+            run.task.score_groups(test_sets[self.test_sets[_data_key(run)]].targets) for run in runs)
+        # width -> the graph, the rows its slots read [width] (rewritten before a replay), the sums it rewrites
+        self.eval_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, list[EvalSums]]] = {}
 
     def __len__(self) -> int:
         return self.params.shape[0]
 
+    def offset(self, run: ResolvedRun) -> int:
+        """The first row of ``run``'s training set in the stack's training data."""
+        return self.offsets[_data_key(run)]
+
+    def load_row(self, n: int, run: ResolvedRun, *, fresh: bool) -> None:
+        """Give row ``n`` to ``run``: its test set, and when ``fresh`` its start (train_run's initial parameters,
+        zero moments and loss sum), written in place so compiled code and captured graphs serve it unchanged."""
+        self.data_index_host[n] = self.data_index[n] = self.test_sets[_data_key(run)]
+        if not fresh:
+            return
+        model = initial_model(run.model_config, run.config.train.init_seed, torch.device("cpu"))
+        named = dict(model.named_parameters())
+        self.params[n] = torch.cat([named[name].detach().reshape(-1) for name in self.names])
+        for state in (self.exp_avg, self.exp_avg_sq, self.loss_acc):
+            state[n] = 0.0
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The stack's training state on the CPU: flat parameters and AdamW moments [N, P], training-loss sums
-        since the last evaluation [N]."""
+        since each row's last evaluation [N]."""
         return {"params": self.params.detach().cpu(), "exp_avg": self.exp_avg.detach().cpu(),
                 "exp_avg_sq": self.exp_avg_sq.detach().cpu(), "loss_acc": self.loss_acc.detach().cpu()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Put back a ``state_dict`` of a stack of these runs, in place."""
+        """Put back a ``state_dict`` of a stack of this width, in place."""
         for name, tensor in (("params", self.params), ("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq),
                              ("loss_acc", self.loss_acc)):
             tensor.copy_(state[name])
@@ -395,7 +453,7 @@ class _Stack:
         views, start = [], 0
         for shape in self.shapes:
             size = math.prod(shape)
-            views.append(flat[:, start : start + size].view(len(self), *shape))
+            views.append(flat[:, start : start + size].view(flat.shape[0], *shape))
             start += size
         return views
 
@@ -403,48 +461,44 @@ class _Stack:
         """The parameters' views of the flat parameters, as leaves that require grad."""
         return [view.requires_grad_() for view in self._views(self.params)]
 
-    def layout(self, starts: torch.Tensor | None, rows: torch.Tensor | slice) -> torch.Tensor | None:
-        """Each run's cu_seqlens [N, B * slots + 1] on the device for its rows (host idx [N, B], or one slice of
-        the test set) of packed data (``starts``, [U, rows, slots]); None for unpacked tasks."""
-        if starts is None:
-            return None
-        rows = torch.arange(starts.shape[1])[rows] if isinstance(rows, slice) else rows
-        return packed_layout(starts[self.data_index_host[:, None], rows], self.train_inputs.shape[-1], self.device)
+    def layout(self, starts: torch.Tensor | None) -> torch.Tensor | None:
+        """Each run's cu_seqlens [N, B * slots + 1] on the device from its batch's rows' document starts [N, B, slots]
+        (host); None for unpacked tasks."""
+        return None if starts is None else packed_layout(starts, self.train_inputs.shape[-1], self.device)
 
-    def _step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
-              bc2_sqrt: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> None:
-        """One optimizer step of every run; idx [N, B] are the rows of each run's training set, cu_seqlens
-        [N, B * slots + 1] their layouts (packed tasks)."""
-        rows = (self.data_index[:, None], idx)
-        inputs, targets = self.train_inputs[rows], self.train_targets[rows]  # [N, B, T], [N, B, T or S]
-        positions = None if self.train_positions is None else self.train_positions[rows]  # [N, B, S]
+    def _step(self, idx: torch.Tensor, scalars: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> None:
+        """One optimizer step of the rows that step (``_adamw_update``'s scalars [4, N]); idx [N, B] are rows of the
+        stack's training data, cu_seqlens [N, B * slots + 1] their layouts (packed tasks)."""
+        inputs, targets = self.train_inputs[idx], self.train_targets[idx]  # [N, B, T], [N, B, T or S]
+        positions = None if self.train_positions is None else self.train_positions[idx]  # [N, B, S]
         leaves = self._leaves()
         limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if self.compile else nullcontext()
         with limit:
             losses = self.losses_fn(self.template, dict(zip(self.names, leaves)), inputs, targets, positions,
                                     self.autocast, not self.cuda_graph, cu_seqlens)  # [N]
             grads = torch.autograd.grad(losses.sum(), leaves)  # d(sum)/d(run n's params) = d(loss n)/d(...)
-            self.update_fn(self.params, grads, self.exp_avg, self.exp_avg_sq, decay, step_size, bc2_sqrt,
-                           self.beta1, self.beta2)
-        self.loss_acc += losses.detach()
+            self.update_fn(self.params, grads, self.exp_avg, self.exp_avg_sq, scalars, self.beta1, self.beta2)
+        self.loss_acc += torch.where(scalars[3] > 0, losses.detach(), 0.0)
 
-    def step(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
-             bc2_sqrt: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> None:
+    def step(self, idx: torch.Tensor, scalars: torch.Tensor) -> None:
+        """One step of the stack from host tensors: idx [N, B] (rows of the training data), scalars [4, N] (fp32,
+        ``_adamw_update``); copied to the device without a sync."""
+        cu_seqlens = None if self.train_starts is None else self.layout(self.train_starts[idx])
+        idx = kernels.utils.host_to_device(idx, torch.long, self.device)
+        scalars = kernels.utils.host_to_device(scalars, torch.float32, self.device)
         if not self.cuda_graph:  # packed tasks (cu_seqlens) never take graphs: train_runs_batched refuses them
-            self._step(idx, decay, step_size, bc2_sqrt, cu_seqlens)
+            self._step(idx, scalars, cu_seqlens)
             return
         if idx.shape[1] not in self.graphs:
-            self._capture(idx, decay, step_size, bc2_sqrt)
+            self._capture(idx, scalars)
         graph, static = self.graphs[idx.shape[1]]
-        for name, value in (("idx", idx), ("decay", decay), ("step_size", step_size), ("bc2_sqrt", bc2_sqrt)):
-            static[name].copy_(value)
+        static["idx"].copy_(idx)
+        static["scalars"].copy_(scalars)
         graph.replay()
 
-    def _capture(self, idx: torch.Tensor, decay: torch.Tensor, step_size: torch.Tensor,
-                 bc2_sqrt: torch.Tensor) -> None:
+    def _capture(self, idx: torch.Tensor, scalars: torch.Tensor) -> None:
         """Capture the step for batches of idx.shape[1] rows; warm-up steps first, their effect undone."""
-        static = {"idx": idx.clone(), "decay": decay.clone(), "step_size": step_size.clone(),
-                  "bc2_sqrt": bc2_sqrt.clone()}
+        static = {"idx": idx.clone(), "scalars": scalars.clone()}
         state = (self.params, self.exp_avg, self.exp_avg_sq, self.loss_acc)
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream(self.device)
@@ -461,63 +515,71 @@ class _Stack:
         self.graph_pool = graph.pool()
         self.graphs[idx.shape[1]] = (graph, static)
 
-    def take_train_losses(self) -> list[float]:
-        """Each run's sum of training losses since the last call (as floats), then reset the sums."""
-        out = self.loss_acc.tolist()
-        self.loss_acc.zero_()
+    def take_train_losses(self, rows: list[int]) -> list[float]:
+        """The training-loss sums of these rows since their last call (as floats), then reset them."""
+        index = torch.tensor(rows, device=self.device)
+        out = self.loss_acc.index_select(0, index).tolist()
+        self.loss_acc.index_fill_(0, index, 0.0)
         return out
 
     @torch.no_grad()
-    def evaluate(self, run_tasks: list[tasks.Task], rows: list[int],
-                 batch_size: int) -> list[dict[str, float]]:
+    def evaluate(self, run_tasks: list[tasks.Task], rows: list[int], batch_size: int) -> list[dict[str, float]]:
         """Test metrics of the runs in these rows (of these tasks), as ``runners.train.evaluation.evaluate`` computes
-        them; one forward serves the whole stack. With graph_eval the whole evaluation (every test batch and
-        every run's sums) is captured once per set of rows and replayed: eager, its few thousand small
+        them; one forward over the sub-stack of those rows serves them all. With graph_eval the whole evaluation
+        (every test batch and every slot's sums) is captured once per width (``_eval_width``: the rows, then the
+        last one again) and replayed with the rows written into its slots: eager, its few thousand small
         launches cost more than the training steps between two evaluations (MAD evaluates every epoch)."""
         if not self.graph_eval:
-            return [acc.metrics() for acc in self._eval_sums(run_tasks, rows, batch_size)]
-        key = (tuple(rows), batch_size)
-        if self.eval_graph is None or self.eval_graph[0] != key:  # the live rows only shrink: no older set returns
-            self.eval_graph = (key, *self._capture_eval(run_tasks, rows, batch_size))
-        _, graph, sums = self.eval_graph
+            slots = torch.tensor(rows, device=self.device)
+            return [acc.metrics() for acc in self._eval_sums(run_tasks, slots, self.data_index_host[rows], batch_size)]
+        width = _eval_width(len(rows), len(self))
+        if width not in self.eval_graphs:
+            self.eval_graphs[width] = self._capture_eval(width, batch_size)
+        graph, slots, sums = self.eval_graphs[width]
+        slots.copy_(kernels.utils.host_to_device(rows + rows[-1:] * (width - len(rows)), torch.long, self.device))
         graph.replay()
-        return [acc.metrics() for acc in sums]  # each reads the tensors the replay rewrote
+        return [acc.metrics() for acc in sums[: len(rows)]]  # each reads the tensors the replay rewrote
 
-    def _eval_sums(self, run_tasks: list[tasks.Task], rows: list[int], batch_size: int) -> list[EvalSums]:
-        """Each run's sums over the test set, still on the device."""
+    def _eval_sums(self, run_tasks: list[tasks.Task | None], slots: torch.Tensor, sets_host: torch.Tensor | None,
+                   batch_size: int) -> list[EvalSums]:
+        """The sums over the test set of the runs in rows ``slots`` [w] (device), one per slot, still on the device;
+        ``sets_host`` [w], the slots' test sets on the host, lays out packed tasks' documents."""
         sums = [EvalSums(task) for task in run_tasks]
-        params = dict(zip(self.names, self._views(self.params)))
+        params = dict(zip(self.names, self._views(self.params.index_select(0, slots))))
+        sets = self.data_index.index_select(0, slots)  # [w]
         for batch in eval_batches(self.test_inputs.shape[1], batch_size):
-            inputs = self.test_inputs[self.data_index, batch]  # [N, B, T]
-            targets = self.test_targets[self.data_index, batch]  # [N, B, T or S]
-            positions = None if self.test_positions is None else self.test_positions[self.data_index, batch]
-            cu_seqlens = self.layout(self.test_starts, batch)
+            inputs = self.test_inputs[sets, batch]  # [w, B, T]
+            targets = self.test_targets[sets, batch]  # [w, B, T or S]
+            positions = None if self.test_positions is None else self.test_positions[sets, batch]
+            cu_seqlens = None if self.test_starts is None else self.layout(self.test_starts[sets_host][:, batch])
             with bf16_autocast(self.device, self.autocast, not self.graph_eval), _quiet_vmap_loops(self.device):
-                logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [N, B, T or S, V]
-            for n, acc in zip(rows, sums):
+                logits = _stacked_logits(self.template, params, inputs, positions, cu_seqlens)  # [w, B, T or S, V]
+            for n, acc in enumerate(sums):
                 acc.add(logits[n], targets[n])
         return sums
 
-    def _capture_eval(self, run_tasks: list[tasks.Task], rows: list[int],
-                      batch_size: int) -> tuple[torch.cuda.CUDAGraph, list[EvalSums]]:
-        """The evaluation as a CUDA graph (one eager pass first, on a side stream, to warm the libraries up);
-        the returned sums hold the graph's output tensors. It shares the training graphs' memory pool (one
-        pool, not two, per stack: at sequence length 1024 each holds gigabytes), which is safe here: graphs
+    def _capture_eval(self, width: int, batch_size: int
+                      ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, list[EvalSums]]:
+        """The evaluation of ``width`` slots as a CUDA graph (one eager pass first, on a side stream, to warm the
+        libraries up): the slots' rows [width], and the sums that hold the graph's output tensors (tasks without
+        score groups: a slot's sums do not depend on its run's task). It shares the training graphs' memory pool
+        (one pool, not two, per stack: at sequence length 1024 each holds gigabytes), which is safe here: graphs
         replay one at a time on one stream, no training graph output outlives its replay (the state it
-        updates lives outside the pool), and the evaluation's outputs are read before the next step."""
+        updates lives outside the pool), and an evaluation's outputs are read before the next replay."""
+        slots = torch.zeros(width, dtype=torch.long, device=self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._eval_sums(run_tasks, rows, batch_size)
+            self._eval_sums([None] * width, slots, None, batch_size)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool):
-            sums = self._eval_sums(run_tasks, rows, batch_size)
+            sums = self._eval_sums([None] * width, slots, None, batch_size)
         self.graph_pool = graph.pool()
-        return graph, sums
+        return graph, slots, sums
 
     def keep(self, rows: list[int]) -> None:
-        """Keep only these runs (indices into the current stack), in this order."""
+        """Keep only these rows (indices into the current stack), in this order."""
         index = torch.tensor(rows, device=self.device)
         self.params = self.params.index_select(0, index)
         self.exp_avg = self.exp_avg.index_select(0, index)
@@ -526,34 +588,17 @@ class _Stack:
         self.data_index = self.data_index.index_select(0, index)
         self.data_index_host = self.data_index_host[rows]
         self.graphs.clear()  # captured graphs point at the old buffers
-        self.eval_graph = None
+        self.eval_graphs.clear()
         self.graph_pool = None
 
 
-def _epoch_schedule(trains: list[TrainConfig], plan: StepPlan, first_step: int, device: torch.device
-                    ) -> tuple[list[list[float]], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-step AdamW scalars of the epoch's steps from first_step for the rows' training settings ``trains``: lrs
-    [S][N] (floats), decay [S, N], step_size [S, N] and bc2_sqrt [S], computed in float64 as torch.optim.AdamW
-    does, stored as fp32."""
-    tc = trains[0]  # betas are equal within a stack
-    lrs, decay, step_size, bc2_sqrt = [], [], [], []
-    for s in range(first_step, first_step + plan.steps_from(first_step)):
-        t = float(s + 1)  # AdamW's step count after this step
-        row = [plan.lr(train, s) for train in trains]
-        lrs.append(row)
-        decay.append([1 - lr * train.weight_decay for lr, train in zip(row, trains)])
-        step_size.append([-(lr / (1 - tc.beta1**t)) for lr in row])
-        bc2_sqrt.append((1 - tc.beta2**t) ** 0.5)
-    tensors = (torch.tensor(x, dtype=torch.float32).to(device) for x in (decay, step_size, bc2_sqrt))
-    return (lrs, *tensors)
-
-
 def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_dir: str | Path | None,
-                 progress: bool, compile: bool, cuda_graph: bool, compact_at: float,
+                 progress: bool, compile: bool, cuda_graph: bool, compact_at: float, width: int | None = None,
                  checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
-    """Train runs of one group_key together; records in the order given. Finished runs leave the stack
-    once at most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and
-    ``checkpoint_every_s``, the stack goes on from its checkpoint and writes new ones (``runners.train.resume``)."""
+    """Train runs of one group_key in one stack of ``width`` rows (None: every run at once), the others queued in
+    the order given; records in that order. Once the queue is empty, rows left empty leave the stack when at
+    most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and ``checkpoint_every_s``, the
+    stack goes on from its checkpoint and writes new ones (``runners.train.resume``)."""
     tc = resolved[0].config.train
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
@@ -561,18 +606,19 @@ def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_di
     asked = {run.default_name(): run for run in runs}
     saver, saved = resume.Checkpoint.open(out_dir, {name: run.resolved.hash for name, run in asked.items()},
                                           every_s=checkpoint_every_s, loop="stack", device=device.type, bf16=autocast)
-    rows = runs
+    width = min(width or len(runs), len(runs))
+    rows, queue = runs[:width], runs[width:]
     if saved is not None:
-        # the checkpoint's rows in its order: the runs asked for (each with the config hash it was saved with), and
-        # runs that finished before, which are resolved here
-        rows = [asked.get(row["name"]) or _Run.of(resolve(RunConfig.from_dict(row["config"])), row["name"])
-                for row in saved.rows]
-    stack = _Stack([run.resolved for run in rows], device, autocast, compile, cuda_graph)
-    loop = _Loop(stack, rows, StepPlan.of(tc), out_dir, compact_at)
-    if saved is not None:
-        loop.restore(saved)
-    bar = tqdm(total=loop.plan.total_steps, initial=loop.step, disable=not progress, unit="step", dynamic_ncols=True,
-               leave=False, desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(rows)}")
+        # the checkpoint's rows in its order (a row whose run is not asked for had finished since: it is empty), and
+        # its queue; runs asked for in neither had finished before (records in out_dir)
+        rows = [None if row is None else asked.get(row["name"]) for row in saved.rows]
+        queue = [asked[name] for name in saved.queue if name in asked]
+    stack = _Stack(resolved, len(rows), device, autocast, compile, cuda_graph)
+    loop = _Loop(stack, rows, collections.deque(queue), out_dir, compact_at)
+    loop.start(saved)
+    bar = tqdm(total=sum(run is not None for run in rows) + len(queue), disable=not progress, unit="run",
+               dynamic_ncols=True, leave=False,
+               desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(rows)}")
     interrupts = resume.Interrupts(active=saver is not None)
     try:
         with interrupts.held():
@@ -587,40 +633,17 @@ def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_di
 
 
 @dataclasses.dataclass(eq=False)
-class _Epoch:
-    """An epoch's permutations of the training rows, orders [N, num_train] on the device and on the host
-    (``orders_host``: packed tasks lay their batches out there), and per step its AdamW scalars
-    (``_epoch_schedule``), one column per row of the stack."""
-
-    orders_host: torch.Tensor
-    orders: torch.Tensor
-    lrs: list[list[float]]
-    decay: torch.Tensor
-    step_size: torch.Tensor
-    bc2_sqrt: torch.Tensor
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep these rows' columns (as ``_Stack.keep``)."""
-        index = torch.tensor(rows, device=self.orders.device)
-        self.orders_host = self.orders_host[rows]
-        self.orders = self.orders.index_select(0, index)
-        self.decay, self.step_size = self.decay.index_select(1, index), self.step_size.index_select(1, index)
-        self.lrs = [[lrs[n] for n in rows] for lrs in self.lrs]
-
-
-@dataclasses.dataclass(eq=False)
 class _Loop:
-    """A stack's training loop and where it stands: ``step`` steps taken, ``loss_count`` of them since the last
-    evaluation; ``rows`` are the stack's runs, row by row (finished runs stay, frozen, until a compaction);
-    ``records`` those written so far, by ``id`` of their run."""
+    """A stack's training loop and where it stands: ``step`` stack steps taken; ``rows`` the stack's runs, row by
+    row (None: an empty row, idle until a compaction drops it); ``queue`` the runs waiting for a row; ``records``
+    those written so far, by ``id`` of their run."""
 
     stack: _Stack
-    rows: list[_Run]
-    plan: StepPlan
+    rows: list[_Run | None]
+    queue: collections.deque[_Run]
     out_dir: str | Path | None
     compact_at: float
     step: int = 0
-    loss_count: int = 0
     records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -628,102 +651,126 @@ class _Loop:
         self.clock = TrainClock(self.stack.device)
 
     @property
-    def live(self) -> list[_Run]:
-        return [run for run in self.rows if not run.done]
+    def live(self) -> list[int]:
+        return [n for n, run in enumerate(self.rows) if run is not None]
+
+    def start(self, saved: resume.Snapshot | None) -> None:
+        """Load every row's run at its start, or where ``saved`` (taken of a stack of this width) has it; rows left
+        empty (their runs finished since the snapshot) take queued runs."""
+        if saved is not None:
+            self.stack.load_state_dict(saved.tensors)
+            self.step = saved.step
+            self.start_wall -= saved.elapsed_s
+            self.clock.start -= saved.lap_s
+        for n, run in enumerate(self.rows):
+            if run is None:
+                self._refill(n)
+            elif saved is None:
+                self._place(n, run)
+            else:
+                run.load_state_dict(saved.rows[n])
+                run.offset = self.stack.offset(run.resolved)
+                self.stack.load_row(n, run.resolved, fresh=False)
+        self._compact()
 
     def train(self, bar: tqdm, saver: resume.Checkpoint | None, interrupts: resume.Interrupts) -> None:
         """Step until every run has finished; checkpoint at evaluations when ``saver`` is due, and after the
         step in flight when ``interrupts`` has one pending (then raise KeyboardInterrupt)."""
-        plan = self.plan
-        while self.step < plan.total_steps and self.live:
-            epoch_start = plan.epoch_of(self.step) * plan.steps_per_epoch
-            epoch = self._draw(epoch_start)
-            # from the epoch's first step, or from where a resumed stack left it
-            for i in range(self.step - epoch_start, plan.steps_from(epoch_start)):
-                self._step(epoch, i)
-                bar.update(1)
-                if plan.evaluates_after(self.step):
-                    self._evaluate()
-                    if not self.live:
-                        return
-                    self._compact(epoch)
-                    bar.set_postfix(runs=len(self.live))
-                    self.clock.restart()
-                    if saver is not None and saver.due():
-                        saver.write(self.snapshot())
-                        self.clock.restart()  # writing is no training time
-                if interrupts.pending:
+        while self.live:
+            stepped = self._step()
+            due = [n for n in stepped if self.rows[n].plan.evaluates_after(self.rows[n].step)]
+            if due:
+                bar.update(self._evaluate(due))
+                if not self.live:
+                    return
+                self._compact()
+                bar.set_postfix(rows=len(self.live), queued=len(self.queue))
+                self.clock.restart()
+                if saver is not None and saver.due():
                     saver.write(self.snapshot())
-                    raise KeyboardInterrupt
+                    self.clock.restart()  # writing is no training time
+            if interrupts.pending:
+                saver.write(self.snapshot())
+                raise KeyboardInterrupt
 
-    def _draw(self, epoch_start: int) -> _Epoch:
-        """Each row's permutation of the epoch that starts at ``epoch_start``, and the epoch's schedule."""
-        for run in self.rows:
-            run.epoch_shuffle = run.shuffle.get_state()
-        trains = [run.resolved.config.train for run in self.rows]
-        orders = torch.stack([torch.randperm(train.num_train, generator=run.shuffle)
-                              for train, run in zip(trains, self.rows)])
-        schedule = _epoch_schedule(trains, self.plan, epoch_start, self.stack.device)
-        return _Epoch(orders, orders.to(self.stack.device), *schedule)
+    def _place(self, n: int, run: _Run) -> None:
+        """Give row ``n`` to ``run`` at its step 0."""
+        run.offset = self.stack.offset(run.resolved)
+        run.start_wall = time.perf_counter()
+        self.stack.load_row(n, run.resolved, fresh=True)
+        self.rows[n] = run
 
-    def _step(self, epoch: _Epoch, i: int) -> None:
-        """Step ``i`` of the epoch for every row."""
-        batch = self.plan.batch(i)
-        self.stack.step(epoch.orders[:, batch], epoch.decay[i], epoch.step_size[i], epoch.bc2_sqrt[i],
-                        self.stack.layout(self.stack.train_starts, epoch.orders_host[:, batch]))
-        for run, lr in zip(self.rows, epoch.lrs[i]):
-            run.lr = lr
-        self.loss_count += 1
-        self.step += 1
+    def _refill(self, n: int) -> None:
+        """Give row ``n`` to the next queued run, or leave it empty."""
+        self.rows[n] = None
+        if self.queue:
+            self._place(n, self.queue.popleft())
 
-    def _evaluate(self) -> None:
-        """Evaluate the live runs; write the records of those that end here."""
-        live_rows = [n for n, run in enumerate(self.rows) if not run.done]
-        share = self.clock.lap() / len(live_rows)
-        train_losses = self.stack.take_train_losses()
-        tc = self.rows[0].resolved.config.train
-        metrics = self.stack.evaluate([self.rows[n].resolved.task for n in live_rows], live_rows, tc.eval_batch_size)
-        for n, row_metrics in zip(live_rows, metrics):
+    def _step(self) -> list[int]:
+        """One step of the stack; returns the rows that stepped. Every row's batch has one length: the shortest
+        next batch of any live run (an epoch's short last batch), so those runs step and the others idle, their
+        parameters and moments untouched (``_adamw_update``); the full batches go the step after."""
+        live = self.live
+        length = min(self.rows[n].next_batch for n in live)
+        stepped = [n for n in live if self.rows[n].next_batch == length]
+        idx = torch.zeros(len(self.rows), length, dtype=torch.long)  # idle rows read row 0, unused
+        scalars = [[1.0, 0.0, 1.0, 0.0] for _ in self.rows]  # per row: decay, step size, bc2_sqrt, steps
+        for n in stepped:
             run = self.rows[n]
-            run.train_time += share
-            run.add_evaluation(row_metrics, epoch=self.plan.epoch_of(self.step - 1), step=self.step, lr=run.lr,
-                               loss_sum=train_losses[n], loss_steps=self.loss_count)
-            run.done = run.stopped_early or self.step == self.plan.total_steps
-            if run.done:
-                record = run.record(n_params=self.stack.n_params, device=self.stack.device, steps=self.step,
-                                    start_wall=self.start_wall, named=self.out_dir is not None)
+            idx[n] = run.batch_rows()
+            run.lr, *adamw = run.adamw_scalars()
+            scalars[n] = [*adamw, 1.0]
+        self.stack.step(idx, torch.tensor(scalars, dtype=torch.float32).T.contiguous())
+        for n in stepped:
+            run = self.rows[n]
+            run.step += 1
+            run.loss_count += 1
+            run.share += 1 / len(stepped)
+        self.step += 1
+        return stepped
+
+    def _evaluate(self, due: list[int]) -> int:
+        """Evaluate the runs of rows ``due``; write the records of those that end here and give their rows to the
+        queue. Returns how many ended."""
+        # the training time since the last lap, split among the runs by their shares of its steps
+        lap, live = self.clock.lap(), [self.rows[n] for n in self.live]
+        shares = sum(run.share for run in live)
+        for run in live:
+            run.train_time += lap * run.share / shares
+            run.share = 0.0
+        runs = [self.rows[n] for n in due]
+        train_losses = self.stack.take_train_losses(due)
+        metrics = self.stack.evaluate([run.resolved.task for run in runs], due,
+                                      runs[0].resolved.config.train.eval_batch_size)
+        ended = 0
+        for n, run, row_metrics, loss_sum in zip(due, runs, metrics, train_losses):
+            run.add_evaluation(row_metrics, epoch=run.plan.epoch_of(run.step - 1), step=run.step, lr=run.lr,
+                               loss_sum=loss_sum, loss_steps=run.loss_count)
+            run.loss_count = 0
+            if run.finished:
+                record = run.record(n_params=self.stack.n_params, device=self.stack.device, steps=run.step,
+                                    start_wall=run.start_wall, named=self.out_dir is not None)
                 if self.out_dir is not None:
                     write_record(self.out_dir, record)
                 self.records[id(run)] = record
-        self.loss_count = 0
+                self._refill(n)
+                ended += 1
+        return ended
 
-    def _compact(self, epoch: _Epoch | None = None) -> None:
-        """Drop the finished rows once at most ``compact_at`` of the stack still trains (and the epoch's
-        columns of them)."""
-        keep = [n for n, run in enumerate(self.rows) if not run.done]
-        if len(keep) == len(self.rows) or len(keep) > len(self.rows) * self.compact_at:
+    def _compact(self) -> None:
+        """Drop the empty rows once at most ``compact_at`` of the stack still trains (the queue is empty then: a row
+        is left empty only when it is)."""
+        keep = self.live
+        if len(keep) == len(self.rows) or len(keep) > len(self.rows) * self.compact_at or not keep:
             return
         self.stack.keep(keep)
         self.rows = [self.rows[n] for n in keep]
-        if epoch is not None:
-            epoch.keep(keep)
 
     def snapshot(self) -> resume.Snapshot:
-        """Where the loop stands, as state dicts: the stack's and each row's."""
+        """Where the loop stands, as state dicts: the stack's, each row's run's (None for an empty row), and the
+        queue's run names."""
         lap_s = self.clock.lap()
-        new_epoch = self.step % self.plan.steps_per_epoch == 0
-        return resume.Snapshot(step=self.step, loss_count=self.loss_count, tensors=self.stack.state_dict(),
-                               rows=[run.state_dict(new_epoch=new_epoch) for run in self.rows],
+        return resume.Snapshot(step=self.step, tensors=self.stack.state_dict(),
+                               rows=[None if run is None else run.state_dict() for run in self.rows],
+                               queue=[run.default_name() for run in self.queue],
                                elapsed_s=time.perf_counter() - self.start_wall, lap_s=lap_s)
-
-    def restore(self, saved: resume.Snapshot) -> None:
-        """Continue from ``saved``, taken of a stack of these rows, in its row order; rows that finished since the
-        snapshot are marked done (and dropped)."""
-        self.stack.load_state_dict(saved.tensors)
-        for run, state in zip(self.rows, saved.rows, strict=True):
-            run.load_state_dict(state)
-            run.done = run.done or state["name"] in saved.finished
-        self.step, self.loss_count = saved.step, saved.loss_count
-        self.start_wall -= saved.elapsed_s
-        self.clock.start -= saved.lap_s
-        self._compact()

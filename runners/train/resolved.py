@@ -25,9 +25,11 @@ class ResolvedRun:
     objective are the task's); ``packed``, whether the task's rows pack documents (its data has doc_ids).
     Derived when made:
         hash: ``config_hash(config)``, the run's name in a sweep.
-        stack_key: what runs must share to train in one stack of the engine (``runners.train.engine``): the
-            model config, the row shape, packing, and every training setting that fixes a shape or the step and
-            evaluation schedule. The engine adds the device and precision the run resolves to where it trains.
+        stack_key: what runs must share to train in one stack of the engine (``runners.train.engine``): what fixes
+            its tensors' shapes and its stacked arithmetic (the model config, the row shape, packing, the batch
+            size, the test set's size and batches, AdamW's betas). Each run of a stack keeps its own step plan
+            (epochs, steps, training set, evaluations, learning rates, early stop). The engine adds the device and
+            precision the run resolves to where it trains.
         unbatchable_reason: why the run cannot train in a stack (then it trains alone), or None.
         auto_compiles: False when a layer's mixer asks ``--speed auto`` to leave its stacks eager.
     """
@@ -46,8 +48,8 @@ class ResolvedRun:
         mixers = models.pattern_classes(self.model_config.mixer)
         derived = {
             "hash": config_hash(self.config),
-            "stack_key": (self.model_config, (self.row_tokens,), self.packed, tc.epochs, tc.steps, tc.batch_size,
-                          tc.num_train, tc.num_test, tc.eval_batch_size, tc.eval_every, tc.beta1, tc.beta2),
+            "stack_key": (self.model_config, (self.row_tokens,), self.packed, tc.batch_size, tc.num_test,
+                          tc.eval_batch_size, tc.beta1, tc.beta2),
             "unbatchable_reason": _unbatchable_reason(self.config.task, self.model_config, mixers, self.packed),
             "auto_compiles": all(mixer.auto_compiles for mixer in mixers.values()),
         }

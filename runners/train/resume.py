@@ -47,21 +47,23 @@ PARTIAL = "partial"
 # A sweep's default seconds between checkpoints: writing one costs well under a second, and a ten-minute GPU call
 # stopped by its limit loses at most this much.
 DEFAULT_EVERY_S = 120.0
-FORMAT = 1
+# Version of the files' layout: a checkpoint of another version is ignored (with a warning) and its stack starts over.
+FORMAT = 2
 
 
 @dataclasses.dataclass
 class Snapshot:
-    """A training loop between two steps, as the loop gives it: its counters, its tensors (the state dict of a
-    stack, or of a run's model and optimizer) and one state dict per run, in the stack's row order, each with at
-    least ``name`` and ``done``. ``finished`` names live rows whose records were written after the snapshot."""
+    """A training loop between two steps, as the loop gives it: its step count, its tensors (the state dict of a
+    stack, or of a run's model and optimizer), one state dict per row, in the stack's row order (at least ``name``;
+    None for an empty row), and the names of the runs waiting in its queue, in order. ``finished`` names live
+    rows whose records were written after the snapshot."""
 
-    step: int
-    loss_count: int  # steps since the last evaluation
+    step: int  # the loop's steps so far
     tensors: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any] | None]
     elapsed_s: float  # wall seconds of the loop so far
     lap_s: float  # training seconds since the last evaluation
+    queue: list[str] = dataclasses.field(default_factory=list)
     finished: frozenset[str] = frozenset()
 
 
@@ -111,14 +113,15 @@ class Checkpoint:
 
     def write(self, saved: Snapshot) -> None:
         """A new .pt, then the .json that names it, each atomically, then the older .pt files."""
-        live = [row["name"] for row in saved.rows if not row["done"]]
+        live = [row["name"] for row in saved.rows if row is not None]
         state = {"format": FORMAT, "members": self.members,
                  **{name: getattr(saved, name) for name in _SAVED}}
         pt = self.folder / f"{self.key}-{time.time_ns():x}.pt"
         with atomic_file(pt) as f:
             torch.save(state, f)
         write_json_atomic(self.folder / f"{self.key}.json", {
-            "format": FORMAT, "members": self.members, "live": live, "step": saved.step, "pt": pt.name,
+            "format": FORMAT, "members": self.members, "live": live, "queue": saved.queue, "step": saved.step,
+            "pt": pt.name,
             **self.where, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         for old in self._tensor_files():
             if old != pt:
@@ -148,7 +151,8 @@ def _matching(meta_path: Path, out_dir: Path, asked: dict[str, str], where: dict
         try:
             state = torch.load(tensor_file(meta_path, meta), map_location="cpu", weights_only=True)
             saved = _snapshot_of(state)
-            agree = state["members"] == members and {r["name"] for r in saved.rows if not r["done"]} == live
+            agree = (state["members"] == members and saved.queue == meta["queue"]
+                     and {r["name"] for r in saved.rows if r is not None} == live)
         except Exception as exc:  # missing, cut short, foreign or refused by weights_only: not usable
             why = f"its .pt cannot be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
         else:
@@ -167,7 +171,9 @@ def tensor_file(meta_path: Path, meta: Mapping[str, Any]) -> Path:
 
 def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], where: dict[str, Any]) -> str | None:
     """Why a checkpoint that shares runs with the stack ``asked`` is not its checkpoint, or None."""
-    members, live = meta["members"], set(meta["live"])
+    if meta.get("format") != FORMAT:
+        return f"it is in checkpoint format {meta.get('format', 1)}, and this mixlab reads format {FORMAT} only"
+    members, live, queue = meta["members"], set(meta["live"]), set(meta["queue"])
     if {k: meta.get(k) for k in where} != where:
         return f"it was written for {', '.join(f'{k} {meta.get(k)}' for k in where)}, not for " \
                f"{', '.join(f'{k} {v}' for k, v in where.items())}"
@@ -176,7 +182,7 @@ def _mismatch(meta: Mapping[str, Any], out_dir: Path, asked: dict[str, str], whe
             return f"run {name!r} is not one of its runs"
         if members[name] != hashed:
             return f"run {name!r} has another config there (hash {members[name]}, now {hashed})"
-        if name not in live and not has_record(out_dir, name):
+        if name not in live | queue and not has_record(out_dir, name):
             return f"run {name!r} finished there but has no record"
     for name in sorted(live - asked.keys()):
         if not has_record(out_dir, name):

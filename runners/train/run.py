@@ -90,7 +90,7 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
         optimizer.load_state_dict(saved.tensors["optimizer"])
         loss_acc.copy_(saved.tensors["loss_acc"])
         best_state = saved.tensors["best_state"] or None
-        step, loss_count = saved.step, saved.loss_count
+        step, loss_count = saved.step, saved.rows[0]["loss_count"]
         start_wall -= saved.elapsed_s
         clock.start -= saved.lap_s
 
@@ -100,8 +100,8 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
         shuffled = shuffle.get_state() if step % plan.steps_per_epoch == 0 else epoch_shuffle
         tensors = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loss_acc": loss_acc,
                    "best_state": best_state or {}}
-        saver.write(resume.Snapshot(step=step, loss_count=loss_count, tensors=tensors,
-                                    rows=[{**log.state_dict(), "done": False, "shuffle": shuffled}],
+        row = {**log.state_dict(), "step": step, "loss_count": loss_count, "shuffle": shuffled}
+        saver.write(resume.Snapshot(step=step, tensors=tensors, rows=[row],
                                     elapsed_s=time.perf_counter() - start_wall, lap_s=clock.lap()))
 
     bar = tqdm(total=plan.total_steps, initial=step, disable=not progress, desc=f"{config.task} {model_config.mixer}",

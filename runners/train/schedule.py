@@ -21,6 +21,7 @@ class StepPlan:
     """Which steps a run takes and after which it evaluates (module docstring)."""
 
     batch_size: int
+    num_train: int
     steps_per_epoch: int
     total_steps: int  # the steps this run takes
     total_epochs: int  # the epochs it takes, its last maybe cut short
@@ -33,9 +34,9 @@ class StepPlan:
         steps_per_epoch = math.ceil(train.num_train / train.batch_size)
         schedule_steps = train.epochs * steps_per_epoch if train.epochs is not None else train.steps
         total_steps = train.steps if train.steps is not None else schedule_steps
-        return cls(batch_size=train.batch_size, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                   total_epochs=math.ceil(total_steps / steps_per_epoch), schedule_steps=schedule_steps,
-                   schedule_epochs=math.ceil(schedule_steps / steps_per_epoch),
+        return cls(batch_size=train.batch_size, num_train=train.num_train, steps_per_epoch=steps_per_epoch,
+                   total_steps=total_steps, total_epochs=math.ceil(total_steps / steps_per_epoch),
+                   schedule_steps=schedule_steps, schedule_epochs=math.ceil(schedule_steps / steps_per_epoch),
                    eval_every=train.eval_every or steps_per_epoch)
 
     def epoch_of(self, step: int) -> int:
@@ -49,6 +50,17 @@ class StepPlan:
     def batch(self, i: int) -> slice:
         """The positions in its epoch's permutation of the rows that step ``i`` of the epoch trains on."""
         return slice(i * self.batch_size, (i + 1) * self.batch_size)
+
+    def batch_rows(self, step: int) -> int:
+        """How many rows optimizer step ``step`` (0-based) trains on: ``batch_size``, or what its epoch has left."""
+        return min(self.batch_size, self.num_train - (step % self.steps_per_epoch) * self.batch_size)
+
+    @property
+    def rows_trained(self) -> int:
+        """Training rows its steps go through if it never stops early: whole epochs of ``num_train`` rows, then
+        full batches of the last one."""
+        epochs, steps = divmod(self.total_steps, self.steps_per_epoch)
+        return epochs * self.num_train + min(steps * self.batch_size, self.num_train)
 
     def evaluates_after(self, steps_done: int) -> bool:
         return steps_done % self.eval_every == 0 or steps_done == self.total_steps

@@ -112,8 +112,9 @@ def test_tasks_of_equal_shapes_stack_and_keep_their_own_data():
 @pytest.mark.parametrize(("field", "value", "stacks"), [
     ("lr", 1e-3, True), ("weight_decay", 0.1, True), ("init_seed", 3, True), ("data_seed", 3, True),
     ("early_stop_acc", 0.5, True), ("schedule", "constant", True), ("warmup_steps", 3, True),
-    ("batch_size", 4, False), ("num_train", 40, False), ("num_test", 16, False), ("epochs", 4, False),
-    ("eval_every", 2, False), ("beta2", 0.99, False), ("precision", "bf16", False),
+    ("num_train", 40, True), ("epochs", 4, True), ("eval_every", 2, True),
+    ("batch_size", 4, False), ("num_test", 16, False), ("eval_batch_size", 4, False), ("beta2", 0.99, False),
+    ("precision", "bf16", False),
 ], ids=lambda x: str(x))
 def test_group_key_train_fields(field, value, stacks):
     assert (group_key(resolve(tiny())) == group_key(resolve(tiny(**{field: value})))) == stacks
@@ -332,24 +333,27 @@ def test_packed_fla_baselines_are_trained_one_at_a_time(monkeypatch):
     assert calls == configs
 
 
-def test_max_stack_splits_groups_and_keeps_the_order(monkeypatch):
+def test_max_stack_is_the_stacks_width_and_the_other_runs_queue(monkeypatch):
     configs = [tiny(epochs=1, init_seed=0), tiny(epochs=1, batch_size=4), tiny(epochs=1, init_seed=1),
                tiny(epochs=1, init_seed=2)]
-    sizes = []
+    stacks = []
     stack = engine._train_stack
+
     def spy(runs, *args, **kwargs):
-        sizes.append(len(runs))
+        stacks.append((len(runs), kwargs["width"]))
         return stack(runs, *args, **kwargs)
 
     monkeypatch.setattr(engine, "_train_stack", spy)
     batched = train_runs_batched(configs, progress=False, max_stack=2)
-    assert sizes == [2, 1, 1]
+    assert stacks == [(3, 2), (1, 1)]
     assert_same_records(batched, solo(configs))
 
 
 def test_adamw_update_matches_torch_adamw():
+    """Rows that step get torch.optim.AdamW's bits at their own step counts; rows that idle keep theirs."""
     shapes = [(17, 33), (5,), (128, 352)]
     lrs, wds = [1e-3, 5e-4, 1e-4], [0.0, 0.1, 0.3]
+    stepping = [[1, 1, 0], [1, 0, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]]  # per stack step, per row
     gen = torch.Generator().manual_seed(0)
     start = [[torch.randn(s, generator=gen) for s in shapes] for _ in lrs]
     params = [[p.clone().requires_grad_() for p in run] for run in start]
@@ -358,17 +362,21 @@ def test_adamw_update_matches_torch_adamw():
     flat = torch.stack([torch.cat([p.flatten() for p in run]) for run in start])  # [N, P]
     exp_avg, exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
     sizes = [math.prod(s) for s in shapes]
-    for t in range(1, 5):
+    counts = [0] * len(lrs)  # each row's AdamW steps
+    for steps in stepping:
         grads = torch.randn(flat.shape, generator=gen)
         for n, (run, opt) in enumerate(zip(params, optimizers)):
-            for p, g in zip(run, grads[n].split([p.numel() for p in run])):
-                p.grad = g.view(p.shape).clone()
-            opt.step()
-        decay = torch.tensor([1 - lr * wd for lr, wd in zip(lrs, wds)])
-        step_size = torch.tensor([-(lr / (1 - 0.9**t)) for lr in lrs])
+            if steps[n]:
+                for p, g in zip(run, grads[n].split([p.numel() for p in run])):
+                    p.grad = g.view(p.shape).clone()
+                opt.step()
+                counts[n] += 1
+        t = [max(c, 1) for c in counts]  # an idle row's scalars are never read
+        scalars = torch.tensor([[1 - lr * wd for lr, wd in zip(lrs, wds)],
+                                [-(lr / (1 - 0.9**k)) for lr, k in zip(lrs, t)],
+                                [(1 - 0.999**k) ** 0.5 for k in t], steps], dtype=torch.float32)
         per_param = [g.unflatten(1, shape) for g, shape in zip(grads.split(sizes, dim=1), shapes)]  # [N, *shape]
-        _adamw_update(flat, per_param, exp_avg, exp_avg_sq, decay, step_size,
-                      torch.tensor((1 - 0.999**t) ** 0.5), 0.9, 0.999)
+        _adamw_update(flat, per_param, exp_avg, exp_avg_sq, scalars, 0.9, 0.999)
         for n, run in enumerate(params):
             assert torch.equal(flat[n], torch.cat([p.detach().flatten() for p in run]))
 

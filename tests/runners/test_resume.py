@@ -107,7 +107,8 @@ def test_a_stack_stopped_by_sigint_goes_on_to_the_same_records(tmp_path, monkeyp
     meta = json.loads(meta_path.read_text())
     assert meta["step"] == k and sorted(meta["live"]) == sorted(NAMES) and meta["pt"] in names
     saved = torch.load(tmp_path / resume.PARTIAL / meta["pt"], weights_only=True)
-    assert saved["step"] == k and saved["loss_count"] == k % 2
+    assert saved["step"] == k and [row["step"] for row in saved["rows"]] == [k] * 3
+    assert [row["loss_count"] for row in saved["rows"]] == [k % 2] * 3 and saved["queue"] == []
     assert not list(tmp_path.glob("*.json")), "no run had ended"
 
     monkeypatch.undo()
@@ -381,14 +382,18 @@ def test_a_sweep_run_again_finds_the_checkpoint_of_a_stack_whose_other_runs_fini
     assert sweep_records(folder) == sweep_records(clean)
 
 
-def test_jobs_keep_their_runs_when_some_have_finished():
-    """Jobs are cut from every run, finished or not, so a stack split by max_stack is formed again as it was."""
+def test_jobs_keep_their_runs_and_widths_when_some_have_finished():
+    """Jobs are cut from every run, finished or not, so a key split into several jobs is formed again as it was, each
+    job at its width."""
     plan = SweepSpec.from_dict({**SWEEP, "seeds": 2}).plan()
     hashes = [r.hash for r in plan.runs]
-    first = [job.hashes for job in plan_jobs(plan.runs, 5)]
-    assert [len(h) for h in first] == [4, 4, 4]  # 12 runs at most 5 a stack: three stacks of equal size
-    todo = set(hashes) - set(first[0][:3]) - set(first[1])
-    assert [job.hashes for job in plan_jobs(plan.runs, 5, todo=todo)] == [first[0][3:], first[2]]
+    first = plan_jobs(plan.runs, 2, job_stacks=2)
+    # 12 runs, stacks of 2, at most 2 stacks' worth a job: three jobs of 4
+    assert [(len(job), job.stack_width) for job in first] == [(4, 2)] * 3
+    todo = set(hashes) - set(first[0].hashes[:3]) - set(first[1].hashes)
+    again = plan_jobs(plan.runs, 2, todo=todo, job_stacks=2)
+    assert [job.hashes for job in again] == [first[0].hashes[3:], first[2].hashes]
+    assert [job.width for job in again] == [2, 2]
 
 
 def test_the_cli_resumes_a_sweep_stopped_by_sigint(tmp_path, monkeypatch, capsys):

@@ -10,14 +10,13 @@ import typer
 from mixlab import tasks
 from mixlab.runners.cli.sweep import register
 from mixlab.runners.sweep import jobs as sweep_jobs
-from mixlab.runners.sweep.jobs import Job, job_key, plan_jobs, run_job
+from mixlab.runners.sweep.jobs import Job, chunks, job_key, plan_jobs, run_job
 from mixlab.runners.sweep.mad import LRS, WEIGHT_DECAYS, mad_plan
 from mixlab.runners.sweep.plan import PlannedRun
 from mixlab.runners.sweep.run import SweepOptions, run_sweep
 from mixlab.runners.sweep.spec import SweepSpec
 from mixlab.runners.train import engine
 from mixlab.runners.train.config import RunConfig, TrainConfig
-from mixlab.runners.train.engine import chunks
 from mixlab.runners.train.resolved import resolve
 from typer.testing import CliRunner
 
@@ -92,47 +91,53 @@ def test_runs_of_one_model_shape_share_a_job_in_plan_order():
     assert {job.label for job in jobs} == {"mqar attention x4"} and {job.device for job in jobs} == {"cpu"}
 
 
-@pytest.mark.parametrize(("max_stack", "sizes"),
-                         [(1, [1] * 16), (3, [2] * 8), (64, [4] * 4)],
-                         ids=["one-run-per-job", "chunks-of-3", "whole-groups"])
-def test_max_stack_chunks_each_group(max_stack, sizes):
+@pytest.mark.parametrize(("max_stack", "job_stacks", "sizes", "width"),
+                         [(1, 1, [1] * 16, 1), (3, 1, [2] * 8, 2), (1, 4, [4] * 4, 1), (3, 4, [4] * 4, 3),
+                          (64, 4, [4] * 4, 4)],
+                         ids=["one-run-per-job", "one-stack-per-job", "queue-of-one-wide-stacks", "queue-of-one",
+                              "whole-groups"])
+def test_jobs_hold_at_most_job_stacks_stacks_of_max_stack(max_stack, job_stacks, sizes, width):
     plan = grid()
-    jobs = plan_jobs(plan.runs, max_stack)
-    assert [len(job) for job in jobs] == sizes
+    jobs = plan_jobs(plan.runs, max_stack, job_stacks=job_stacks)
+    assert [len(job) for job in jobs] == sizes and {job.stack_width for job in jobs} == {width}
     assert sorted(h for job in jobs for h in job.hashes) == sorted(r.hash for r in plan.runs)
-    if max_stack == 1:
+    if max_stack == job_stacks == 1:
         assert [job.hashes[0] for job in jobs] == [r.hash for r in plan.runs], "the plan's order, run by run"
 
 
-@pytest.mark.parametrize(("n", "max_stack", "sizes"), [
+@pytest.mark.parametrize(("n", "most", "sizes"), [
     (90, 64, [45, 45]), (91, 64, [46, 45]), (64, 64, [64]), (10, 3, [3, 3, 2, 2]), (5, 1, [1] * 5), (3, 64, [3]),
 ], ids=["90-at-64", "91-at-64", "exactly-one", "10-at-3", "one-each", "under-the-cap"])
-def test_chunks_are_the_fewest_of_near_equal_size(n, max_stack, sizes):
+def test_chunks_are_the_fewest_of_near_equal_size(n, most, sizes):
     members = list(range(100, 100 + n))
-    stacks = chunks(members, max_stack)
+    stacks = chunks(members, most)
     assert [len(c) for c in stacks] == sizes
     assert [m for c in stacks for m in c] == members, "in order, every member once"
 
 
 def test_mad_seeds_and_equal_shapes_share_a_stack():
     """``mad run --profile paper --seeds 3`` on in-context and noisy recall: each setting's 6 grid points and
-    3 seeds make one stack of 18; in-context recall at V=32 with noisy recall's baseline and frac_noise settings
-    (equal shapes, 90 runs) make two stacks of 45 under --max-stack 64."""
+    3 seeds make a job of 18; settings of equal step shapes share one job, stacked 64 at a time: in-context
+    recall's baseline and training-set sizes (5 settings, 90 runs), and noisy recall's baseline, training-set sizes
+    and frac_noise settings with in-context recall at V=32 (9 settings, 162 runs)."""
     plan = mad_plan("transformer", "paper", seeds=3, device="cpu")
     runs = [r for r in plan.runs if r.meta["task"] in ("mad/in_context_recall", "mad/noisy_recall")]
     meta = {r.hash: r.meta for r in runs}
     jobs = plan_jobs(runs)
-    assert sorted(len(job) for job in jobs) == [18] * 20 + [45, 45]
+    assert sorted((len(job), job.stack_width) for job in jobs) == [(18, 18)] * 11 + [(90, 64), (162, 64)]
     for job in jobs:
+        settings = {(meta[h]["task"], meta[h]["setting"]) for h in job.hashes}
+        assert {(meta[h]["seed"], meta[h]["train_grid"]["lr"], meta[h]["train_grid"]["weight_decay"],
+                 meta[h]["task"], meta[h]["setting"]) for h in job.hashes} == {
+            (s, lr, wd, *setting) for s in range(3) for lr in LRS for wd in WEIGHT_DECAYS for setting in settings}
         if len(job) == 18:
-            assert {(meta[h]["seed"], meta[h]["train_grid"]["lr"], meta[h]["train_grid"]["weight_decay"])
-                    for h in job.hashes} == {(s, lr, wd) for s in range(3) for lr in LRS for wd in WEIGHT_DECAYS}
-            assert len({meta[h]["setting"] for h in job.hashes}) == 1
-    merged = {(meta[h]["task"], meta[h]["setting"], meta[h]["seed"]) for job in jobs if len(job) == 45
-              for h in job.hashes}
-    assert merged == {(task, setting, s) for s in range(3) for task, setting in [
-        ("mad/in_context_recall", "vocab_size=32"), ("mad/noisy_recall", "baseline"),
-        *(("mad/noisy_recall", f"frac_noise={f}") for f in (0.4, 0.6, 0.8))]}
+            assert len(settings) == 1
+    sizes = [f"num_train={n}" for n in (800, 1600, 3200, 6400)]
+    merged = sorted({(meta[h]["task"], meta[h]["setting"]) for h in job.hashes} for job in jobs if len(job) > 18)
+    assert merged == sorted([
+        {("mad/in_context_recall", s) for s in ("baseline", *sizes)},
+        {("mad/in_context_recall", "vocab_size=32"), *(("mad/noisy_recall", s) for s in (
+            "baseline", *sizes, *(f"frac_noise={f}" for f in (0.4, 0.6, 0.8))))}], key=len)
 
 
 def test_unbatchable_runs_are_jobs_of_their_own():
@@ -193,7 +198,7 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
 
     def spy(name, function):
         def wrapped(configs, **kwargs):
-            calls.append((name, len(configs) if name == "batched" else 1))
+            calls.append((name, len(configs), kwargs["max_stack"]) if name == "batched" else (name, 1))
             return function(configs, **kwargs)
         monkeypatch.setattr(sweep_jobs, function.__name__, wrapped)
 
@@ -201,18 +206,18 @@ def test_batched_sweep_equals_one_run_at_a_time(tmp_path, monkeypatch):
     spy("alone", sweep_jobs.train_run)
     plan = grid()
     batched = run_sweep(plan, tmp_path / "batched", SweepOptions(progress=False))
-    assert calls == [("batched", 4)] * 4
+    assert calls == [("batched", 4, 4)] * 4
     calls.clear()
     alone = run_sweep(plan, tmp_path / "alone", SweepOptions(progress=False, batch=False))
     assert calls == [("alone", 1)] * 16
     calls.clear()
-    chunked = run_sweep(plan, tmp_path / "chunked", SweepOptions(progress=False, max_stack=3))
-    assert calls == [("batched", 2)] * 8, "a group of 4 at max_stack 3: two stacks of 2, not 3 and 1"
-    assert batched.ran == alone.ran == chunked.ran == 16
+    queued = run_sweep(plan, tmp_path / "queued", SweepOptions(progress=False, max_stack=3))
+    assert calls == [("batched", 4, 3)] * 4, "a group of 4 at max_stack 3: a stack of 3, one run queued"
+    assert batched.ran == alone.ran == queued.ran == 16
     reference = records(tmp_path / "alone")
     assert len(reference) == 16
     assert_same_results(records(tmp_path / "batched"), reference)
-    assert_same_results(records(tmp_path / "chunked"), reference)
+    assert_same_results(records(tmp_path / "queued"), reference)
     assert len({json.dumps(r["history"]) for r in reference.values()}) == 16
 
 
