@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
-from mixlab.runners.sweep import mad
+from mixlab.runners.sweep import local_backend, mad
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
 from mixlab.runners.sweep.ray_backend import RayOptions
 from mixlab.runners.sweep.run import BACKENDS, SweepOptions, SweepResult, run_sweep
@@ -28,7 +28,8 @@ SETTINGS_HELP = ("Comma-separated settings (the report's labels, e.g. baseline,s
                  "missing runs now.")
 STOP_AFTER_HELP = ("Seconds after which no new job starts; jobs in flight finish (fit a hard time limit: the limit "
                    "minus the longest job).")
-MAX_STACK_HELP = "Most runs trained together in one job (stacked by the batched engine); 1 = one run per job."
+MAX_STACK_HELP = ("Most runs a stack of the batched engine trains at once; a job queues more of equal step shape, "
+                  "each taking the row of a run that ended.")
 BATCH_HELP = "Train the runs of a job stacked (the batched engine); --no-batch: one at a time (train_run)."
 COMPILE_HELP = "torch.compile the batched step (results match to rounding, not bitwise); as --speed compile."
 CUDA_GRAPH_HELP = ("Replay the batched step as a CUDA graph (CUDA only); as --speed cuda-graph, with --compile as "
@@ -44,8 +45,9 @@ RATE_HELP = ("Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure o
 CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
                          "evaluation; negative: none), also written on Ctrl-C, SIGINT or SIGTERM (timeout, kill): the "
                          "same command run again goes on from them to the same records.")
-CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
-                     "seeing only its own (at least one worker per device).")
+CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3, or all (every visible device): the workers "
+                     "go round-robin to them, each seeing only its own (at least one worker per device), and take "
+                     "the longest jobs first.")
 
 
 # The options of `sweep` and `mad run` that say how the runs train: (name, type, default, help), declared once;
@@ -124,10 +126,13 @@ def sweep(
 
 
 def _indices(text: str | None) -> list[int] | None:
-    """``--cuda-devices 0,1`` as [0, 1] (None when not given); a non-integer raises ValueError naming it."""
+    """``--cuda-devices 0,1`` as [0, 1], ``all`` as every visible device's index (None when not given); a
+    non-integer raises ValueError naming it."""
     names = comma_names(text)
     if names is None:
         return None
+    if names == ["all"]:
+        return local_backend.every_device()
     bad = [n for n in names if not n.isdigit()]
     if bad:
         raise ValueError(f"--cuda-devices expects comma-separated device indices, got {bad[0]!r}")

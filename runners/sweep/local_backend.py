@@ -1,7 +1,9 @@
 """The local backend of a sweep: its jobs in this process, or in worker processes on this machine.
 
 ``run_jobs`` trains the jobs one after another in this process, or keeps ``workers`` spawned processes busy
-(``run_pool``), each pinned to one CUDA device when the sweep names several. A job that runs out of device
+(``run_pool``), each pinned to one CUDA device when the sweep names several (``--cuda-devices``, ``all``: every
+device this process sees), the workers spread round-robin over them. The pool starts the longest jobs first, so
+every device has work while any remains and the last jobs to end are short ones. A job that runs out of device
 memory beside others runs again alone after them; Ctrl-C or a failed run ends every worker at once (each
 checkpoints its stack first).
 """
@@ -45,6 +47,14 @@ def run_jobs(jobs: Sequence[Job], runs_dir: Path, engine: dict[str, Any], job_do
             job_done(job, len(run_job(job, runs_dir, **engine)))
         return
     run_pool(jobs, runs_dir, workers, engine, job_done, may_start, device_ids=device_ids)
+
+
+def every_device() -> list[int]:
+    """The index of every CUDA device this process sees (``--cuda-devices all``); ValueError when it sees none."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
+        raise ValueError("--cuda-devices all: this process sees no CUDA device")
+    return list(range(count))
 
 
 def visible_device_ids(cuda_devices: Sequence[int]) -> list[str]:
@@ -91,6 +101,12 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(1)
+
+
+def start_order(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs longest first (``Job.tokens``; ties in the order given): a pool that starts them so ends with
+    short jobs, instead of one device still training a long job that started last while the others idle."""
+    return sorted(jobs, key=lambda job: -job.tokens)
 
 
 class JobOutOfMemory(RuntimeError):
@@ -195,8 +211,8 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
              run: Callable[[Job, str, dict[str, Any]], int] = run_in_worker,
              device_ids: Sequence[str] | None = None) -> None:
     """Keep ``workers`` jobs in flight and nothing queued behind them, so a stop abandons only those; a new
-    job starts only while ``may_start()``. With ``device_ids`` (``visible_device_ids``) worker k sees only device
-    ``device_ids[k % len(device_ids)]``.
+    job starts only while ``may_start()``, the longest first (``start_order``). With ``device_ids``
+    (``visible_device_ids``) worker k sees only device ``device_ids[k % len(device_ids)]``.
 
     A job that runs out of device memory beside others (jobs share a GPU) does not stop the sweep: it runs
     again after the other jobs, alone (it keeps the records its early-stopped runs wrote); out of memory
@@ -210,7 +226,7 @@ def run_pool(jobs: Sequence[Job], runs_dir: Path, workers: int, engine: dict[str
     executor = concurrent.futures.ProcessPoolExecutor(
         max_workers=workers, mp_context=context, initializer=_init_worker,
         initargs=(threads, os.getpid(), device_ids, context.Value("i", 0)))
-    pending = iter(jobs)
+    pending = iter(start_order(jobs))
     in_flight: dict[concurrent.futures.Future, Job] = {}
     deferred: list[Job] = []  # ran out of memory beside other jobs: again, alone, once the rest is done
     alone: set[concurrent.futures.Future] = set()

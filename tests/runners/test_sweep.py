@@ -15,6 +15,7 @@ import torch
 import yaml
 from mixlab.analysis.aggregate import grid_summary, load_sweep
 from mixlab.core.records import ARCHIVE, archive_records, finished_hashes, read_record
+from mixlab.runners.cli.main import main
 from mixlab.runners.sweep import local_backend
 from mixlab.runners.sweep.jobs import plan_jobs
 from mixlab.runners.sweep.local_backend import JobOutOfMemory
@@ -651,6 +652,55 @@ def test_pool_workers_see_only_their_device(tmp_path):
                            run=report_device, device_ids=["5", "7"])
     seen = [p.read_text() for p in tmp_path.glob("*.device")]
     assert len(seen) == len(jobs) and set(seen) <= {"5", "7"}
+
+
+def log_start_and_meet(job, runs_dir, engine):
+    """A worker that trains nothing: it logs the job and its device, then waits until a job has started on each
+    of the pool's two devices (so neither worker can take every job before the other one starts)."""
+    folder, device = Path(runs_dir), os.environ["CUDA_VISIBLE_DEVICES"]
+    with open(folder / "starts.log", "a") as log:
+        log.write(f"{job.hashes[0]} {device}\n")
+    (folder / f"device-{device}").touch()
+    deadline = time.monotonic() + 60
+    while len(list(folder.glob("device-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return 0
+
+
+def test_the_pool_starts_the_longest_jobs_first_on_every_device(tmp_path):
+    """Four jobs of 1 to 4 steps a run on two (fake) devices, one worker each: the two longest start first, one on
+    each device, and the others follow longest first."""
+    spec = tiny(seeds=1)
+    jobs = [job for steps in (1, 4, 2, 3)
+            for job in plan_jobs(dataclasses.replace(spec, train={**spec.train, "steps": steps}).plan().runs[:1], 8)]
+    assert [job.tokens for job in local_backend.start_order(jobs)] == sorted((job.tokens for job in jobs),
+                                                                              reverse=True)
+    local_backend.run_pool(jobs, tmp_path, 2, {"batch": True}, lambda job, trained: None, lambda: True,
+                           run=log_start_and_meet, device_ids=["5", "7"])
+    started = [line.split() for line in (tmp_path / "starts.log").read_text().splitlines()]
+    longest = [job.hashes[0] for job in local_backend.start_order(jobs)]
+    assert {h for h, _ in started[:2]} == set(longest[:2]) and [h for h, _ in started[2:]] == longest[2:]
+    assert {device for _, device in started[:2]} == {"5", "7"}, "the first two jobs run on the two devices at once"
+
+
+def test_cuda_devices_all_names_every_visible_device(tmp_path, monkeypatch, capsys):
+    """``--cuda-devices all`` is every device this process sees (three, faked here); the sweep's workers go
+    round-robin to them. Seeing none, it is refused in one line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pools = []
+    monkeypatch.setattr(local_backend, "run_pool", lambda jobs, runs_dir, workers, engine, job_done, may_start,
+                        device_ids=None: pools.append((workers, device_ids)))
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps(TINY))
+    main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--cuda-devices", "all", "--workers", "3",
+          "--no-progress"])
+    assert pools == [(3, ["0", "1", "2"])]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit) as refused:
+        main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--cuda-devices", "all", "--workers", "3"])
+    assert refused.value.code == 2 and "--cuda-devices all: this process sees no CUDA device" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="maps indices without a GPU to count them")
