@@ -5,10 +5,10 @@ The runs of a MAD profile (``runners.sweep.mad.mad_plan``) are grouped into jobs
 (``runners.sweep.jobs.plan_jobs``). What one optimizer step costs depends only on its *step shape*: the resolved
 model (vocabulary, row length), the batch, the precision and how many runs share the stack; settings that differ
 only in training-set size or in values (noisy recall's ``frac_noise``) share a step shape. For each step shape the
-benchmark takes its largest job, trains it for ``steps`` steps after a short warm-up call (which takes CUDA
-context, compilation and graph capture out of the timing), and trains the job's first run alone in the plain loop
-(``train_run``) for the same steps. The correctness gate compares that run's test loss alone and in the stack
-(``bench_train``'s gate).
+benchmark takes the first stack of its largest job (its first ``max_stack`` runs), trains it for ``steps`` steps
+after a short warm-up call (which takes CUDA context, compilation and graph capture out of the timing), and trains
+the job's first run alone in the plain loop (``train_run``) for the same steps. The correctness gate compares that
+run's test loss alone and in the stack (``bench_train``'s gate).
 
 Per step shape the table gives the stacked and the one-at-a-time train tokens/s (tokens of pure step time, as
 the records' ``train_time_s`` measure it) and the GPU-minutes the protocol's runs of that shape would take at

@@ -40,9 +40,10 @@ with the same lr and wd, at the paper run's learning rate at every step (the cos
 its curve is the start of the paper's, not a compressed copy of it; where the cap reaches 200 epochs
 (memorization) it is the paper run, hash included.
 
-The MAD step is launch-bound (the GPU is mostly idle), so ``run_sweep`` trains runs of equal shapes stacked,
+The MAD step is launch-bound (the GPU is mostly idle), so ``run_sweep`` trains runs of equal step shapes stacked,
 one batched job each (``runners.train.engine``): a setting's lr x wd grid and its seeds, and settings that differ
-only in values (noisy recall's ``frac_noise``); ``--workers`` overlaps jobs and ``--backend ray`` spreads
+only in values (noisy recall's ``frac_noise``) or in training-set size, each run on its own plan and each row of
+a stack refilled from the job's queue as its run stops; ``--workers`` overlaps jobs and ``--backend ray`` spreads
 them over machines.
 """
 

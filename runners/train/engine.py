@@ -1,23 +1,42 @@
-"""Many runs trained together on one device: runs of equal shapes stacked along a leading run axis.
+"""Many runs trained together on one device: runs of equal shapes stacked along a leading run axis, each on its own
+step plan, the stack refilled from a queue as its runs end.
 
 The lab's models are tiny (about 0.4M parameters), so one run leaves a GPU idle: its steps are bound by
-kernel launches, not arithmetic. ``train_runs_batched`` stacks N runs whose shapes agree and steps them as
+kernel launches, not arithmetic. ``train_runs_batched`` stacks runs whose shapes agree and steps them as
 one batched model: every parameter becomes ``[N, *shape]``, the forward is ``torch.func.vmap`` of
 ``torch.func.functional_call`` of one template model over (parameters, inputs ``[N, B, T]``), and AdamW
-runs on one flat ``[N, P]`` buffer of all parameters with a per-run learning rate and weight decay. Each
-run keeps what ``runners.train.run.train_run`` would give it:
+runs on one flat ``[N, P]`` buffer of all parameters with a per-run learning rate, weight decay and bias
+correction. Each run keeps what ``runners.train.run.train_run`` would give it:
 
 - its own data, shuffling and initialisation from its seeds (``runners.train.seeds``; runs with equal task,
-  parameters and data seed share one copy of the data), and the same step plan (``runners.train.schedule``);
-- its own loss (``runners.train.metrics.training_loss`` of its logits), learning-rate schedule
-  (``runners.train.schedule.lr_at`` with its own TrainConfig) and AdamW moments;
+  parameters, data seed and set sizes share one copy of the data), and its own step plan
+  (``runners.train.schedule``): its epochs or steps, its training-set size (so its steps per epoch), its
+  evaluation points;
+- its own step counter, which sets its epoch's permutation, its learning rate (``runners.train.schedule.lr_at``
+  with its own TrainConfig) and its AdamW bias correction; its own loss (``runners.train.metrics.training_loss``
+  of its logits) and AdamW moments;
 - its own evaluations (per-run sums of ``runners.train.metrics`` counts over ``runners.train.evaluation``'s batches),
-  history, best-perplexity ``final`` and early stop (``runners.train.record``). A run that stops early is written
-  at once and dropped from the stack (its rows of the parameters, moments and data indices are removed), so
-  the others go on unslowed (with ``compile``, see below, a finished run may stay a while, frozen).
+  history, best-perplexity ``final`` and early stop (``runners.train.record``).
 
-Equality (``tests/runners/test_engine.py``): on the CPU every record equals train_run's bitwise (time
-fields aside), in fp32 and under bf16 autocast. The AdamW update repeats ``torch.optim.AdamW``'s arithmetic
+Why per-run plans and a queue: on the MAD protocol most runs stop early, and settings of one step shape (e.g.
+in-context recall at 800 and at 12,800 training rows) differ only in their plans. A stack of runs that all had to
+share a plan ran mostly empty once its first runs stopped; now a stack holds ``max_stack`` rows, and a run that
+ends (early stop or its last step) hands its row at once to the next run of the queue (its initial parameters,
+zero moments, its own step 0 and data, written into the row in place), so the stack stays full until the queue is
+empty. Then a row whose run ends is left empty and dropped: at once when eager, while compiled (below) once at
+most half the stack still trains.
+
+A stack step: every row's batch has one length (static shapes), the shortest next batch of any run, so a run
+whose epoch ends with a short batch takes it in a step of its own (with any other run due a batch of that
+length) and the full batches go the step after. The runs of other lengths idle in that step: they compute on
+some rows, and the update keeps their parameters, moments and loss sums as they were (``_adamw_update``
+selects per row). An evaluation serves the runs due after this step only, one forward over the sub-stack of
+their rows; eager, that costs their share of the stack; captured (CUDA graphs, below) the sub-stack is widened to
+the next power of two (one graph per width), at most twice the due runs' work.
+
+Equality (``tests/runners/test_engine.py``, ``tests/runners/test_refill.py``): on the CPU every record equals
+train_run's bitwise (time fields aside), in fp32 and under bf16 autocast, whichever runs share the stack, its
+row, the steps it idles and when it leaves the queue. The AdamW update repeats ``torch.optim.AdamW``'s arithmetic
 op for op (decay, ``lerp_``, ``addcmul_``, ``sqrt`` / bias correction + eps, step), which on the CPU gives
 the same bits for one stacked buffer as for separate parameters. On a GPU the batched kernels (and
 train_run's foreach AdamW) round differently: results agree within bf16 noise, not bitwise. ``rubiconv``,
@@ -27,13 +46,15 @@ fp32 on the CPU; so does the output head of tasks scored at few positions (the h
 only, ``runners.train.metrics``: a stacked matmul of few rows rounds differently).
 
 Which runs stack (``group_key``: the run's ``ResolvedRun.stack_key`` with the device and precision it resolves to
-here): equal resolved ModelConfig (so equal vocabulary and sequence length), equal data shape, equal
-``epochs``/``steps``, ``batch_size``, ``num_train``, ``num_test``, ``eval_batch_size``, ``eval_every``, ``beta1``,
-``beta2``, device and precision. Free to differ: ``task``
-and ``task_params`` (when the shapes agree, e.g. noisy recall's ``frac_noise``), ``lr``, ``min_lr``,
-``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and ``init_seed``.
+here): what fixes a tensor shape or the stacked arithmetic: equal resolved ModelConfig (so equal vocabulary and
+sequence length), equal row shape and packing, ``batch_size``, ``num_test``, ``eval_batch_size``, ``beta1``,
+``beta2`` (one AdamW update for the stack), device and precision. Free to differ: ``task`` and ``task_params``
+(when the shapes agree, e.g. noisy recall's ``frac_noise``), ``epochs``, ``steps``, ``num_train``, ``eval_every``,
+``lr``, ``min_lr``, ``weight_decay``, ``schedule``, ``warmup_steps``, ``early_stop_acc``, ``data_seed`` and
+``init_seed``. A stack holds the data of every run of its queue on the device from the start (the training sets
+end to end, the test sets stacked), so a refill copies no data.
 Packed tasks stack: each run gets its own ``cu_seqlens`` [N, B * slots + 1] a step, of a static length (one slot
-count per stack, ``_Stack.layout``), built on the host and copied with a host copy so no op syncs to read it;
+count for every data set of the stack), built on the host and copied with a host copy so no op syncs to read it;
 attention with documents and RubiConv run once per run under vmap (``kernels.triton_utils.per_run``). Eager
 only (``auto`` speed runs them eager; other modes refuse them). Runs that cannot stack
 (``ResolvedRun.unbatchable_reason``) are trained one at a time by ``train_run``, in the same call:
@@ -52,22 +73,27 @@ fft_conv_leaky, hyena, hyena_leaky, none, the fla-core baselines (their Triton o
 rows into one launch), and the compression autoencoder.
 
 Time: runs of a stack step together, so the time of the shared steps is split among them. The training
-time between two evaluations is measured once (after a device sync) and divided evenly among the runs
-trained in it, so ``train_time_s`` is a run's share, the stack's total is the sum over its runs, and
-``steps_per_s`` is a run's effective rate. Evaluation time is left out, as in train_run. ``wall_time_s``
-runs from the start of the stack's training loop to the run's record, so runs of one stack overlap.
+time between two evaluations of the stack is measured once (after a device sync) and split among its runs by
+their shares of its steps (a step's share is divided evenly among the runs that took it), so ``train_time_s`` is
+a run's share, the stack's total is the sum over its runs, and ``steps_per_s`` is a run's effective rate.
+Evaluation time is left out, as in train_run. ``wall_time_s`` runs from when the run took its row to its record,
+so runs of one stack overlap.
 
 Speed options (``speed``, ``runners.train.speed``: eager by default; ``auto`` compiles on CUDA, short rows graphed too):
 ``compile``: ``torch.compile`` the batched forward + loss and the AdamW update, with static shapes (vmap
-fails on symbolic sizes), so every stack size and batch shape compiles once; compiled code reorders float
-sums, so results match to rounding, not bitwise. Finished runs then stay in the stack, trained on but
-unreported, until at most half of it still trains, so a stack of N compiles for at most log2(N) sizes. On
-CUDA the evaluation is captured as a CUDA graph, as under ``cuda_graph`` (with it eager, compiled stacks whose
-epochs are a few steps trained for only about half their wall time; docs/engine.md).
-``cuda_graph``: capture the whole step (gather, forward, backward, AdamW) in a CUDA graph per batch shape
-and replay it; the per-step scalars live on the device. Warm-up steps before a capture are undone (the
-state is restored), so graphs change no result. The evaluation (all test batches, every run's sums) is
-captured too, once per set of live runs. Recaptured after runs drop out. CUDA only.
+fails on symbolic sizes), so every stack width and batch length compiles once; the per-run scalars (learning
+rates, bias corrections, which rows step) are a device tensor and a refill writes its row in place, so nothing
+compiles again while the queue lasts. Compiled code reorders float sums, so results match to rounding, not
+bitwise. Once the queue is empty, empty rows stay in the stack, idle, until at most half of it still trains, so a
+stack of N compiles for at most log2(N) widths. On CUDA the evaluation is captured as a CUDA graph, as under
+``cuda_graph`` (with it eager, compiled stacks whose epochs are a few steps trained for only about half their
+wall time; docs/engine.md).
+``cuda_graph``: capture the whole step (gather, forward, backward, AdamW) in a CUDA graph per batch length and
+replay it; the step's rows and per-run scalars are copied into its static inputs. Warm-up steps before a capture
+are undone (the state is restored), so graphs change no result. The evaluation (all test batches, each slot's
+sums) is captured too, once per width of the due runs' sub-stack, their rows written into its slots before a
+replay (not for tasks with score groups, whose sums are the task's: packed retrieval, which is eager anyway).
+Refills replay the same graphs; everything is captured again after a compaction. CUDA only.
 
 Attention under vmap: on CUDA the stack's template model is built with ``fold_runs`` (``models.build_model``), so
 attention folds the run axis into the batch and calls the fused kernels on plain tensors; on the CPU torch's own
@@ -75,8 +101,9 @@ batch rules loop over the runs (``folds_runs``).
 
 Checkpoints (``runners.train.resume``): with ``out_dir`` and ``checkpoint_every_s``, a stack writes its whole state at
 evaluations and on Ctrl-C, and a stack trained again goes on from it to the same records. ``_Loop`` holds where
-the loop stands (step, rows, records) and gives it as a ``resume.Snapshot`` of state dicts (its stack's, each
-row's) between any two steps, and takes it back.
+the loop stands (its rows, each row's run and plan position, its queue, its records) and gives it as a
+``resume.Snapshot`` of state dicts (its stack's, each row's run's, the queue's run names) between any two steps,
+and takes it back.
 """
 
 from __future__ import annotations

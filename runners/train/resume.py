@@ -3,26 +3,30 @@ goes on where it stopped, to the same records bit for bit.
 
 A stack (``runners.train.engine``) trained with an output folder writes ``<out_dir>/partial/<key>-<stamp>.pt``
 (``torch.save`` of plain tensors, lists and dicts, read back with ``weights_only=True``) and then ``<key>.json``,
-which names that file and says which runs it holds and at which step. ``key`` hashes the sorted names of the runs
-the stack started with. It is written at evaluations once ``every_s`` seconds have passed since the last (0: at
-every evaluation), and when the process is interrupted (``Interrupts``), then removed when the stack ends. Each
-write goes to a new .pt and drops the older ones only once the .json names the new one, so a process killed
-between the two files (a worker past the pool's grace period) leaves the previous pair whole.
+which names that file and says which runs it holds, which wait in its queue and at which step it is. ``key``
+hashes the sorted names of the runs the stack started with (its rows and its queue). It is written at
+evaluations once ``every_s`` seconds have passed since the last (0: at every evaluation), and when the process is
+interrupted (``Interrupts``), then removed when the stack ends. Each write goes to a new .pt and drops the older
+ones only once the .json names the new one, so a process killed between the two files (a worker past the pool's
+grace period) leaves the previous pair whole.
 
 What it holds is the state the training loop gives (``Snapshot``), everything that makes the next steps the same:
-the step counter and the steps summed since the last evaluation, the stack's state dict (``engine._Stack``:
-stacked parameters, AdamW moments, training-loss sums), and per row of the stack its run's state dict: name,
-config and log (``record.RunLog.state_dict``: history, best evaluation, early stop, training time), whether it
-finished, and its shuffle generator's state before the permutation of the epoch the next step belongs to (the
-loop draws that permutation again and skips the steps already taken). The data, the initialisation and the
-learning rates follow from the configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the
-same way, as a stack of one whose tensors are its model's and AdamW's state dicts. This module writes and reads
-those dicts and the files around them; the loops give and take their contents.
+the loop's step count, the stack's state dict (``engine._Stack``: stacked parameters, AdamW moments, training-loss
+sums, one row per run, empty rows included), per row its run's state dict (None for an empty row): name, config
+and log (``record.RunLog.state_dict``: history, best evaluation, early stop, training time), its own step count
+and the steps summed since its last evaluation, and its shuffle generator's state before the permutation of the
+epoch its next step belongs to (the loop draws that permutation again and skips the steps already taken); and the
+names of the runs still queued, in order. The data, the initialisation and the learning rates follow from the
+configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the same way, as a stack of one
+whose tensors are its model's and AdamW's state dicts. This module writes and reads those dicts and the files
+around them; the loops give and take their contents. A checkpoint of another ``FORMAT`` (written before the
+stacks had per-run plans and queues) is not read: its stack starts over, with a one-line warning.
 
-A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash,
-and every run still training in it is asked for or has a record by now. A sweep run again plans only the runs
-without records, and the runs that finished since are then dropped from the stack at load. Any other checkpoint
-that shares a run is ignored with a warning, never mixed in.
+A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash
+(in a row, queued, or finished with a record), and every run still training in it is asked for or has a record
+by now. A sweep run again plans only the runs without records: the runs that finished since leave their rows
+empty at load, and the next queued runs take them; queued runs not asked for any more are left out. Any other
+checkpoint that shares a run is ignored with a warning, never mixed in.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 hands its row to the next queued run. Every run still gets the record it gets alone, bitwise on the CPU (time
 fields aside), and a stack stopped part-way goes on to the same records."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -245,3 +246,18 @@ def test_a_compiled_stack_keeps_its_width_and_its_code_across_refills(monkeypatc
         assert (frames > before) == (shape not in seen), f"compiled again at {shape}" if shape in seen else shape
         seen.add(shape)
         before = frames
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("speed", ["cuda-graph", "compile+graph"])
+def test_a_refilled_stack_on_cuda_graphs_matches_it_uncaptured(speed):
+    """Refills write their rows in place under the captured steps and evaluations (one graph per batch length and
+    per evaluation width): the records equal the eager stack's within rounding (compiled code reorders sums)."""
+    configs = [dataclasses.replace(c, train=dataclasses.replace(c.train, device="cuda")) for c in CONFIGS]
+    graphed, eager = (train_runs_batched(configs, run_names=NAMES, progress=False, max_stack=3, speed=mode)
+                      for mode in (speed, "eager"))
+    assert [r["steps"] for r in graphed] == [r["steps"] for r in eager] == [15, 1, 7, 4, 6, 8]
+    for got, want in zip(graphed, eager):
+        assert [h["step"] for h in got["history"]] == [h["step"] for h in want["history"]]
+        for g, w in zip(got["history"], want["history"]):
+            assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-4)

@@ -106,8 +106,8 @@ def test_jobs_hold_at_most_job_stacks_stacks_of_max_stack(max_stack, job_stacks,
 
 
 @pytest.mark.parametrize(("n", "most", "sizes"), [
-    (90, 64, [45, 45]), (91, 64, [46, 45]), (64, 64, [64]), (10, 3, [3, 3, 2, 2]), (5, 1, [1] * 5), (3, 64, [3]),
-], ids=["90-at-64", "91-at-64", "exactly-one", "10-at-3", "one-each", "under-the-cap"])
+    (300, 256, [150, 150]), (91, 64, [46, 45]), (64, 64, [64]), (10, 3, [3, 3, 2, 2]), (5, 1, [1] * 5), (3, 64, [3]),
+], ids=["300-at-256", "91-at-64", "exactly-one", "10-at-3", "one-each", "under-the-cap"])
 def test_chunks_are_the_fewest_of_near_equal_size(n, most, sizes):
     members = list(range(100, 100 + n))
     stacks = chunks(members, most)
