@@ -140,7 +140,7 @@ def bench_mad_cmd(
     tasks: str = typer.Option(None, help="Only these MAD tasks, comma-separated (e.g. mad/fuzzy_recall)."),
     settings: str = typer.Option(None, help="Only the step shapes holding one of these settings, comma-separated "
                                  "(e.g. baseline,seq_len=512)."),
-    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help="Runs per job, as the sweep's --max-stack."),
+    max_stack: int = typer.Option(DEFAULT_MAX_STACK, help="Runs a stack trains at once, as the sweep's --max-stack."),
     speed: str = typer.Option(None, help=SPEED_HELP),
     compile: bool = typer.Option(False, "--compile", help="Stacks under torch.compile (as --speed compile)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Stacks as CUDA graphs (as --speed cuda-graph)."),

@@ -19,12 +19,12 @@ correction. Each run keeps what ``runners.train.run.train_run`` would give it:
   history, best-perplexity ``final`` and early stop (``runners.train.record``).
 
 Why per-run plans and a queue: on the MAD protocol most runs stop early, and settings of one step shape (e.g.
-in-context recall at 800 and at 12,800 training rows) differ only in their plans. A stack of runs that all had to
-share a plan ran mostly empty once its first runs stopped; now a stack holds ``max_stack`` rows, and a run that
-ends (early stop or its last step) hands its row at once to the next run of the queue (its initial parameters,
-zero moments, its own step 0 and data, written into the row in place), so the stack stays full until the queue is
-empty. Then a row whose run ends is left empty and dropped: at once when eager, while compiled (below) once at
-most half the stack still trains.
+in-context recall at 800 and at 12,800 training rows) differ only in their plans. Runs that shared one plan would
+leave a stack mostly empty once its first runs stop, and such settings could not share one. So a stack holds
+``max_stack`` rows, and a run that ends (early stop or its last step) hands its row at once to the next run of the
+queue (its initial parameters, zero moments, its own step 0 and data, written into the row in place), so the stack
+stays full until the queue is empty. Then a row whose run ends is left empty and dropped: at once when eager, while
+compiled (below) once at most half the stack still trains.
 
 A stack step: every row's batch has one length (static shapes), the shortest next batch of any run, so a run
 whose epoch ends with a short batch takes it in a step of its own (with any other run due a batch of that

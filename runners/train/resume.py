@@ -19,8 +19,8 @@ epoch its next step belongs to (the loop draws that permutation again and skips 
 names of the runs still queued, in order. The data, the initialisation and the learning rates follow from the
 configs. A run trained alone (``runners.train.run.train_run``) is checkpointed the same way, as a stack of one
 whose tensors are its model's and AdamW's state dicts. This module writes and reads those dicts and the files
-around them; the loops give and take their contents. A checkpoint of another ``FORMAT`` (written before the
-stacks had per-run plans and queues) is not read: its stack starts over, with a one-line warning.
+around them; the loops give and take their contents. A checkpoint of another ``FORMAT`` (format 1 holds one step
+plan for the whole stack and no queue) is not read: its stack starts over, with a one-line warning.
 
 A stack trained again finds its checkpoint when every run asked for is a run of it with the same config hash
 (in a row, queued, or finished with a record), and every run still training in it is asked for or has a record
