@@ -640,12 +640,12 @@ def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_di
         # its queue; runs asked for in neither had finished before (records in out_dir)
         rows = [None if row is None else asked.get(row["name"]) for row in saved.rows]
         queue = [asked[name] for name in saved.queue if name in asked]
+    todo = sum(run is not None for run in rows) + len(queue)
     stack = _Stack(resolved, len(rows), device, autocast, compile, cuda_graph)
     loop = _Loop(stack, rows, collections.deque(queue), out_dir, compact_at)
     loop.start(saved)
-    bar = tqdm(total=sum(run is not None for run in rows) + len(queue), disable=not progress, unit="run",
-               dynamic_ncols=True, leave=False,
-               desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(rows)}")
+    bar = tqdm(total=todo, disable=not progress, unit="run", dynamic_ncols=True, leave=False,
+               desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(loop.rows)}")
     interrupts = resume.Interrupts(active=saver is not None)
     try:
         with interrupts.held():
