@@ -110,6 +110,13 @@ def test_a_queue_behind_a_stack_of_one_trains_its_runs_in_turn(monkeypatch, alon
     assert {len(rows) for rows, _, _ in steps} == {1} and len(steps) == 15 + 1 + 7
 
 
+def test_a_refilled_stack_under_bf16_autocast_gives_every_run_its_record_alone():
+    configs = [dataclasses.replace(c, train=dataclasses.replace(c.train, precision="bf16")) for c in CONFIGS[1:5]]
+    records = train_runs_batched(configs, run_names=NAMES[1:5], progress=False, max_stack=2)
+    alone = [train_run(c, run_name=n, progress=False) for c, n in zip(configs, NAMES[1:5])]
+    assert [stripped(r) for r in records] == [stripped(r) for r in alone]
+
+
 def test_empty_rows_of_a_compiled_stack_idle_until_half_of_it_is_empty(monkeypatch, alone):
     """The compaction rule of compiled stacks, run eagerly: once the queue is empty, a row whose run ended stays
     (idle: its parameters untouched, nothing recorded) until at most half the stack still trains."""
