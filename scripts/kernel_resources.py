@@ -5,8 +5,8 @@ without a GPU.
     python scripts/kernel_resources.py --ops shortconv --set triton_headwise.HW_HS1_BWD_DS_DEFER=True
     python scripts/kernel_resources.py --ops shortconv --calls low-rank   # only the calls so labelled
 
-The launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py`` (short convs B=4, T=4096,
-D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
+The launchers run on CPU tensors at the shapes of ``scripts/profile_kernels_gpu.py ncu`` (short convs B=4,
+T=4096, D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
 forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), but every kernel launch
 is intercepted: the kernel is specialised exactly as Triton's launcher
 would specialise it (argument types, 16-byte divisibility, constants), compiled for ``sm_<arch>a`` and assembled
