@@ -17,12 +17,10 @@ def _groups(name: str, monkeypatch) -> list[tuple]:
     """(group, module, constant names, candidates) of scripts/<name>.py."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
     script = importlib.import_module(name)
-    if name == "tune_attention_gpu":
-        return [(group, script.attn, consts, candidates) for group, consts, candidates in script.GROUPS]
     return [(group, script.rubi, consts, candidates) for group, _kernel, consts, candidates in script.GROUPS]
 
 
-@pytest.mark.parametrize("name", ["tune_attention_gpu", "tune_rubiconv_gpu"])
+@pytest.mark.parametrize("name", ["tune_rubiconv_gpu"])
 def test_candidates_name_shipped_constants_first(name, monkeypatch):
     pytest.importorskip("triton")
     for group, module, consts, candidates in _groups(name, monkeypatch):
