@@ -18,10 +18,17 @@ need not wait for the document search, and a NaN in another document still never
 search is unrolled (``N_SEARCH`` is a compile-time constant rounded up to an even count, so a few values
 cover every layout); and the eager path of each op calls its launchers from a ``torch.autograd.Function``,
 the custom op being kept for ``torch.compile`` graphs and for ``torch.func.vmap`` (stacked runs,
-``runners.engine``), where the short convs' rules fold the runs into one launch (each row with its run's
+``runners.train.engine``), where the short convs' rules fold the runs into one launch (each row with its run's
 weights) and other ops' rule (``per_run_vmap``) launches the op once per run.
+
+Launch settings (tiles, warps, stages, program counts) are fixed, not autotuned: the weight gradients' sums
+depend on the tiles and chunks, and results must not depend on a timing. Each kernel module keeps them in one
+small table of frozen dataclass rows (``CONFIGS``) read by one function (``config_for``); every launcher takes
+an explicit ``config`` (keyword-only) for tests and ``runners.bench.tune``, the table's row by default.
 """
 
+import inspect
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -32,8 +39,49 @@ TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tests set this to True: every buffer a launcher allocates then starts full of NaN, so an element a kernel
 # forgets to write shows up as a non-finite result.
 POISON_OUTPUTS = False
-# sum_partials: columns a program owns and rows it adds per step.
-SUM_BLOCK_M, SUM_BLOCK_P = 128, 32
+
+
+def check_config(config, powers_of_two: tuple[str, ...] = ()) -> None:
+    """Raise ValueError unless every field of ``config`` (a launch-settings dataclass) is a positive int, and
+    those named in ``powers_of_two`` (tile sides of ``tl.arange``, warps) are powers of two."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{f.name} must be a positive int, got {value!r}")
+        if f.name in powers_of_two and value & (value - 1):
+            raise ValueError(f"{type(config).__name__}.{f.name} must be a power of two, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SumConfig:
+    """``sum_partials``' launch: BM columns a program, BP rows added a step."""
+
+    BM: int
+    BP: int
+    warps: int
+
+    def __post_init__(self) -> None:
+        check_config(self, ("BM", "BP", "warps"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stream:
+    """A streaming form's launch (the short convs): one program per row, block of about BD channels and CH
+    positions, walked U positions a step (CH a multiple of U), ``warps`` warps."""
+
+    CH: int
+    U: int
+    BD: int
+    warps: int
+
+    def __post_init__(self) -> None:
+        check_config(self, ("BD", "warps"))
+        if self.CH % self.U:
+            raise ValueError(f"Stream.CH={self.CH} must be a multiple of Stream.U={self.U}")
+
+
+# sum_partials' one row
+SUM_CONFIG = SumConfig(BM=128, BP=32, warps=4)
 
 
 # Host-side sizes for the launchers. triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
@@ -134,13 +182,28 @@ def _fake_grads(dy: torch.Tensor, x: torch.Tensor, *args) -> tuple[torch.Tensor,
     return tuple(x.new_empty(0) if t is None else t.new_empty(t.shape) for t in (x, *rest))
 
 
+def op_function(fn):
+    """``fn`` as a custom op sees it: its positional parameters only, so the schema comes from their type hints;
+    its keyword-only ``config`` keeps its default (the launcher's table row)."""
+    signature = inspect.signature(fn)
+
+    def call(*args):
+        return fn(*args)
+
+    call.__name__, call.__qualname__, call.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+    call.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.kind != p.KEYWORD_ONLY])
+    return call
+
+
 class TritonOp:
     """One op of Triton launchers, its backward wired once for the eager path and the custom op.
 
     ``fwd(*inputs, cu_seqlens, residual) -> y`` (y shaped like the first input x) and ``bwd(dy, *inputs,
     cu_seqlens, residual)`` -> one gradient per input, each in its input's dtype (an empty tensor for an input
     passed as None: a custom op cannot return None). Their type hints give the schemas of the custom ops
-    ``mixlab::<name>`` and ``mixlab::<name>_bwd``; every input is saved for the backward.
+    ``mixlab::<name>`` and ``mixlab::<name>_bwd`` (a keyword-only ``config`` stays out of them: the op runs the
+    table's launch settings); every input is saved for the backward.
 
     Calling the TritonOp runs the op on checked inputs: eager calls through a ``torch.autograd.Function`` straight
     to the launchers (no custom-op dispatch on the host), torch.compile graphs and ``torch.func.vmap`` through
@@ -150,8 +213,8 @@ class TritonOp:
 
     def __init__(self, name: str, fwd, bwd, vmap=None) -> None:
         self.fwd, self.bwd = fwd, bwd
-        self.op = torch.library.custom_op(f"mixlab::{name}", fwd, mutates_args=())
-        self.bwd_op = torch.library.custom_op(f"mixlab::{name}_bwd", bwd, mutates_args=())
+        self.op = torch.library.custom_op(f"mixlab::{name}", op_function(fwd), mutates_args=())
+        self.bwd_op = torch.library.custom_op(f"mixlab::{name}_bwd", op_function(bwd), mutates_args=())
         self.op.register_fake(_fake_output)
         self.bwd_op.register_fake(_fake_grads)
         self.op.register_autograd(partial(_backward, self.bwd_op), setup_context=_setup_context)
@@ -173,19 +236,11 @@ class TritonOp:
 
 
 def is_interpreted(kernel) -> bool:
-    """True when ``kernel`` runs under the Triton interpreter (TRITON_INTERPRET=1 at import time)."""
+    """True when ``kernel`` runs under the Triton interpreter (TRITON_INTERPRET=1 at import time). The short convs'
+    routing sends the interpreter to their tiled forms (``config_for``): the streaming forms walk positions one at
+    a time, which there is Python per position, about 8x the tiled forms' time (a static conv at [8, 128, 64],
+    fwd+bwd: 10.9 s against 1.3); tests run the streaming forms by passing their configs."""
     return type(kernel).__name__ == "InterpretedFunction"
-
-
-# The streaming short-conv forms walk positions one at a time: under the interpreter that is Python per position,
-# about 8x the tiled forms' time (a static conv at [8, 128, 64], fwd+bwd, 10.9 s against 1.3), so there the
-# launchers take the tiled forms unless this is set (the streaming forms' own tests set it).
-STREAM_UNDER_INTERPRETER = False
-
-
-def streams(form_on: bool, kernel) -> bool:
-    """Whether a launcher runs its streaming form (``form_on``: the op's knob and width allow it) for ``kernel``."""
-    return form_on and (STREAM_UNDER_INTERPRETER or not is_interpreted(kernel))
 
 
 def use_triton(backend: str | None, op: str, kernel, *tensors: torch.Tensor | None) -> bool:
@@ -243,15 +298,16 @@ def chunk_plan(n_tiles: int, n_cols: int, programs: int) -> tuple[int, int]:
     return per_chunk, cdiv(n_tiles, per_chunk)
 
 
-def sum_partials(partial: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> torch.Tensor:
+def sum_partials(partial: torch.Tensor, dtype: torch.dtype, groups: int = 1, *,
+                 config: SumConfig = SUM_CONFIG) -> torch.Tensor:
     """fp32 partial [P, *shape] -> [*shape] in ``dtype``: rows added in order 0..P-1, one launch. With
     ``groups`` G > 1: partial [G * P, *shape] -> [G, *shape], each group's P rows added so (stacked runs'
     weight gradients, each run's as it would be alone)."""
     P = partial.shape[0] // groups
     M = partial[0].numel()
     out = empty((groups, *partial.shape[1:]) if groups > 1 else tuple(partial.shape[1:]), dtype, partial.device)
-    _sum_partials_kernel[(cdiv(M, SUM_BLOCK_M), groups)](
-        partial, out, P, M, BM=SUM_BLOCK_M, BP=min(SUM_BLOCK_P, next_power_of_2(P)), num_warps=4
+    _sum_partials_kernel[(cdiv(M, config.BM), groups)](
+        partial, out, P, M, BM=config.BM, BP=min(config.BP, next_power_of_2(P)), num_warps=config.warps
     )
     return out
 
@@ -279,9 +335,9 @@ def _sum_partials_kernel(p_ptr, out_ptr, P, M, BM: tl.constexpr, BP: tl.constexp
     tl.store(out_ptr + o_m, b_acc.to(out_ptr.dtype.element_ty), mask=m_m)
 
 
-# Per-tap sums deferred to the end of a program's chunk (the short-conv backwards, widths up to SLOTS): one
-# accumulator a tap, a tile of the tokens' products each (no [W, ...] tile updated whole at every tap, which costs
-# W times the arithmetic), reduced over the tile's tokens once.
+# Per-tap sums deferred to the end of a program's run of positions or chunk of tiles (the streaming backwards and
+# the head-wise tiled one, widths up to SLOTS): one accumulator a tap, of the tokens' products each (no [W, ...]
+# tile updated whole at every tap, which costs W times the arithmetic), reduced over tokens once.
 SLOTS = 8
 
 
@@ -320,16 +376,9 @@ def slots_store(p, a0, a1, a2, a3, a4, a5, a6, a7, W: tl.constexpr, D, mask):
 
 
 @triton.jit
-def slot_row(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
-    """b [WP, BD] with row ``slot`` set to a's sum over the tile's tokens (a [BT, BD]), for the taps that exist."""
-    if slot < W:
-        b = tl.where(o_k[:, None] == slot, tl.sum(a, axis=0)[None, :], b)
-    return b
-
-
-@triton.jit
 def slot_row3(b, a, o_k, slot: tl.constexpr, W: tl.constexpr):
-    """b [WP, NH, HSP] with row ``slot`` set to a's sum over the tile's tokens (a [BT, NH, HSP]), as ``slot_row``."""
+    """b [WP, NH, HSP] with row ``slot`` set to a's sum over the tile's tokens (a [BT, NH, HSP]), for the taps that
+    exist."""
     if slot < W:
         b = tl.where(o_k[:, None, None] == slot, tl.sum(a, axis=0)[None, :, :], b)
     return b
@@ -408,16 +457,6 @@ def stream_rows(p_row, o_d, m_d, first, T, D, N: tl.constexpr):
         p = p_row + r.to(tl.int64) * D
         rows = rows + (tl.load(p, mask=m_d & (r >= 0) & (r < T), other=0.0).to(tl.float32),)
     return rows
-
-
-@triton.jit
-def shift_rows(rows, new, U: tl.constexpr, N: tl.constexpr):
-    """rows[U] ... rows[U + N - 1], then the tuple ``new``: a streaming step's rows for the next step, the N it
-    shares with this one kept in registers."""
-    out = ()
-    for j in tl.static_range(N):
-        out = out + (rows[U + j],)
-    return out + new
 
 
 @triton.jit

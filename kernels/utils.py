@@ -20,7 +20,7 @@ BACKENDS = ("torch", "triton")
 AUTO_BACKEND = "auto"
 # RubiConv also runs its GEMM form in torch matmuls (``kernels.rubiconv.gemm``).
 RUBICONV_BACKENDS = (*BACKENDS, "gemm")
-# Ops whose Triton kernel exists; each op.py adds its name once its kernel lands (issues #4 and #5).
+# Ops whose Triton kernel exists: each op.py adds its name where Triton imports.
 TRITON_OPS: set[str] = set()
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

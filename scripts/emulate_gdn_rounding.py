@@ -9,7 +9,7 @@ factors, chunk states and writes in the inputs' dtype (bf16) between stages, and
 dot operands as tf32 (truncated). This script runs the torch path's chunked gated delta rule
 (``fla_ops._chunked_gated_delta_rule``) with each of those roundings emulated, forward and backward, on the CPU,
 and prints how far each moves the decay gradients and the other parameters' from the unemulated path, at the
-shapes of ``scripts/verify_fla_gpu.py``'s mixer check (4 rows of 256 tokens, one document each), in chunks of
+shapes of ``tests/kernels/test_gpu_fla.py``'s mixer check (4 rows of 256 tokens, one document each), in chunks of
 64 tokens as fla's kernels and the torch path on CUDA take them:
 
 - ``bf16 storage``: u, w, each chunk's entering state and its writes rounded to bf16 (their gradients too);
@@ -28,7 +28,7 @@ from mixlab.analysis import leakage
 from mixlab.models.config import ModelConfig
 from mixlab.models.mixers import MIXERS, fla_ops
 
-SHAPES = [(128, 16), (64, 4)]  # d_model, n_heads: verify_fla_gpu.py's MIXER_SHAPES
+SHAPES = [(128, 16), (64, 4)]  # d_model, n_heads: tests/kernels/test_gpu_fla.py's MIXER_SHAPES
 ROWS, SEQ_LEN = 4, 256
 
 

@@ -124,7 +124,8 @@ def _parts(kernels: list) -> dict:
         direct = lambda op=op, **inputs: op.function.apply(*inputs.values(), None, True)  # noqa: E731
         parts[f"{k.name}: its autograd Function alone, fwd+bwd"] = fwd_bwd_call(direct, k.inputs, dy)
     x, weight = kernels[0].inputs["x"], kernels[0].inputs["weight"]  # the static op's
-    BT, BD = tu.tiles(T, D, short_triton.FWD_BT, short_triton.FWD_BD)
+    tiled = short_triton.CONFIGS["fwd", "tiled"]
+    BT, BD = tu.tiles(T, D, tiled.BT, tiled.BD)
     y = torch.empty_like(x)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     partial = torch.zeros(8, W, D, device=x.device)
@@ -134,7 +135,7 @@ def _parts(kernels: list) -> dict:
     def bare_launch():
         short_triton._short_conv_fwd_kernel[grid](
             x, weight, y, None, T, D, B, 0, 0, W=W, BT=BT, BD=BD, HAS_CU=False, RESIDUAL=True,
-            num_warps=short_triton.FWD_WARPS,
+            num_warps=tiled.warps,
         )
 
     parts["static: one bare launch of the tiled forward kernel"] = bare_launch

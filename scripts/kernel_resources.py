@@ -2,15 +2,17 @@
 without a GPU.
 
     python scripts/kernel_resources.py [--ops shortconv,attention,rubiconv] [--arch 90]
-    python scripts/kernel_resources.py --ops shortconv --set triton_headwise.HW_HS1_BWD_DS_DEFER=True
+    python scripts/kernel_resources.py --ops shortconv --config "headwise[bwd,tiled,hs1].tile=1024"
     python scripts/kernel_resources.py --ops shortconv --calls low-rank   # only the calls so labelled
 
-The launchers run on CPU tensors at the shapes of ``scripts/ncu_kernels_gpu.py`` (short convs B=4, T=4096,
-D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023; RubiConv
-forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), but every kernel launch
-is intercepted: the kernel is specialised exactly as Triton's launcher
-would specialise it (argument types, 16-byte divisibility, constants), compiled for ``sm_<arch>a`` and assembled
-by Triton's own ptxas, whose report gives registers a thread and spilled bytes. Nothing runs. "Layout moves"
+The launchers run on CPU tensors at the shapes of ``scripts/profile_kernels_gpu.py ncu`` (short convs B=4,
+T=4096, D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023;
+RubiConv forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), at the
+launch settings the GPU takes (each kernel module's ``config_for``, with ``--config`` replacing fields of a
+table row: ``MODULE[KEY].FIELD=VALUE``, KEY the row's key comma-separated), but every kernel launch is
+intercepted: the kernel is specialised exactly as Triton's launcher would specialise it (argument types, 16-byte
+divisibility, constants), compiled for ``sm_<arch>a`` and assembled by Triton's own ptxas, whose report gives
+registers a thread and spilled bytes. Nothing runs. "Layout moves"
 counts the ``convert_layout`` operations of the kernel's TritonGPU IR: each moves a tile between two register
 layouts, through shared memory with a barrier unless the two are close, and one inside a loop over taps or
 tiles runs at every iteration (a dot's operands and result are moves no kernel avoids). "In loops" counts the
@@ -29,6 +31,8 @@ kernels' timings need the GPU (``mixlab bench shortconv``); this says what a til
 """
 
 import argparse
+import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -52,11 +56,41 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
-from tuning import set_constants  # noqa: E402
 
 MAX_REGS, MAX_WARPS = 65536, 64  # per SM, sm_90
-CONSTANT_MODULES = {"triton_headwise": triton_headwise, "triton_lowrank": triton_lowrank, "short_conv": short_conv,
-                    "attention": attn, "rubiconv": rubi, "gemm": gemm}
+MODULES = {"short_conv": short_conv, "headwise": triton_headwise, "lowrank": triton_lowrank, "attention": attn,
+           "rubiconv": rubi}
+
+
+def parse_configs(items: list[str]) -> dict:
+    """``["headwise[bwd,tiled,hs1].tile=1024", ...]`` -> {(module name, row key): {field: value}}; ValueError names
+    a bad item (unknown module, row or field; a value that is not a Python literal)."""
+    overrides: dict = {}
+    for item in items:
+        target, _, value = item.partition("=")
+        name, _, rest = target.partition("[")
+        key_text, _, field = rest.partition("].")
+        if name not in MODULES or not field or not value:
+            raise ValueError(f"--config expects MODULE[KEY].FIELD=VALUE (modules: {', '.join(MODULES)}), got {item!r}")
+        parts = tuple(int(p) if p.isdigit() else p for p in key_text.split(","))
+        key = parts[0] if len(parts) == 1 else parts
+        if key not in MODULES[name].CONFIGS:
+            rows = ", ".join(map(repr, MODULES[name].CONFIGS))
+            raise ValueError(f"{item!r}: {name} has no row {key!r}; rows: {rows}")
+        try:
+            fields = {**overrides.get((name, key), {}), field: ast.literal_eval(value)}
+            dataclasses.replace(MODULES[name].CONFIGS[key], **fields)
+        except (ValueError, SyntaxError, TypeError) as exc:
+            raise ValueError(f"{item!r}: {exc}") from None
+        overrides[name, key] = fields
+    return overrides
+
+
+def setting(overrides: dict, module, row):
+    """The launch setting of a table row (as ``config_for`` returned it), with its ``--config`` fields replaced."""
+    name = next(n for n, m in MODULES.items() if m is module)
+    key = next(k for k, v in module.CONFIGS.items() if v is row)
+    return dataclasses.replace(row, **overrides.get((name, key), {}))
 
 
 def _compile(fn: JITFunction, target: GPUTarget, args: tuple, kwargs: dict) -> dict:
@@ -120,7 +154,23 @@ def intercepted(target: GPUTarget, out: list[dict]):
         JITFunction.run = run
 
 
-def shortconv_cases(B: int = 4, T: int = 4096, D: int = 2048, W: int = 4, n_docs: int = 64
+def _shortconv_settings(kind: str, inputs: dict, overrides: dict) -> tuple[dict, dict]:
+    """The keyword arguments of a short conv's forward and backward launchers at the GPU's routing."""
+    W = inputs["weight"].shape[-1] if kind == "headwise" else inputs["weight"].shape[-2] if kind == "static" else None
+    if kind == "static":
+        rows = short_conv.config_for(False, W, False), short_conv.config_for(True, W, False)
+        return {"config": setting(overrides, short_conv, rows[0])}, {"config": setting(overrides, short_conv, rows[1])}
+    if kind == "headwise":
+        H, D = inputs["weight"].shape[2], inputs["x"].shape[2]
+        rows = triton_headwise.config_for(False, H, D, W, False), triton_headwise.config_for(True, H, D, W, False)
+        return ({"config": setting(overrides, triton_headwise, rows[0])},
+                {"config": setting(overrides, triton_headwise, rows[1])})
+    return ({"config": setting(overrides, triton_lowrank, triton_lowrank.config_for("fwd"))},
+            {f"{launch}_config": setting(overrides, triton_lowrank, triton_lowrank.config_for(launch))
+             for launch in ("dx", "dz", "du")})
+
+
+def shortconv_cases(overrides: dict, B: int = 4, T: int = 4096, D: int = 2048, W: int = 4, n_docs: int = 64
                     ) -> list[tuple[str, Callable]]:
     """``bench shortconv``'s ops and inputs, each through its TritonOp's launchers (forward, then backward)."""
     cpu = torch.device("cpu")
@@ -131,24 +181,26 @@ def shortconv_cases(B: int = 4, T: int = 4096, D: int = 2048, W: int = 4, n_docs
     for cu, label in ((None, "no documents"), (_doc_layout(B, T, n_docs, cpu), f"{n_docs} documents")):
         for k in _kernels(B, T, D, W, torch.bfloat16, cpu):
             op, inputs = launchers[k.kind], list(k.inputs.values())
-            cases.append((f"{k.name}, {label}", lambda op=op, inputs=inputs, cu=cu: (
-                op.fwd(*inputs, cu, True), op.bwd(dy, *inputs, cu, True))))
+            fwd, bwd = _shortconv_settings(k.kind, k.inputs, overrides)
+            cases.append((f"{k.name}, {label}", lambda op=op, inputs=inputs, cu=cu, fwd=fwd, bwd=bwd: (
+                op.fwd(*inputs, cu, True, **fwd), op.bwd(dy, *inputs, cu, True, **bwd))))
     return cases
 
 
-def attention_cases() -> list[tuple[str, Callable]]:
+def attention_cases(overrides: dict) -> list[tuple[str, Callable]]:
+    fwd, bwd = (setting(overrides, attn, attn.config_for(backward)) for backward in (False, True))
     cases = []
     for T in (127, 1023):
         def call(T=T):
             q, k, v, do = (torch.randn(18 * 128, T, 16, 8).to(torch.bfloat16).transpose(1, 2) for _ in range(4))
             o, lse = torch.empty_like(q), torch.empty(q.shape[:-1])
-            attn._attention_fwd(q, k, v, 8**-0.5)
-            attn._attention_bwd(do, q, k, v, o, lse, 8**-0.5)
+            attn._attention_fwd(q, k, v, 8**-0.5, config=fwd)
+            attn._attention_bwd(do, q, k, v, o, lse, 8**-0.5, config=bwd)
         cases.append((f"attention T={T}", call))
     return cases
 
 
-def rubiconv_cases(n_tokens: int = 65536, d: int = 1024) -> list[tuple[str, Callable]]:
+def rubiconv_cases(overrides: dict, n_tokens: int = 65536, d: int = 1024) -> list[tuple[str, Callable]]:
     """The benchmark's row at its automatic block (k=128), at k=64, which timed faster on the H200, at k=256,
     the automatic block of documents past 8,192 tokens, and at k=512 (the GPU verify's largest block: its shared
     memory must fit the SM's 227 KB)."""
@@ -158,11 +210,14 @@ def rubiconv_cases(n_tokens: int = 65536, d: int = 1024) -> list[tuple[str, Call
                                                                               ("bf16", torch.bfloat16))]:
         plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, block, torch.device("cpu"))
 
-        def call(plan=plan, precision=precision, dtype=dtype):
+        configs = {stage: setting(overrides, rubi, rubi.config_for(stage, plan.k))
+                   for stage in ("block_fwd", "spectrum", "block_inv")}
+
+        def call(plan=plan, precision=precision, dtype=dtype, configs=configs):
             x, h = torch.randn(1, n_tokens, d).to(dtype), torch.randn(d, n_tokens).to(dtype)
             t = rubi._tables(plan, precision)
-            _, zx, hs = rubi._forward(x, h, plan, t, rubi.SAVE_SPECTRA)
-            rubi._backward(x, zx, hs, h, plan, t, need_dx=True, from_spectra=rubi.SAVE_SPECTRA)
+            _, sx, hs = rubi._forward(x, h, plan, t, save_spectra=True, configs=configs)
+            rubi._backward(x, sx, hs, h, plan, t, need_dx=True, configs=configs)
         cases.append((f"rubiconv {precision}, k={plan.k}", call))
     return cases
 
@@ -172,15 +227,16 @@ def main() -> int:
     parser.add_argument("--ops", default="shortconv,attention,rubiconv",
                         help="comma-separated: shortconv, attention, rubiconv")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
-    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
-                        help="a tile constant to compile with (a Python literal), e.g. "
-                             f"triton_headwise.HW_FWD_TILE=1024; modules: {', '.join(CONSTANT_MODULES)}")
+    parser.add_argument("--config", action="append", default=[], metavar="MODULE[KEY].FIELD=VALUE",
+                        help="a field of a table row to compile with (a Python literal), e.g. "
+                             f"'headwise[fwd,tiled,hs1].tile=1024'; modules: {', '.join(MODULES)}")
     parser.add_argument("--calls", default="", metavar="TEXT",
                         help="only the calls whose label contains TEXT, e.g. 'low-rank' or 'head size 16, no'")
     args = parser.parse_args()
-    error = set_constants(args.set, CONSTANT_MODULES)
-    if error:
-        print(error, file=sys.stderr)
+    try:
+        overrides = parse_configs(args.config)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     groups = {"shortconv": shortconv_cases, "attention": attention_cases, "rubiconv": rubiconv_cases}
     unknown = sorted(set(args.ops.split(",")) - set(groups))
@@ -193,7 +249,7 @@ def main() -> int:
           "barriers | loads in loops | blocks an SM by registers |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for group in args.ops.split(","):
-        for label, call in groups[group]():
+        for label, call in groups[group](overrides):
             if args.calls not in label:
                 continue
             reports: list[dict] = []

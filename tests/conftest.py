@@ -37,9 +37,11 @@ def pytest_configure(config):
 
 def pytest_runtest_setup(item):
     """Tests marked ``example_plugin`` skip, naming the install command, where the example is not installed (the
-    README's test command installs it)."""
+    README's test command installs it); tests marked ``gpu`` skip without a CUDA device."""
     if item.get_closest_marker("example_plugin") and not example_plugin_installed():
         pytest.skip(f"example plugin {EXAMPLE_PLUGIN} not installed: pip install -e examples/mixlab-maxpool")
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,7 @@
 """Causal softmax attention ``causal_attention``: its input checks, then the public op over two backends.
 
 - "torch": ``naive.causal_attention_ref``, the [T, T] scores materialised.
-- "triton": ``triton.causal_attention_triton``, flash-style kernels for tiny heads (forward, dq, dk/dv).
+- "triton": ``triton.causal_attention_triton``, flash-style kernels for tiny heads (a forward, a one-pass backward).
 """
 
 import math

@@ -11,20 +11,15 @@ tiles left of the diagonal need no mask, the diagonal tile is masked. Stored: o 
 log-sum-exp ``lse = m + log2(l)`` (fp32 [B, H, T], base 2), so the backward recomputes p = exp2(s - lse)
 without a second pass over the row.
 
-Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), in two passes
-(``BWD_PASSES = 2``), one kernel launched in two modes:
-    dq = scale * ds @ k          a program per query tile, walking the key tiles up to the diagonal; it
-                                 first computes delta of its rows and stores it (fp32 [B, H, T])
-    dk = scale * ds^T @ q        a program per key tile, walking the query tiles from the diagonal to T;
-    dv = p^T @ do                launched second, it reads the delta of the first
-Each gradient element is summed by one program in a fixed order: no atomics, results are bitwise repeatable.
-
-Or (``BWD_PASSES = 1``, the default: faster on an H200 at T = 127 and 1023) one pass, a program per pair
-walking its key tiles, and for each the query tiles from the diagonal to T: p and ds are computed once per pair
-of tiles (one exponential a score, against two for the two passes), dk and dv are summed in registers as in the
-dk/dv mode, and dq's partial sums wait in an fp32 scratch [B * H, T, hd] until the query tile's diagonal, the
-last key tile it meets, completes them. delta is recomputed per pair of tiles from o and do. Key tiles are
-walked in order, so dq's sums run in the two-pass order too.
+Backward, with dp = do @ v^T, delta[t] = sum_d o[t, d] do[t, d] and ds = p * (dp - delta), in one pass: a
+program per group of pairs walks each pair's key tiles, and for each the query tiles from the diagonal to T, so p
+and ds are computed once per pair of tiles (one exponential a score):
+    dk = scale * ds^T @ q        summed in registers over the key tile's query tiles, stored once
+    dv = p^T @ do
+    dq = scale * ds @ k          partial sums wait in an fp32 scratch [B * H, T, hd] until the query tile's
+                                 diagonal, the last key tile it meets, completes them
+delta is recomputed per pair of tiles from o and do. Each gradient element is summed by one program in a fixed
+order (key tiles in order): no atomics, results are bitwise repeatable.
 
 Head sizes below 16: ``tl.dot`` needs an inner dimension of at least 16, so the head dim is padded to
 HDP = max(16, next power of two) with masked loads (zeros add nothing to q . k, and the padded columns of
@@ -41,27 +36,43 @@ flash attention does); fp32 inputs in exact fp32 products. The interpreter's bf1
 """
 
 import math
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
 
-# Tiles, warps and pipelining stages, fixed by shape (no autotuning). BT: query and key rows of a tile (16 to
-# FWD_BT / BWD_BT, clamped to T). A program takes one row tile of *_PAIR_ROWS / (tiles x BT) consecutive pairs
-# (at least one), so short rows do not get one tiny program per pair. Chosen on an H200 (bf16, H=16, hd=8,
-# T=128 and 1024) from BT in {32, 64, 128} x warps {2, 4, 8} x stages {1, 2, 3}: 64/4/2 forward and 64/4/1
-# backward were best or within 2% of it at both lengths. ``scripts/tune_attention_gpu.py`` at a stack of MAD
-# runs' shape (36,864 pairs, 2026-12-02) kept those; the one-pass backward with 128-row pairs was the fastest
-# backward there: 675 against 856 us (the best two-pass setting) at T=127, 23.9 against 25.0 ms at T=1023
-# (BENCHMARKS.md).
-FWD_BT, FWD_WARPS, FWD_STAGES, FWD_PAIR_ROWS = 64, 4, 2, 128
-BWD_BT, BWD_WARPS, BWD_STAGES, BWD_PAIR_ROWS = 64, 4, 1, 128
-# The backward in two passes (dq; dk and dv) or in one (module docstring).
-BWD_PASSES = 1
 # The largest head size the kernels take (registers: [BT, HDP] tiles of q, k, v, do and two accumulators).
 MAX_HEAD_DIM = 128
 LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tiles:
+    """A pass's launch: tiles of BT query and key rows (16 to BT, clamped to T); a program takes one row tile of
+    about ``pair_rows`` / (tiles x BT) consecutive (batch, head) pairs (at least one), so short rows do not get
+    one tiny program per pair; ``warps`` warps, ``stages`` pipelining stages."""
+
+    BT: int
+    pair_rows: int
+    warps: int
+    stages: int
+
+    def __post_init__(self) -> None:
+        tu.check_config(self, ("BT", "warps"))
+        if self.BT < 16:
+            raise ValueError(f"Tiles.BT must be at least 16 (tl.dot), got {self.BT}")
+
+
+# pass -> launch settings, chosen by timing on the H100/H200 (see BENCHMARKS.md) at a stack of MAD runs (bf16,
+# H=16, hd=8, T=127 and 1023).
+CONFIGS = {"fwd": Tiles(BT=64, pair_rows=128, warps=4, stages=2), "bwd": Tiles(BT=64, pair_rows=128, warps=4, stages=1)}
+
+
+def config_for(backward: bool) -> Tiles:
+    """A pass's launch settings: one row each, whatever the shapes."""
+    return CONFIGS["bwd" if backward else "fwd"]
 
 
 @triton.jit
@@ -73,15 +84,15 @@ def _dot(a, b, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _program_tile(N_TB, BT: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr, KEY_TILES: tl.constexpr):
-    """The 1-D grid -> (row tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, padded for tl.dot).
+def _program_tile(N_TB, BT: tl.constexpr, HDP: tl.constexpr, PAIRS: tl.constexpr):
+    """The forward's 1-D grid -> (query tile, first pair, [BT] rows of the tile, [HDP] head-dim offsets, padded
+    for tl.dot).
 
     Tiles vary fastest, so a pair's programs run together and share its rows in L2; the tiles with the most
-    work go first: the last query tiles, or with KEY_TILES the first key tiles."""
+    work, the last query tiles, go first."""
     i_p = tl.program_id(0)
     i_t = i_p % N_TB
-    if not KEY_TILES:
-        i_t = N_TB - 1 - i_t
+    i_t = N_TB - 1 - i_t
     return i_t, (i_p // N_TB) * PAIRS, i_t * BT + tl.arange(0, BT), tl.arange(0, HDP)
 
 
@@ -155,7 +166,7 @@ def _attn_fwd_kernel(
     HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
     NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
 ):
-    i_t, i_bh0, o_m, o_d = _program_tile(N_TB, BT, HDP, PAIRS, False)  # o_m: [BT] query rows
+    i_t, i_bh0, o_m, o_d = _program_tile(N_TB, BT, HDP, PAIRS)  # o_m: [BT] query rows
     for j in range(PAIRS):
         i_bh = i_bh0 + j
         base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
@@ -172,98 +183,6 @@ def _attn_fwd_kernel(
                                     qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
         _store_rows(o_ptr, b_acc / b_l[:, None], base, o_m, m_m, o_d, s_t, HD)
         tl.store(lse_ptr + i_bh.to(tl.int64) * T + o_m, b_m + tl.log2(b_l), mask=m_m)
-# fmt: on
-
-
-# fmt: off
-@triton.jit
-def _dq_tile(
-    b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr,  # query tile state, pointers
-    base, o_m, i_n, n_t, s_t, o_d, qk_scale,  # where
-    HD: tl.constexpr, BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """One key tile's ds @ k added to the query tile's (unscaled) dq."""
-    o_n, b_k, b_v, b_s = _key_tile(b_q, k_ptr, v_ptr, base, i_n, n_t, s_t, o_d, HD, BT, NATIVE_DOT, PRECISION)
-    b_p = tl.exp2(b_s * qk_scale - b_lse[:, None])
-    if CAUSAL_MASK:
-        b_p = tl.where(o_m[:, None] >= o_n[None, :], b_p, 0.0)
-    b_dp = _dot(b_do, tl.trans(b_v), NATIVE_DOT, PRECISION)  # [BT, BT]
-    b_ds = b_p * (b_dp - b_delta[:, None])
-    return b_dq + _dot(b_ds.to(b_k.dtype), b_k, NATIVE_DOT, PRECISION)
-# fmt: on
-
-
-# fmt: off
-@triton.jit
-def _dkdv_tile(
-    b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr,  # key tile state, pointers
-    base, row0, o_n, i_m, n_t, s_t, o_d, qk_scale,  # where
-    HD: tl.constexpr, BT: tl.constexpr, CAUSAL_MASK: tl.constexpr, NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-):
-    """One query tile's ds^T @ q and p^T @ do added to the key tile's (unscaled) dk and dv."""
-    o_m = i_m + tl.arange(0, BT)  # [BT] query rows
-    m_m = o_m < n_t
-    b_q = _load_rows(q_ptr, base, o_m, m_m, o_d, s_t, HD)  # [BT, HDP]
-    b_do = _load_rows(do_ptr, base, o_m, m_m, o_d, s_t, HD)
-    # queries past the pair's end get p = exp2(s - inf) = 0
-    b_lse = tl.load(lse_ptr + row0 + o_m, mask=m_m, other=float("inf"))  # [BT]
-    b_delta = tl.load(delta_ptr + row0 + o_m, mask=m_m, other=0.0)
-    b_st = _dot(b_k, tl.trans(b_q), NATIVE_DOT, PRECISION)  # [BT keys, BT queries]
-    b_pt = tl.exp2(b_st * qk_scale - b_lse[None, :])
-    if CAUSAL_MASK:
-        b_pt = tl.where(o_m[None, :] >= o_n[:, None], b_pt, 0.0)
-    b_dv += _dot(b_pt.to(b_do.dtype), b_do, NATIVE_DOT, PRECISION)
-    b_dpt = _dot(b_v, tl.trans(b_do), NATIVE_DOT, PRECISION)  # [BT, BT]
-    b_dst = b_pt * (b_dpt - b_delta[None, :])
-    b_dk += _dot(b_dst.to(b_q.dtype), b_q, NATIVE_DOT, PRECISION)
-    return b_dk, b_dv
-# fmt: on
-
-
-# fmt: off
-@triton.jit
-def _attn_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,  # pointers
-    T, H, BH, N_TB, s_b, s_h, s_t, scale, qk_scale,  # sizes, strides, scales
-    HD: tl.constexpr, HDP: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr,  # tile shape
-    NATIVE_DOT: tl.constexpr, PRECISION: tl.constexpr,  # flags
-    DKDV: tl.constexpr,  # mode: dq and delta of query tiles, or (launched after, reading delta) dk, dv of key tiles
-):
-    i_t, i_bh0, o_t, o_d = _program_tile(N_TB, BT, HDP, PAIRS, DKDV)  # o_t: [BT] rows of the tile
-    for j in range(PAIRS):
-        i_bh = i_bh0 + j
-        base, n_t = _pair(i_bh, H, BH, T, s_b, s_h)
-        m_t = o_t < n_t
-        row0 = i_bh.to(tl.int64) * T  # the pair's first row of lse and delta
-        if DKDV:
-            b_k = _load_rows(k_ptr, base, o_t, m_t, o_d, s_t, HD)  # [BT, HDP]
-            b_v = _load_rows(v_ptr, base, o_t, m_t, o_d, s_t, HD)
-            b_dk = tl.zeros([BT, HDP], dtype=tl.float32)
-            b_dv = tl.zeros([BT, HDP], dtype=tl.float32)
-            b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
-                                    i_t * BT, n_t, s_t, o_d, qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
-            # query tiles right of the diagonal: every query follows every key of the tile
-            for i_m in range((i_t + 1) * BT, n_t, BT):
-                b_dk, b_dv = _dkdv_tile(b_dk, b_dv, b_k, b_v, q_ptr, do_ptr, lse_ptr, delta_ptr, base, row0, o_t,
-                                        i_m, n_t, s_t, o_d, qk_scale, HD, BT, False, NATIVE_DOT, PRECISION)
-            _store_rows(dk_ptr, b_dk * scale, base, o_t, m_t, o_d, s_t, HD)
-            _store_rows(dv_ptr, b_dv, base, o_t, m_t, o_d, s_t, HD)
-        else:
-            b_q = _load_rows(q_ptr, base, o_t, m_t, o_d, s_t, HD)  # [BT, HDP]
-            b_do = _load_rows(do_ptr, base, o_t, m_t, o_d, s_t, HD)
-            b_o = _load_rows(o_ptr, base, o_t, m_t, o_d, s_t, HD)
-            b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)  # [BT]
-            tl.store(delta_ptr + row0 + o_t, b_delta, mask=m_t)
-            # rows past the pair's end get p = exp2(s - inf) = 0
-            b_lse = tl.load(lse_ptr + row0 + o_t, mask=m_t, other=float("inf"))
-            b_dq = tl.zeros([BT, HDP], dtype=tl.float32)
-            # key tiles left of the diagonal, then the diagonal tile
-            for i_n in range(0, tl.minimum(i_t * BT, n_t), BT):
-                b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_n, n_t, s_t, o_d,
-                                qk_scale, HD, BT, False, NATIVE_DOT, PRECISION)
-            b_dq = _dq_tile(b_dq, b_q, b_do, b_lse, b_delta, k_ptr, v_ptr, base, o_t, i_t * BT, n_t, s_t, o_d,
-                            qk_scale, HD, BT, True, NATIVE_DOT, PRECISION)
-            _store_rows(dq_ptr, b_dq * scale, base, o_t, m_t, o_d, s_t, HD)
 # fmt: on
 
 
@@ -362,13 +281,13 @@ def _as_layout(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return t if t.stride() == ref.stride() else _empty_as(ref, t.dtype).copy_(t)
 
 
-def _plan(q: torch.Tensor, bt_max: int, pair_rows: int) -> tuple[tuple[int, ...], dict]:
-    """(grid, the launch arguments every kernel shares after its pointers) for q: [B, H, T, hd], tiles of at
-    most bt_max rows, about pair_rows rows of pairs a program."""
+def _plan(q: torch.Tensor, config: Tiles) -> tuple[tuple[int, ...], dict]:
+    """(grid, the launch arguments every kernel shares after its pointers) for q: [B, H, T, hd] under a pass's
+    launch settings."""
     B, H, T, hd = q.shape
-    BT, HDP = tu.tiles(T, hd, bt_max, MAX_HEAD_DIM)
+    BT, HDP = tu.tiles(T, hd, config.BT, MAX_HEAD_DIM)
     n_tb = tu.cdiv(T, BT)
-    pairs = max(1, pair_rows // (n_tb * BT))
+    pairs = max(1, config.pair_rows // (n_tb * BT))
     # a _dense q's strides, written out: every one a multiple of hd (_rows relies on it), whatever the strides
     # torch keeps for axes of size 1 (whose only index is 0)
     s_b, s_h, s_t = (H * T * hd, T * hd, hd) if q.is_contiguous() else (T * H * hd, hd, H * hd)
@@ -380,17 +299,19 @@ def _plan(q: torch.Tensor, bt_max: int, pair_rows: int) -> tuple[tuple[int, ...]
 
 
 def _attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *, config: Tiles | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k, v: [B, H, T, hd] -> (o [B, H, T, hd] in q's dtype and layout, lse fp32 [B, H, T] in base 2)."""
+    """q, k, v: [B, H, T, hd] -> (o [B, H, T, hd] in q's dtype and layout, lse fp32 [B, H, T] in base 2).
+    ``config``: the launch, by default ``config_for``'s."""
+    config = config or config_for(False)
     q = _dense(q)
     k, v = _as_layout(k, q), _as_layout(v, q)
     B, H, T, _ = q.shape
     o = _empty_as(q, q.dtype)
     lse = tu.empty((B, H, T), torch.float32, q.device)
-    grid, args = _plan(q, FWD_BT, FWD_PAIR_ROWS)
-    _attn_fwd_kernel[grid](q, k, v, o, lse, **args, qk_scale=scale * LOG2E, num_warps=FWD_WARPS,
-                           num_stages=FWD_STAGES)
+    grid, args = _plan(q, config)
+    _attn_fwd_kernel[grid](q, k, v, o, lse, **args, qk_scale=scale * LOG2E, num_warps=config.warps,
+                           num_stages=config.stages)
     return o, lse
 
 
@@ -402,25 +323,22 @@ def _attention_bwd(
     o: torch.Tensor,
     lse: torch.Tensor,
     scale: float,
+    *,
+    config: Tiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """do and the forward's q, k, v, o, lse -> (dq, dk, dv) [B, H, T, hd] in q's dtype and layout."""
+    """do and the forward's q, k, v, o, lse -> (dq, dk, dv) [B, H, T, hd] in q's dtype and layout. ``config`` as
+    ``_attention_fwd``'s."""
+    config = config or config_for(True)
     q = _dense(q)
     k, v, o, do = (_as_layout(t, q) for t in (k, v, o, do))
     B, H, T, hd = q.shape
     dq, dk, dv = (_empty_as(q, q.dtype) for _ in range(3))
-    grid, args = _plan(q, BWD_BT, BWD_PAIR_ROWS)
-    scales = {"scale": scale, "qk_scale": scale * LOG2E}
-    launch = {"num_warps": BWD_WARPS, "num_stages": BWD_STAGES}
-    if BWD_PASSES == 1:
-        dq_partial = tu.empty((B * H, T, hd), torch.float32, q.device)
-        whole_pairs = {name: value for name, value in args.items() if name != "N_TB"}  # a program per pair group
-        _attn_bwd_one_pass_kernel[(tu.cdiv(B * H, args["PAIRS"]),)](
-            q, k, v, o, do, lse, dq_partial, dq, dk, dv, **whole_pairs, **scales, **launch)
-        return dq, dk, dv
-    delta = tu.empty((B, H, T), torch.float32, q.device)
-    # the dq mode stores delta, which the dk/dv mode (next on the stream) reads
-    for dkdv in (False, True):
-        _attn_bwd_kernel[grid](q, k, v, o, do, lse, delta, dq, dk, dv, **args, **scales, DKDV=dkdv, **launch)
+    _, args = _plan(q, config)
+    dq_partial = tu.empty((B * H, T, hd), torch.float32, q.device)
+    whole_pairs = {name: value for name, value in args.items() if name != "N_TB"}  # a program per pair group
+    _attn_bwd_one_pass_kernel[(tu.cdiv(B * H, args["PAIRS"]),)](
+        q, k, v, o, do, lse, dq_partial, dq, dk, dv, **whole_pairs, scale=scale, qk_scale=scale * LOG2E,
+        num_warps=config.warps, num_stages=config.stages)
     return dq, dk, dv
 
 
@@ -460,8 +378,8 @@ def _fold_runs(info, in_dims: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 # The custom ops serve torch.compile graphs and torch.func.vmap (stacked runs); eager calls go through the
 # autograd.Function straight to the launchers. Both share _setup_context and _backward.
-_fwd_op = torch.library.custom_op("mixlab::causal_attention", _attention_fwd, mutates_args=())
-_bwd_op = torch.library.custom_op("mixlab::causal_attention_bwd", _attention_bwd, mutates_args=())
+_fwd_op = torch.library.custom_op("mixlab::causal_attention", tu.op_function(_attention_fwd), mutates_args=())
+_bwd_op = torch.library.custom_op("mixlab::causal_attention_bwd", tu.op_function(_attention_bwd), mutates_args=())
 _fwd_op.register_fake(_fake_fwd)
 _bwd_op.register_fake(_fake_bwd)
 _fwd_op.register_autograd(partial(_backward, _bwd_op), setup_context=_setup_context)
@@ -469,7 +387,7 @@ _fwd_op.register_vmap(_fold_runs)
 
 
 class _CausalAttention(torch.autograd.Function):
-    forward = staticmethod(_attention_fwd)
+    forward = staticmethod(tu.op_function(_attention_fwd))  # apply binds every parameter: the launch's default
     setup_context = staticmethod(_setup_context)
     backward = staticmethod(partial(_backward, _attention_bwd))
 

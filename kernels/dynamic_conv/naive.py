@@ -2,7 +2,7 @@
 
 Both follow the static convolution's lag order (tap k multiplies x[t - k]); the weight of every tap is the one
 of the output token t. Head-wise: channel d uses head d // (D / H). Low-rank: the weights are (z @ U) viewed
-as [B, T, W, D], materialised here (the Triton kernel of issue #4 keeps them on chip).
+as [B, T, W, D], materialised here (the Triton kernel keeps them on chip).
 """
 
 import torch

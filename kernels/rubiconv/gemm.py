@@ -41,9 +41,7 @@ MIN_BLOCK, MAX_BLOCK = 16, 512
 # column count m costs a filter spectrum of its own (block and F_k stages forward, the correlation's inverse
 # backward). MERGE_FILTER_COST is what one filter half column costs against one document half column: above 0,
 # documents' m are rounded up to the sizes that minimise the sum of both (``shared_sizes``); 0 keeps every m.
-# With 0.3-0.5 (session 12's H200 profile suggests about 0.3 at k=128) that model saves 4-15% on the benchmark's
-# lognormal rows. At 0.4 the H200 timed the Triton op there (2026-12-05, fp32, spectra saved, BENCHMARKS.md) at
-# 3.03 / 6.50 ms fwd / fwd+bwd against 3.66 / 7.57 at k=64, 2.66 / 5.93 against 3.43 / 7.15 at k=32.
+# Chosen by timing the Triton op on the H100/H200 at `mixlab bench rubiconv`'s lognormal rows (see BENCHMARKS.md).
 MERGE_FILTER_COST = 0.4
 _PLANS: OrderedDict = OrderedDict()
 _PLAN_CACHE_SIZE = 32
@@ -204,17 +202,19 @@ class RubiPlan:
 
 
 def build_plan(
-    cu_seqlens: torch.Tensor | None, B: int, T: int, L_F: int, block: int | None, device: torch.device
+    cu_seqlens: torch.Tensor | None, B: int, T: int, L_F: int, block: int | None, device: torch.device,
+    filter_cost: float | None = None,
 ) -> RubiPlan:
     """The plan of a validated layout (cu_seqlens int32 [n_docs + 1], or None: one document per row) for
-    tensors on ``device``."""
+    tensors on ``device``, its sizes shared at ``filter_cost`` (None: MERGE_FILTER_COST)."""
     rows = np.arange(B + 1, dtype=np.int64) * T
     offsets = rows if cu_seqlens is None else host_offsets(cu_seqlens).numpy()
     starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
     keep = lengths > 0  # empty documents hold no token
     starts, lengths = starts[keep], lengths[keep]
     k = auto_block(lengths, L_F) if block is None else block
-    cols = shared_sizes(padded_lengths(lengths, L_F, k) // k, MERGE_FILTER_COST)
+    cost = MERGE_FILTER_COST if filter_cost is None else filter_cost
+    cols = shared_sizes(padded_lengths(lengths, L_F, k) // k, cost)
     order = np.argsort(cols, kind="stable")
     starts, lengths, cols = starts[order], lengths[order], cols[order]
     half = cols // 2 + 1
@@ -244,15 +244,17 @@ def build_plan(
 
 
 def get_plan(
-    cu_seqlens: torch.Tensor | None, B: int, T: int, L_F: int, block: int | None, device: torch.device
+    cu_seqlens: torch.Tensor | None, B: int, T: int, L_F: int, block: int | None, device: torch.device,
+    filter_cost: float | None = None,
 ) -> RubiPlan:
     """``build_plan``, cached on the layout (the offsets' values), the filter length, the block, the device and
-    ``MERGE_FILTER_COST``."""
+    the filter cost."""
     offsets = None if cu_seqlens is None else host_offsets(cu_seqlens).numpy().tobytes()
-    key = (offsets, B, T, L_F, block, str(device), MERGE_FILTER_COST)
+    cost = MERGE_FILTER_COST if filter_cost is None else filter_cost
+    key = (offsets, B, T, L_F, block, str(device), cost)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = build_plan(cu_seqlens, B, T, L_F, block, torch.device(device))
+        plan = build_plan(cu_seqlens, B, T, L_F, block, torch.device(device), cost)
         _PLANS[key] = plan
         if len(_PLANS) > _PLAN_CACHE_SIZE:
             _PLANS.popitem(last=False)

@@ -11,21 +11,25 @@ fused F_k stage (forward DFT, product, inverse DFT, all on chip) -> inverse bloc
         MODE_CONV           S = F_k Z; W = S * Hs (conj(Hs) for dx); O += conj(F_k)[:, d] W; O *= conj(tw);
                             with STORE_S also S itself, in fp32
         MODE_SPECTRUM       Hs = alpha_c / P * F_k Z, the filter spectra (one half-column set per m)
-        MODE_CORRELATE      W = alpha_c / P * sum over the m-group's documents of (F_k Zdy) conj(F_k Zx),
-                            then as MODE_CONV: dh's spectrum, one half-column set per m; with FROM_S the
-                            two F_k products read as MODE_CONV stored them instead of computed again
+        MODE_CORRELATE      W = alpha_c / P * sum over the m-group's documents of Sdy conj(Sx), the F_k
+                            products MODE_CONV stored, then as MODE_CONV: dh's spectrum, one half-column set
+                            per m
     _rubi_block_inv_kernel  y[b] = sum_c Re(w_m^(-b c) O[c]); a program: one output document, BB columns,
                             BN values; REDUCE adds every m-group's dh piece (its first `reach` taps)
 
-Backward: dx is the forward pipeline on dy with conj(Hs); dh correlates dy's and x's spectra (x's saved from
-the forward), summed per m-group before one inverse transform per group. With ``SAVE_SPECTRA`` the forward saves
-x's S = F_k Z rather than Z, and the dx stage stores dy's, so the correlation multiplies stored spectra. No
-atomics: every sum has a fixed order, so results are bitwise reproducible.
+Backward: dx is the forward pipeline on dy with conj(Hs); dh correlates dy's and x's spectra, summed per m-group
+before one inverse transform per group. Where dh is wanted the forward's F_k stage also stores x's S = F_k Z (fp32,
+as large as Z in fp32), and the dx stage dy's, so the correlation only multiplies stored spectra and transforms
+back (without dx the dx stage still runs, for dy's S). No atomics: every sum has a fixed order, so results are
+bitwise reproducible.
 
 Precision "fp32": fp32 spectra and tf32 dots, every operand rounded to the nearest tf32 first (the tensor
 cores would truncate, and that bias adds up to ~3.5e-3 over the stages instead of ~6e-4). "bf16": bfloat16
 spectra and DFT tables, fp32 accumulation. Twiddles, scales and the spectrum product are fp32 throughout.
 """
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -169,13 +173,12 @@ def _rubi_spectrum_kernel(
     MODE: tl.constexpr,
     CONJ_H: tl.constexpr,
     STORE_S: tl.constexpr,
-    FROM_S: tl.constexpr,
     DOT_PREC: tl.constexpr,
     TF32: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # s_ptr: STORE_S (MODE_CONV), where S = F_k Z goes, fp32 and shaped as z; FROM_S (MODE_CORRELATE), dy's S,
-    # with x's S at zx_ptr (z_ptr then unused)
+    # s_ptr: STORE_S (MODE_CONV), where S = F_k Z goes, fp32 and shaped as z; MODE_CORRELATE, dy's S, with x's S
+    # at zx_ptr (z_ptr then unused)
     i_col, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)  # [BD] channels
     m_d = o_d < D
@@ -196,21 +199,11 @@ def _rubi_spectrum_kernel(
             b_wi = tl.zeros([BKD, BD], dtype=tl.float32)
             for j in range(lo, hi):
                 col = tl.load(doc_col_ptr + j) + c
-                if FROM_S:
-                    p_s = col.to(tl.int64) * (K * D) + p_rd
-                    b_gr = tl.load(s_ptr + p_s, mask=m_d[None, :], other=0.0)  # [BKD, BD]
-                    b_gi = tl.load(s_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
-                    b_xr = tl.load(zx_ptr + p_s, mask=m_d[None, :], other=0.0)
-                    b_xi = tl.load(zx_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
-                else:
-                    b_gr, b_gi = _dft_rows(
-                        fr_ptr, fi_ptr, z_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
-                        K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
-                    )  # fmt: skip
-                    b_xr, b_xi = _dft_rows(
-                        fr_ptr, fi_ptr, zx_ptr, Z_PLANE, col, o_r, o_d, m_d, D,
-                        K, BKD, BKA, BD, DOT_PREC, TF32, UPCAST,
-                    )  # fmt: skip
+                p_s = col.to(tl.int64) * (K * D) + p_rd
+                b_gr = tl.load(s_ptr + p_s, mask=m_d[None, :], other=0.0)  # [BKD, BD]
+                b_gi = tl.load(s_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
+                b_xr = tl.load(zx_ptr + p_s, mask=m_d[None, :], other=0.0)
+                b_xi = tl.load(zx_ptr + Z_PLANE + p_s, mask=m_d[None, :], other=0.0)
                 b_wr += b_gr * b_xr + b_gi * b_xi  # dy spectrum times conj(x spectrum)
                 b_wi += b_gi * b_xr - b_gr * b_xi
             b_scale = tl.load(scale_ptr + gcol)
@@ -326,56 +319,68 @@ def _rubi_block_inv_kernel(
 
 # ---- host side: tables, launchers, autograd ----
 
-# Launch constants of the three kernels, fixed by shape (no autotuning); scripts/tune_rubiconv_gpu.py times
-# candidates on the GPU. Block stages: a program's [BC, BN] tile of (half columns, k*D values of a column) in
-# the forward, [BB, BN] of (output columns, values) in the inverse; the other of BB and BC is the inner dimension
-# of its dots. Session 12's Nsight profile (BENCHMARKS.md) found all three at 12.5-25% occupancy with neither
-# memory nor tensor cores busy. The tune script timed them on the H200 (2026-12-05, two interleaved rounds, the
-# benchmark's row, BENCHMARKS.md): the block forward's launches at k=64 2.32 ms here against 3.62 at 32 x 32 and 3
-# stages, the inverse's 1.40 against 1.86 at BC=32.
-FWD_BC, FWD_BB, FWD_BN, FWD_WARPS, FWD_STAGES = 16, 16, 128, 4, 4
-INV_BB, INV_BC, INV_BN, INV_WARPS, INV_STAGES = 32, 16, 128, 8, 3
+@dataclass(frozen=True, kw_only=True)
+class BlockTiles:
+    """A block stage's launch: the forward's program a [BC, BN] tile of (half columns, values of a column), its dots
+    BB document columns deep; the inverse's a [BB, BN] tile of (output columns, values), its dots BC half columns
+    deep; ``warps`` warps, ``stages`` pipelining stages."""
+
+    BC: int
+    BB: int
+    BN: int
+    warps: int
+    stages: int
+
+    def __post_init__(self) -> None:
+        tu.check_config(self, ("BC", "BB", "BN", "warps"))
+        if min(self.BC, self.BB) < 16:
+            raise ValueError(f"BlockTiles.BC and BB must be at least 16 (tl.dot), got {self.BC}, {self.BB}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpectrumTiles:
+    """The F_k stage's launch (``_spectrum_tiles``): ``rows`` frequency rows a chunk (at most k), ``inner`` of the
+    DFT's inner dimension a dot; with the inverse at most ``acc`` fp32 values in each plane of its [k, BD]
+    accumulator (BD at most 64), without it (the filter spectra) ``wide`` channels a program; ``warps`` warps,
+    ``stages`` pipelining stages."""
+
+    rows: int
+    inner: int
+    acc: int
+    wide: int
+    warps: int
+    stages: int
+
+    def __post_init__(self) -> None:
+        tu.check_config(self, ("rows", "inner", "acc", "wide", "warps"))
+
+
+# (stage, smallest block k served) -> launch settings, chosen by timing on the H100/H200 (see BENCHMARKS.md).
+# Chunks of 16 frequency rows make every dot of the F_k stage 16 rows tall, below what Hopper's warpgroup MMA takes
+# in one instruction (64); whole-k chunks would need a narrower BD to fit. 8,192 accumulator values compile for
+# sm_90 without register spills at k = 64..256.
+CONFIGS = {
+    ("block_fwd", 16): BlockTiles(BC=16, BB=16, BN=128, warps=4, stages=4),
+    ("block_inv", 16): BlockTiles(BB=32, BC=16, BN=128, warps=8, stages=3),
+    ("spectrum", 16): SpectrumTiles(rows=16, inner=32, acc=4096, wide=128, warps=4, stages=3),
+    ("spectrum", 128): SpectrumTiles(rows=32, inner=32, acc=8192, wide=128, warps=8, stages=3),
+}
 # Tests set this to True: the interpreter then rounds fp32 dot operands to tf32 as the GPU path does.
 EMULATE_TF32 = False
-# What the forward saves of x for dh: False, its block spectra Z (the correlation then applies F_k to dy's and
-# x's Z again for every document column: two thirds of its tensor-core work); True, S = F_k Z in fp32 (as large
-# as Z in fp32, twice Z in bf16), which the forward's F_k stage writes beside its output, as the backward's dx
-# stage does for dy's, so the correlation only multiplies and transforms back. The same values from the same
-# operations, so dh is bitwise the same. Without dx (x not requiring a gradient) the dx stage still runs, for
-# dy's S. Timed on the H200 (2026-12-04, BENCHMARKS.md): fwd+bwd 5-24% faster at every block and both precisions,
-# errors unchanged; scripts/verify_rubiconv_gpu.py passed with it on (2026-12-05).
-SAVE_SPECTRA = True
 
 
-# F_k stage tiles (``_spectrum_tiles``): SPECTRUM_ROWS frequency rows a chunk (at most k), SPECTRUM_INNER of the
-# DFT's inner dimension a dot, and with the inverse at most SPECTRUM_ACC fp32 values in each plane of its [k, BD]
-# accumulator (BD at most 64; 128 without the inverse). Chunks of 16 rows make every dot 16 rows tall, below what
-# Hopper's warpgroup MMA takes in one instruction (64); whole-k chunks need a narrower BD to fit.
-SPECTRUM_ROWS, SPECTRUM_INNER, SPECTRUM_ACC = 16, 32, 4096
-# ... its channels a program without the inverse (the filter spectra), its warps and pipelining stages. Timed on the
-# H200 (2026-12-05, BENCHMARKS.md), the stage's launches in one forward and backward: at k=32 and 64 with shared
-# sizes 4 warps and 4,096 values 1.71 / 3.07 ms against 2.07 / 5.80 at 8 warps and 8,192.
-SPECTRUM_WIDE, SPECTRUM_WARPS, SPECTRUM_STAGES = 128, 4, 3
-# From block SPECTRUM_LARGE_K on, the rows a chunk, the accumulator's cap and the warps above give way to these: at
-# k=128 (without shared sizes, the same day) 32 rows, 8,192 values and 8 warps timed 5.18 ms, the values above 6.96.
-SPECTRUM_LARGE_K = 128
-SPECTRUM_LARGE_ROWS, SPECTRUM_LARGE_ACC, SPECTRUM_LARGE_WARPS = 32, 8192, 8
+def config_for(stage: str, k: int) -> BlockTiles | SpectrumTiles:
+    """The launch settings of ``stage`` ("block_fwd", "spectrum" or "block_inv") at block k: the row of the
+    largest block at or below k that the stage has a row for."""
+    return CONFIGS[stage, max(block for name, block in CONFIGS if name == stage and block <= k)]
 
 
-def _spectrum_setting(k: int) -> tuple[int, int, int]:
-    """(rows a chunk, accumulator cap, warps) of the F_k stage at block k."""
-    if k >= SPECTRUM_LARGE_K:
-        return SPECTRUM_LARGE_ROWS, SPECTRUM_LARGE_ACC, SPECTRUM_LARGE_WARPS
-    return SPECTRUM_ROWS, SPECTRUM_ACC, SPECTRUM_WARPS
-
-
-def _spectrum_tiles(k: int, D: int, accumulate: bool) -> tuple[int, int, int]:
+def _spectrum_tiles(k: int, D: int, accumulate: bool, config: SpectrumTiles) -> tuple[int, int, int]:
     """(BKD, BKA, BD) of the F_k stage. Each program reads all of F_k (from L2), so a wider BD reads it
-    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at the setting's cap of
-    fp32 values, 8,192 of which compile for sm_90 without register spills at k = 64..256 (ptxas -v, Triton 3.9)."""
-    rows, cap, _ = _spectrum_setting(k)
-    widest = min(64, cap // k) if accumulate else SPECTRUM_WIDE
-    return min(k, rows), min(k, SPECTRUM_INNER), max(16, min(widest, tu.next_power_of_2(D)))
+    less often; with the inverse (``accumulate``) its [k, BD] complex accumulator caps BD at ``config.acc`` fp32
+    values."""
+    widest = min(64, config.acc // k) if accumulate else config.wide
+    return min(k, config.rows), min(k, config.inner), max(16, min(widest, tu.next_power_of_2(D)))
 
 
 def _round_tf32(a: torch.Tensor) -> torch.Tensor:
@@ -484,18 +489,21 @@ def _items(plan: RubiPlan, kind: str, tile: int) -> torch.Tensor:
     return plan.cached(("items", kind, tile), make)
 
 
-def _block_fwd(src: torch.Tensor, plan: RubiPlan, t: dict, filters: bool) -> torch.Tensor:
-    """src: [n, D] tokens (x or dy; with ``filters`` the filter taps h^T) -> spectra [2, cols, k, D]."""
+def _block_fwd(src: torch.Tensor, plan: RubiPlan, t: dict, filters: bool, *,
+               config: BlockTiles | None = None) -> torch.Tensor:
+    """src: [n, D] tokens (x or dy; with ``filters`` the filter taps h^T) -> spectra [2, cols, k, D]. ``config``:
+    the launch, by default ``config_for``'s."""
     k, D = plan.k, src.shape[1]
+    config = config or config_for("block_fwd", k)
     docs = t["grp"] if filters else t["doc"]
     n_cols = plan.n_filter_cols if filters else plan.n_cols
     z = tu.empty((2, n_cols, k, D), t["dot_dtype"], src.device)
-    items = _items(plan, "filters" if filters else "docs", FWD_BC)
-    _rubi_block_fwd_kernel[(items.shape[1], tu.cdiv(k * D, FWD_BN))](
+    items = _items(plan, "filters" if filters else "docs", config.BC)
+    _rubi_block_fwd_kernel[(items.shape[1], tu.cdiv(k * D, config.BN))](
         src, z, items, docs["start"], docs["len"], docs["m"], docs["col"], docs["gcol"], docs["blk"],
         t["b_r"], t["b_i"], t["tw_r"], t["tw_i"], D, z[0].numel(), items.shape[1],
-        K=k, BC=FWD_BC, BB=FWD_BB, BN=FWD_BN, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
-        UPCAST=_upcast(t), num_warps=FWD_WARPS, num_stages=FWD_STAGES,
+        K=k, BC=config.BC, BB=config.BB, BN=config.BN, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
+        UPCAST=_upcast(t), num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
     return z
 
@@ -509,13 +517,16 @@ def _spectrum(
     zx: torch.Tensor | None = None,
     conj_h: bool = False,
     s: torch.Tensor | None = None,
+    *,
+    config: SpectrumTiles | None = None,
 ) -> torch.Tensor:
     """The fused F_k stage on spectra z [2, cols, k, D] -> [2, cols', k, D] (cols' = documents' half columns
-    for MODE_CONV, filter half columns otherwise). hs: the filter spectra (MODE_CONV); zx: x's spectra
-    (MODE_CORRELATE, z is then dy's). s (fp32, shaped as z): MODE_CONV stores S = F_k z into it; MODE_CORRELATE
-    reads dy's S from it, and then zx is x's S (``SAVE_SPECTRA``)."""
+    for MODE_CONV, filter half columns otherwise). hs: the filter spectra (MODE_CONV). s (fp32, shaped as z):
+    MODE_CONV stores S = F_k z into it (if given); MODE_CORRELATE reads dy's S from it and x's from zx (z unused).
+    ``config`` as ``_block_fwd``'s."""
     k, D = plan.k, z.shape[-1]
-    BKD, BKA, BD = _spectrum_tiles(k, D, accumulate=mode != MODE_SPECTRUM)
+    config = config or config_for("spectrum", k)
+    BKD, BKA, BD = _spectrum_tiles(k, D, mode != MODE_SPECTRUM, config)
     gcol = t["col_gcol"] if mode == MODE_CONV else t["fcol"]["gcol"]
     n_cols = plan.n_cols if mode == MODE_CONV else plan.n_filter_cols
     out = tu.empty((2, n_cols, k, D), t["dot_dtype"], z.device)
@@ -527,63 +538,76 @@ def _spectrum(
         gcol, fcol["c"], fcol["lo"], fcol["hi"], t["doc"]["col"],
         D, z[0].numel(), hs[0].numel(), out[0].numel(),
         K=k, BKD=BKD, BKA=BKA, BD=BD, MODE=mode, CONJ_H=conj_h, STORE_S=mode == MODE_CONV and s is not None,
-        FROM_S=mode == MODE_CORRELATE and s is not None, DOT_PREC=_dot_precision(t), TF32=_tf32(t),
-        UPCAST=_upcast(t), num_warps=_spectrum_setting(k)[2], num_stages=SPECTRUM_STAGES,
+        DOT_PREC=_dot_precision(t), TF32=_tf32(t), UPCAST=_upcast(t), num_warps=config.warps,
+        num_stages=config.stages,
     )  # fmt: skip
     return out
 
 
-def _block_inv(o: torch.Tensor, plan: RubiPlan, t: dict, y: torch.Tensor, reduce: bool) -> None:
+def _block_inv(o: torch.Tensor, plan: RubiPlan, t: dict, y: torch.Tensor, reduce: bool, *,
+               config: BlockTiles | None = None) -> None:
     """Inverse block stage of half-column spectra o [2, cols, k, D] into y: [n, D] tokens of the documents,
-    or with ``reduce`` the [max_taps, D] sum of the m-groups' filter-gradient pieces."""
+    or with ``reduce`` the [max_taps, D] sum of the m-groups' filter-gradient pieces. ``config`` as
+    ``_block_fwd``'s."""
     k, D = plan.k, o.shape[-1]
+    config = config or config_for("block_inv", k)
     out, src = (t["taps"], t["grp"]) if reduce else (t["doc"], t["doc"])
-    items = _items(plan, "taps" if reduce else "outputs", INV_BB)
-    _rubi_block_inv_kernel[(items.shape[1], tu.cdiv(k * D, INV_BN))](
+    items = _items(plan, "taps" if reduce else "outputs", config.BB)
+    _rubi_block_inv_kernel[(items.shape[1], tu.cdiv(k * D, config.BN))](
         o, y, items, out["start"], out["len"], src["m"], src["col"], src["blk"], src["reach"], t["b_r"], t["b_i"],
         D, o[0].numel(), plan.n_groups, items.shape[1],
-        K=k, BB=INV_BB, BC=INV_BC, BN=INV_BN, REDUCE=reduce, DOT_PREC=_dot_precision(t),
-        TF32=_tf32(t), UPCAST=_upcast(t), num_warps=INV_WARPS, num_stages=INV_STAGES,
+        K=k, BB=config.BB, BC=config.BC, BN=config.BN, REDUCE=reduce, DOT_PREC=_dot_precision(t),
+        TF32=_tf32(t), UPCAST=_upcast(t), num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
 
 
-def _filter_spectra(h: torch.Tensor, plan: RubiPlan, t: dict) -> torch.Tensor:
+# Launch settings by stage ("block_fwd", "spectrum", "block_inv") for ``_forward`` and ``_backward``; a stage left
+# out takes ``config_for``'s.
+Configs = Mapping[str, BlockTiles | SpectrumTiles]
+
+
+def _filter_spectra(h: torch.Tensor, plan: RubiPlan, t: dict, configs: Configs) -> torch.Tensor:
     """h: [D, L_F] -> alpha_c / P * H, one half-column spectrum per m-group: [2, n_filter_cols, k, D]."""
     taps = h[:, : plan.max_taps].T.contiguous()  # [max_taps, D]
-    return _spectrum(MODE_SPECTRUM, _block_fwd(taps, plan, t, filters=True), plan, t)
+    z = _block_fwd(taps, plan, t, filters=True, config=configs.get("block_fwd"))
+    return _spectrum(MODE_SPECTRUM, z, plan, t, config=configs.get("spectrum"))
 
 
-def _forward(x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, t: dict,
-             save_spectra: bool = False) -> tuple[torch.Tensor, ...]:
-    """x: [B, T, D], h: [D, L_F] -> y [B, T, D], and for the backward x's block spectra zx (with
-    ``save_spectra`` its S = F_k Z instead, fp32) and h's spectra hs."""
+def _forward(x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, t: dict, save_spectra: bool = False,
+             configs: Configs | None = None) -> tuple[torch.Tensor, ...]:
+    """x: [B, T, D], h: [D, L_F] -> y [B, T, D], and for the backward x's block spectra zx (with ``save_spectra``,
+    where dh is wanted, its S = F_k Z instead, fp32) and h's spectra hs."""
+    configs = configs or {}
     D = x.shape[2]
     x = x.contiguous()
-    hs = _filter_spectra(h, plan, t)
-    zx = _block_fwd(x.view(-1, D), plan, t, filters=False)
+    hs = _filter_spectra(h, plan, t, configs)
+    zx = _block_fwd(x.view(-1, D), plan, t, filters=False, config=configs.get("block_fwd"))
     sx = tu.empty(zx.shape, torch.float32, x.device) if save_spectra else None
     y = tu.empty(x.shape, x.dtype, x.device)
-    _block_inv(_spectrum(MODE_CONV, zx, plan, t, hs=hs, s=sx), plan, t, y.view(-1, D), reduce=False)
+    o = _spectrum(MODE_CONV, zx, plan, t, hs=hs, s=sx, config=configs.get("spectrum"))
+    _block_inv(o, plan, t, y.view(-1, D), reduce=False, config=configs.get("block_inv"))
     return y, zx if sx is None else sx, hs
 
 
-def _backward(dy: torch.Tensor, zx: torch.Tensor | None, hs: torch.Tensor, h: torch.Tensor, plan: RubiPlan,
-              t: dict, need_dx: bool, from_spectra: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dy [B, T, D] -> dx (dy's dtype; None unless ``need_dx``) and dh (h's shape and dtype; None without zx).
-    ``from_spectra``: zx is x's S = F_k Z as ``_forward(save_spectra=True)`` saved it."""
+def _backward(dy: torch.Tensor, sx: torch.Tensor | None, hs: torch.Tensor, h: torch.Tensor, plan: RubiPlan,
+              t: dict, need_dx: bool, configs: Configs | None = None) -> tuple[torch.Tensor | None, ...]:
+    """dy [B, T, D] -> dx (dy's dtype; None unless ``need_dx``) and dh (h's shape and dtype; None without sx, x's
+    S = F_k Z as ``_forward(save_spectra=True)`` saved it)."""
+    configs = configs or {}
     D = dy.shape[2]
     dy = dy.contiguous()
-    zg = _block_fwd(dy.view(-1, D), plan, t, filters=False)
-    sg = tu.empty(zg.shape, torch.float32, dy.device) if zx is not None and from_spectra else None
+    zg = _block_fwd(dy.view(-1, D), plan, t, filters=False, config=configs.get("block_fwd"))
+    sg = tu.empty(zg.shape, torch.float32, dy.device) if sx is not None else None
     dx = dh = None
     if need_dx or sg is not None:
-        o = _spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True, s=sg)
+        o = _spectrum(MODE_CONV, zg, plan, t, hs=hs, conj_h=True, s=sg, config=configs.get("spectrum"))
         if need_dx:
             dx = tu.empty(dy.shape, dy.dtype, dy.device)
-            _block_inv(o, plan, t, dx.view(-1, D), False)
-    if zx is not None:
+            _block_inv(o, plan, t, dx.view(-1, D), False, config=configs.get("block_inv"))
+    if sx is not None:
         dh_taps = tu.empty((plan.max_taps, D), torch.float32, dy.device)
-        _block_inv(_spectrum(MODE_CORRELATE, zg, plan, t, zx=zx, s=sg), plan, t, dh_taps, reduce=True)
+        corr = _spectrum(MODE_CORRELATE, zg, plan, t, zx=sx, s=sg, config=configs.get("spectrum"))
+        _block_inv(corr, plan, t, dh_taps, reduce=True, config=configs.get("block_inv"))
         dh = dy.new_zeros(h.shape, dtype=h.dtype)
         dh[:, : plan.max_taps] = dh_taps.T
     return dx, dh
@@ -596,16 +620,15 @@ class RubiConvTriton(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, h: torch.Tensor, plan: RubiPlan, precision: str) -> torch.Tensor:
         t = _tables(plan, precision)
         # x's spectra are needed only for dh
-        ctx.from_spectra = SAVE_SPECTRA and ctx.needs_input_grad[1]
-        y, zx, hs = _forward(x, h, plan, t, save_spectra=ctx.from_spectra)
+        y, sx, hs = _forward(x, h, plan, t, save_spectra=ctx.needs_input_grad[1])
         ctx.plan, ctx.t = plan, t
-        ctx.save_for_backward(zx if ctx.needs_input_grad[1] else None, hs, h)
+        ctx.save_for_backward(sx if ctx.needs_input_grad[1] else None, hs, h)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        zx, hs, h = ctx.saved_tensors
-        dx, dh = _backward(dy, zx, hs, h, ctx.plan, ctx.t, ctx.needs_input_grad[0], ctx.from_spectra)
+        sx, hs, h = ctx.saved_tensors
+        dx, dh = _backward(dy, sx, hs, h, ctx.plan, ctx.t, ctx.needs_input_grad[0])
         return dx, dh, None, None
 
 
@@ -614,30 +637,30 @@ class RubiConvTriton(torch.autograd.Function):
 # The op takes the offsets, not the plan (a custom op takes tensors and plain values): get_plan's cache finds it.
 @torch.library.custom_op("mixlab::rubiconv_triton", mutates_args=())
 def _rubiconv_op(x: torch.Tensor, h: torch.Tensor, cu_seqlens: torch.Tensor | None, block: int | None,
-                 precision: str, save_spectra: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = get_plan(cu_seqlens, x.shape[0], x.shape[1], h.shape[1], block, x.device)
-    return _forward(x, h, plan, _tables(plan, precision), save_spectra)
+    return _forward(x, h, plan, _tables(plan, precision), save_spectra=True)
 
 
 @torch.library.custom_op("mixlab::rubiconv_triton_bwd", mutates_args=())
-def _rubiconv_bwd_op(dy: torch.Tensor, zx: torch.Tensor, hs: torch.Tensor, h: torch.Tensor,
+def _rubiconv_bwd_op(dy: torch.Tensor, sx: torch.Tensor, hs: torch.Tensor, h: torch.Tensor,
                      cu_seqlens: torch.Tensor | None, block: int | None,
-                     precision: str, from_spectra: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     precision: str) -> tuple[torch.Tensor, torch.Tensor]:
     plan = get_plan(cu_seqlens, dy.shape[0], dy.shape[1], h.shape[1], block, dy.device)
-    return _backward(dy, zx, hs, h, plan, _tables(plan, precision), need_dx=True, from_spectra=from_spectra)
+    return _backward(dy, sx, hs, h, plan, _tables(plan, precision), need_dx=True)
 
 
 def _op_setup(ctx, inputs: tuple, output: tuple) -> None:
-    x, h, cu_seqlens, block, precision, save_spectra = inputs
-    _, zx, hs = output
-    ctx.save_for_backward(zx, hs, h, cu_seqlens)
-    ctx.block, ctx.precision, ctx.from_spectra = block, precision, save_spectra
+    x, h, cu_seqlens, block, precision = inputs
+    _, sx, hs = output
+    ctx.save_for_backward(sx, hs, h, cu_seqlens)
+    ctx.block, ctx.precision = block, precision
 
 
-def _op_backward(ctx, dy: torch.Tensor, _dzx: torch.Tensor, _dhs: torch.Tensor) -> tuple:
-    zx, hs, h, cu_seqlens = ctx.saved_tensors
-    dx, dh = _rubiconv_bwd_op(dy, zx, hs, h, cu_seqlens, ctx.block, ctx.precision, ctx.from_spectra)
-    return dx, dh, None, None, None, None
+def _op_backward(ctx, dy: torch.Tensor, _dsx: torch.Tensor, _dhs: torch.Tensor) -> tuple:
+    sx, hs, h, cu_seqlens = ctx.saved_tensors
+    dx, dh = _rubiconv_bwd_op(dy, sx, hs, h, cu_seqlens, ctx.block, ctx.precision)
+    return dx, dh, None, None, None
 
 
 _rubiconv_op.register_autograd(_op_backward, setup_context=_op_setup)
@@ -654,4 +677,4 @@ def rubiconv_triton_in_transform(x: torch.Tensor, h: torch.Tensor, cu_seqlens: t
                                  block: int | None, precision: str = "fp32") -> torch.Tensor:
     """As ``rubiconv_triton`` with the plan of ``get_plan(cu_seqlens, B, T, L_F, block)``, for calls on plain
     tensors inside torch.func transforms (``tu.in_transform``); x not itself batched."""
-    return _rubiconv_op(x, h, cu_seqlens, block, precision, SAVE_SPECTRA)[0]
+    return _rubiconv_op(x, h, cu_seqlens, block, precision)[0]

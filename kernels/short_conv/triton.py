@@ -6,58 +6,70 @@ with its backward (``kernels.short_conv.op`` checks the inputs and picks the bac
     dw[k] = sum_t dy[t] * x[t - k]            under the forward's condition, summed per program into an fp32
                                               partial, then ``tu.sum_partials``
 
-Two forms of each pass. Streaming (shipped for widths up to 8): one program per row, channel block and run of
-positions, walking them a few positions a step with the taps' shifts taken in registers, so each element of x
-and dy comes through L1 about once; dw's partial is one per (row, run of positions). Tiled (wider convolutions):
-a forward program per [BT, BD] tile, which reads x once a tap; a backward program per (channel block, chunk of
-token tiles), x once and dy at W shifts (``kernels.triton_utils`` explains the chunks, why no atomics, and how
-loads avoid waiting for the document search).
+Two forms of each pass, chosen by the width (``config_for``). Streaming (widths up to ``tu.SLOTS``): one program
+per row, channel block and run of positions, walking them U positions a step; a step reads each of its rows of x
+(and dy) once as [BD] vectors, keeps them in registers and shifts between taps there, so the W - 1 rows before
+(after) the step are the only ones read twice (from L1). The program finds its first position's document once and
+walks on from there; a step whose rows (and the W - 1 on either side) lie in one document, most steps, runs
+without per-position masks. dw's partial is one per (row, run of positions), each tap's sum in a slot of its own.
+Tiled (wider convolutions): a forward program per [BT, BD] tile,
+which reads x once a tap; a backward program per (channel block, chunk of token tiles), x once and dy at W
+shifts, dw summed over each tile's tokens at every tap (``kernels.triton_utils`` explains the chunks, why no
+atomics, and how loads avoid waiting for the document search).
 
-Stacked runs (``torch.func.vmap`` in ``runners.engine``) fold into one launch: x [R * B, T, D] with weights
+Stacked runs (``torch.func.vmap`` in ``runners.train.engine``) fold into one launch: x [R * B, T, D] with weights
 [R, W, D], row b using run b // B's weights (``RPW`` rows per weight set), and each run's dw partials are the ones
 a run alone gets, summed in the same order, so every run's output and gradients are its own bit for bit
 (``_fold_runs``). Runs with their own document layouts go one launch per run.
 """
 
+from dataclasses import dataclass
+
 import torch
 from mixlab.kernels import triton_utils as tu
 from mixlab.kernels._triton import tl, triton
 
-# Tiles, warps and pipelining stages, fixed by shape (no autotuning); scripts/tune_shortconv_gpu.py times
-# candidates on the GPU. Forward: one program per [BT, BD] tile. Backward: one program per channel block and
-# chunk of BT-token tiles, about BWD_PROGRAMS programs.
-FWD_BT, FWD_BD, FWD_WARPS = 32, 128, 4
-BWD_BT, BWD_BD, BWD_WARPS, BWD_STAGES, BWD_PROGRAMS = 16, 64, 4, 1, 2048
-# Registers a thread the backward may use (None: the compiler's choice). At the earlier [64, 64] tile a cap of 128
-# timed faster; at this tile the compiler's 96 spill nothing (scripts/kernel_resources.py).
-BWD_MAXNREG = None
-# Where the backward sums dw over a tile's tokens: True (widths up to 8), once after its chunk of tiles, each tap's
-# products added up token slot by token slot in a [BT, BD] sum of its own (registers: W more tiles, hence the
-# small tile); False (and every width over 8), at every tap of every tile, a reduction across the tile's threads
-# (its loop's PTX for sm_90a holds 128 shuffles and 16 barriers a [64, 64] tile). The same sums in another order:
-# rounding differs, each is repeatable. On the H200 (2026-12-04, BENCHMARKS.md) the tune timed the deferred form
-# at this tile 105.5 µs (118.0 with 64 documents) against 138.7 (144.8) for the other at its best tile, its
-# table at these constants 135.1 (133.7); timed again the same day in two interleaved rounds, 107-206 µs between
-# rounds on a GPU that had just started timing, its closing table 102.2 (109.9) at 1,024 programs: the order of
-# the deferred tiles is still open (issue #25); its medians beat the other form's in both timings.
-BWD_DW_DEFER = True
-# The streaming forms (FWD_STREAM, BWD_STREAM): one program per row, block of STREAM_BD channels and CH positions,
-# walking them U positions a step; a step reads each of its rows of x (and dy) once as [BD] vectors, keeps them in
-# registers and shifts between taps there, so the W - 1 rows before (after) the step are the only ones read twice.
-# The tiled forms read a tile of x (dy) once a tap, the shifted re-reads through L1 that bound their backward in
-# Nsight (BENCHMARKS.md, 2026-12-03). Documents: the program finds its first position's document once and walks
-# on from there; a step whose rows (and the W - 1 on either side) lie in one document, most steps, runs without
-# per-position masks. Widths up to tu.SLOTS (wider ones take the tiled forms). Timed on the H200 (2026-12-04, two
-# tunes of two interleaved rounds, BENCHMARKS.md): forward 39.3 µs (42.5 with 64 documents) against 48.5 (57.5)
-# tiled; backward 70.5 (72.6) against 106.9 (119.3).
-FWD_STREAM, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD, STREAM_FWD_WARPS = True, 32, 16, 128, 1
-BWD_STREAM, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD, STREAM_BWD_WARPS = True, 128, 4, 256, 2
-# Software pipelining by hand (STREAM_*_PREFETCH): Triton issues no cp.async for these loads, so a step's loads
-# wait for the step before; with it on, a step loads the next one's U new rows before its own work and keeps the
-# W - 1 it shares with it in registers. Timed on the H200 (2026-12-05, two interleaved rounds, raw launchers, µs
-# without / with 64 documents): forward 39.1 / 43.4 against 39.4 / 42.1, backward 86.0 / 102.2 against 79.2 /
-# 80.4 (at best 78.0 / 85.0, 2 positions a step). Off.
-STREAM_FWD_PREFETCH, STREAM_BWD_PREFETCH = False, False
+
+@dataclass(frozen=True, kw_only=True)
+class TiledFwd:
+    """The tiled forward's launch: a program per [BT, BD] tile of tokens and channels, ``warps`` warps."""
+
+    BT: int
+    BD: int
+    warps: int
+
+    def __post_init__(self) -> None:
+        tu.check_config(self, ("BT", "BD", "warps"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TiledBwd:
+    """The tiled backward's launch: [BT, BD] tiles, about ``programs`` programs (channel blocks x chunks of token
+    tiles, ``tu.chunk_plan``), ``warps`` warps and ``stages`` pipelining stages."""
+
+    BT: int
+    BD: int
+    warps: int
+    stages: int
+    programs: int
+
+    def __post_init__(self) -> None:
+        tu.check_config(self, ("BT", "BD", "warps"))
+
+
+# (pass, form) -> launch settings, chosen by timing on the H100/H200 (see BENCHMARKS.md).
+CONFIGS = {
+    ("fwd", "stream"): tu.Stream(CH=32, U=16, BD=128, warps=1),
+    ("bwd", "stream"): tu.Stream(CH=128, U=4, BD=256, warps=2),
+    ("fwd", "tiled"): TiledFwd(BT=32, BD=128, warps=4),
+    ("bwd", "tiled"): TiledBwd(BT=16, BD=64, warps=4, stages=1, programs=2048),
+}
+
+
+def config_for(backward: bool, W: int, interpreted: bool) -> tu.Stream | TiledFwd | TiledBwd:
+    """A pass's launch settings: the streaming form for widths up to ``tu.SLOTS`` (a slot of dw's sums per tap),
+    the tiled form past them and under the interpreter (``tu.is_interpreted``)."""
+    return CONFIGS["bwd" if backward else "fwd", "stream" if W <= tu.SLOTS and not interpreted else "tiled"]
 
 
 # fmt: off
@@ -101,7 +113,7 @@ def _short_conv_bwd_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
     T, D, RPW, N_CH, N_TB, TPC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, DW_DEFER: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_d, i_c = tl.program_id(0), tl.program_id(1)
     i_r = i_c // N_CH  # the run (weight set) whose N_CH chunks this is one of
@@ -110,16 +122,6 @@ def _short_conv_bwd_kernel(
     m_d = o_d < D
     o_k = tl.arange(0, WP)  # [WP] taps, padded to a power of two
     b_dw = tl.zeros([WP, BD], dtype=tl.float32)  # this chunk's sum of dy[t] * x[t - k]
-    # DW_DEFER (W <= 8): tap k's products dy[t + k] * x[t] added up token slot by token slot in a [BT, BD] sum of
-    # its own (a0 ... a7, one per tap; those past W are never used), reduced over tokens once after the chunk
-    a0 = tl.zeros([BT, BD], dtype=tl.float32)
-    a1 = tl.zeros([BT, BD], dtype=tl.float32)
-    a2 = tl.zeros([BT, BD], dtype=tl.float32)
-    a3 = tl.zeros([BT, BD], dtype=tl.float32)
-    a4 = tl.zeros([BT, BD], dtype=tl.float32)
-    a5 = tl.zeros([BT, BD], dtype=tl.float32)
-    a6 = tl.zeros([BT, BD], dtype=tl.float32)
-    a7 = tl.zeros([BT, BD], dtype=tl.float32)
     for j in range(TPC):
         i_b, o_g, o_t, m_t = tu.chunk_tile(i_c, j, N_CH, TPC, N_TB, T, RPW, BT)
         _, end = tu.doc_bounds(cu_ptr, o_g, i_b * T, T, N_CU, N_SEARCH, HAS_CU)
@@ -141,19 +143,10 @@ def _short_conv_bwd_kernel(
                 if HAS_CU:
                     b_dyk = tl.where((o_g + k < end)[:, None], b_dyk, 0.0)
             b_dx += b_dyk * b_w[None, :]
-            if DW_DEFER:
-                b_p = b_dyk * b_x  # [BT, BD] tap k's products, into its own sum (k is known at compile time)
-                a0, a1, a2, a3, a4, a5, a6, a7 = tu.slots_add(a0, a1, a2, a3, a4, a5, a6, a7, b_p, k)
-            else:
-                b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
-                b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
+            b_dwk = tl.sum(b_dyk * b_x, axis=0)  # [BD] sum over this tile's t of dy[t + k] * x[t]
+            b_dw = tl.where(o_k[:, None] == k, b_dw + b_dwk[None, :], b_dw)
         p_dx = dx_ptr + o_g.to(tl.int64)[:, None] * D + o_d[None, :]
         tl.store(p_dx, b_dx.to(dx_ptr.dtype.element_ty), mask=m_td)
-    if DW_DEFER:  # each tap's sum over its token slots, into row k of b_dw
-        b_dw = tu.slot_row(tu.slot_row(b_dw, a0, o_k, 0, W), a1, o_k, 1, W)
-        b_dw = tu.slot_row(tu.slot_row(b_dw, a2, o_k, 2, W), a3, o_k, 3, W)
-        b_dw = tu.slot_row(tu.slot_row(b_dw, a4, o_k, 4, W), a5, o_k, 5, W)
-        b_dw = tu.slot_row(tu.slot_row(b_dw, a6, o_k, 6, W), a7, o_k, 7, W)
     p_dw = dwp_ptr + (i_c * W + o_k[:, None]).to(tl.int64) * D + o_d[None, :]
     tl.store(p_dw, b_dw, mask=(o_k < W)[:, None] & m_d[None, :])
 # fmt: on
@@ -201,7 +194,7 @@ def _short_conv_fwd_stream_kernel(
     x_ptr, w_ptr, y_ptr, cu_ptr,  # pointers
     T, D, RPW, CH, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d, m_d, b_ws, row = _stream_setup(w_ptr, i_d, i_b, T, D, RPW, W, BD)
@@ -209,13 +202,9 @@ def _short_conv_fwd_stream_kernel(
     p_y = y_ptr + row.to(tl.int64) * D + o_d
     t0 = i_t * CH
     i_doc, start, end = tu.doc_start_state(cu_ptr, row, t0, T, N_CU, N_SEARCH, HAS_CU)
-    if PREFETCH:
-        b_xs = tu.stream_rows(p_x, o_d, m_d, t0 - (W - 1), T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
-        if PREFETCH:  # the next step's U new rows, issued before this step's work (none past the program's end)
-            b_new = tu.stream_rows(p_x, o_d, m_d, tb + U, tl.minimum(T, t0 + CH), D, U)
-        else:  # x[tb - W + 1] ... x[tb + U - 1]: every row of the step read once; the W - 1 before it again from L1
-            b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)
+        # x[tb - W + 1] ... x[tb + U - 1]: every row of the step read once; the W - 1 before it again from L1
+        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U - 1, T, i_doc, start, end)
             if one:
@@ -226,8 +215,6 @@ def _short_conv_fwd_stream_kernel(
                                               W, U, True, RESIDUAL)
         else:
             _fwd_step(p_y, b_xs, b_ws, cu_ptr, row, tb, T, D, o_d, m_d, i_doc, start, end, W, U, False, RESIDUAL)
-        if PREFETCH:
-            b_xs = tu.shift_rows(b_xs, b_new, U, W - 1)
 # fmt: on
 
 
@@ -265,7 +252,7 @@ def _short_conv_bwd_stream_kernel(
     x_ptr, w_ptr, dy_ptr, dx_ptr, dwp_ptr, cu_ptr,  # pointers
     T, D, RPW, CH, N_TC, N_CU, N_SEARCH: tl.constexpr,  # sizes
     W: tl.constexpr, U: tl.constexpr, BD: tl.constexpr,  # tile shape
-    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr, PREFETCH: tl.constexpr,  # flags
+    HAS_CU: tl.constexpr, RESIDUAL: tl.constexpr,  # flags
 ):
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d, m_d, b_ws, row = _stream_setup(w_ptr, i_d, i_b, T, D, RPW, W, BD)
@@ -283,16 +270,9 @@ def _short_conv_bwd_stream_kernel(
     a5 = tl.zeros([BD], dtype=tl.float32)
     a6 = tl.zeros([BD], dtype=tl.float32)
     a7 = tl.zeros([BD], dtype=tl.float32)
-    if PREFETCH:
-        b_xs = tu.stream_rows(p_x, o_d, m_d, t0 - (W - 1), T, D, U + W - 1)
-        b_dys = tu.stream_rows(p_dy, o_d, m_d, t0, T, D, U + W - 1)
     for tb in range(t0, t0 + CH, U):
-        if PREFETCH:  # the next step's new rows first, as the forward's (dy's reach W - 1 past the program)
-            b_xn = tu.stream_rows(p_x, o_d, m_d, tb + U, tl.minimum(T, t0 + CH), D, U)
-            b_dyn = tu.stream_rows(p_dy, o_d, m_d, tb + U + W - 1, tl.minimum(T, t0 + CH + W - 1), D, U)
-        else:
-            b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
-            b_dys = tu.stream_rows(p_dy, o_d, m_d, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
+        b_xs = tu.stream_rows(p_x, o_d, m_d, tb - (W - 1), T, D, U + W - 1)  # x[tb - W + 1] ... x[tb + U - 1]
+        b_dys = tu.stream_rows(p_dy, o_d, m_d, tb, T, D, U + W - 1)  # dy[tb] ... dy[tb + U + W - 2]
         if HAS_CU:
             one, i_doc, start, end = tu.in_one_doc(cu_ptr, row, tb - (W - 1), tb + U + W - 2, T, i_doc, start, end)
             if one:
@@ -307,74 +287,80 @@ def _short_conv_bwd_stream_kernel(
             a0, a1, a2, a3, a4, a5, a6, a7, i_doc, start, end = _bwd_step(
                 p_dx, b_xs, b_dys, b_ws, a0, a1, a2, a3, a4, a5, a6, a7, cu_ptr, row, tb, T, D, o_d, m_d, i_doc,
                 start, end, W, U, False, RESIDUAL)
-        if PREFETCH:
-            b_xs, b_dys = tu.shift_rows(b_xs, b_xn, U, W - 1), tu.shift_rows(b_dys, b_dyn, U, W - 1)
     # this program's partial, row i_b * N_TC + i_t of [B * N_TC, W, D]
     p_dw = dwp_ptr + (i_b * N_TC + i_t).to(tl.int64) * W * D + o_d
     tu.slots_store(p_dw, a0, a1, a2, a3, a4, a5, a6, a7, W, D, m_d)
 # fmt: on
 
 
-def _stream_plan(T: int, D: int, CH: int, U: int, BD: int) -> tuple[int, int]:
+def _stream_plan(T: int, D: int, W: int, config: tu.Stream) -> tuple[int, int]:
     """(positions a program, channels a program) of a streaming form: BD clamped to D's power of two."""
-    return tu.stream_positions(T, CH, U), min(BD, tu.next_power_of_2(D))
+    if W > tu.SLOTS:
+        raise ValueError(f"the streaming forms take widths up to {tu.SLOTS}, got W={W}")
+    return tu.stream_positions(T, config.CH, config.U), min(config.BD, tu.next_power_of_2(D))
 
 
 def _short_conv_fwd(
-    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool, *,
+    config: tu.Stream | TiledFwd | None = None,
 ) -> torch.Tensor:
-    """x: [B, T, D], weight: [W, D] (or [R, W, D]: R runs of B / R rows each) -> y: [B, T, D] in x's dtype."""
+    """x: [B, T, D], weight: [W, D] (or [R, W, D]: R runs of B / R rows each) -> y: [B, T, D] in x's dtype.
+    ``config``: the launch (its type picks the form), by default ``config_for``'s."""
     B, T, D = x.shape
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
+    if config is None:
+        config = config_for(False, W, tu.is_interpreted(_short_conv_fwd_kernel))
     x, weight = tu.contiguous(x, weight)
     y = tu.empty((B, T, D), x.dtype, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
-    if tu.streams(FWD_STREAM and W <= tu.SLOTS, _short_conv_fwd_stream_kernel):
-        CH, BD = _stream_plan(T, D, STREAM_FWD_CH, STREAM_FWD_U, STREAM_FWD_BD)
+    if isinstance(config, tu.Stream):
+        CH, BD = _stream_plan(T, D, W, config)
         # fmt: off
         _short_conv_fwd_stream_kernel[(tu.cdiv(T, CH), tu.cdiv(D, BD), B)](
-            x, weight, y, cu_seqlens, T, D, B // runs, CH, n_cu, n_search, W=W, U=STREAM_FWD_U, BD=BD,
-            HAS_CU=cu_seqlens is not None, RESIDUAL=residual, PREFETCH=STREAM_FWD_PREFETCH, num_warps=STREAM_FWD_WARPS,
+            x, weight, y, cu_seqlens, T, D, B // runs, CH, n_cu, n_search, W=W, U=config.U, BD=BD,
+            HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=config.warps,
         )
         # fmt: on
         return y
-    BT, BD = tu.tiles(T, D, FWD_BT, FWD_BD)
+    BT, BD = tu.tiles(T, D, config.BT, config.BD)
     grid = (tu.cdiv(T, BT), tu.cdiv(D, BD), B)
     # fmt: off
     _short_conv_fwd_kernel[grid](
         x, weight, y, cu_seqlens, T, D, B // runs, n_cu, n_search, W=W, BT=BT, BD=BD,
-        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=FWD_WARPS,
+        HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=config.warps,
     )
     # fmt: on
     return y
 
 
 def _short_conv_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, residual: bool, *,
+    config: tu.Stream | TiledBwd | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x: [B, T, D], weight: [W, D] (or [R, W, D]) -> (dx [B, T, D] in x's dtype, dw shaped as weight in
-    its dtype)."""
+    its dtype). ``config`` as ``_short_conv_fwd``'s."""
     B, T, D = x.shape
     W, runs = weight.shape[-2], (weight.shape[0] if weight.dim() == 3 else 1)
     rows = B // runs  # of each run
+    if config is None:
+        config = config_for(True, W, tu.is_interpreted(_short_conv_bwd_kernel))
     dy, x, weight = tu.contiguous(dy, x, weight)
-    if tu.streams(BWD_STREAM and W <= tu.SLOTS, _short_conv_bwd_stream_kernel):
-        CH, BD = _stream_plan(T, D, STREAM_BWD_CH, STREAM_BWD_U, STREAM_BWD_BD)
+    if isinstance(config, tu.Stream):
+        CH, BD = _stream_plan(T, D, W, config)
         n_tc = tu.cdiv(T, CH)
         dx = tu.empty((B, T, D), x.dtype, x.device)
         dw_partial = tu.empty((B * n_tc, W, D), torch.float32, x.device)  # a run's rows' partials in a block
         n_cu, n_search = tu.search_steps(cu_seqlens)
         # fmt: off
         _short_conv_bwd_stream_kernel[(n_tc, tu.cdiv(D, BD), B)](
-            x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, CH, n_tc, n_cu, n_search, W=W, U=STREAM_BWD_U,
-            BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual, PREFETCH=STREAM_BWD_PREFETCH,
-            num_warps=STREAM_BWD_WARPS,
+            x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, CH, n_tc, n_cu, n_search, W=W, U=config.U,
+            BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual, num_warps=config.warps,
         )
         # fmt: on
         return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)
-    BT, BD = tu.tiles(T, D, BWD_BT, BWD_BD)
+    BT, BD = tu.tiles(T, D, config.BT, config.BD)
     n_tb, n_db = tu.cdiv(T, BT), tu.cdiv(D, BD)
-    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, BWD_PROGRAMS)  # a run alone's plan
+    per_chunk, n_chunks = tu.chunk_plan(rows * n_tb, n_db, config.programs)  # a run alone's plan
     dx = tu.empty((B, T, D), x.dtype, x.device)
     dw_partial = tu.empty((runs * n_chunks, W, D), torch.float32, x.device)
     n_cu, n_search = tu.search_steps(cu_seqlens)
@@ -382,7 +368,7 @@ def _short_conv_bwd(
     _short_conv_bwd_kernel[(n_db, runs * n_chunks)](
         x, weight, dy, dx, dw_partial, cu_seqlens, T, D, rows, n_chunks, n_tb, per_chunk, n_cu, n_search, W=W,
         WP=tu.next_power_of_2(W), BT=BT, BD=BD, HAS_CU=cu_seqlens is not None, RESIDUAL=residual,
-        DW_DEFER=BWD_DW_DEFER and W <= tu.SLOTS, num_warps=BWD_WARPS, num_stages=BWD_STAGES, maxnreg=BWD_MAXNREG,
+        num_warps=config.warps, num_stages=config.stages,
     )
     # fmt: on
     return dx, tu.sum_partials(dw_partial, weight.dtype, groups=runs).view(weight.shape)

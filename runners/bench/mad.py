@@ -48,7 +48,6 @@ import torch
 from mixlab import models
 from mixlab.core.fields import NonNegativeFloat, NonNegativeInt, PositiveInt, check_dataclass
 from mixlab.core.records import RUNS
-from mixlab.kernels.attention import triton as attention_triton
 from mixlab.models.mixers.attention import Attention
 from mixlab.runners.bench.train import WARMUP_STEPS, gate_text, kernel_backend_label, rel_loss_diff, timed
 from mixlab.runners.bench.utils import exp2_rate, median_time_ms
@@ -118,9 +117,9 @@ def flop_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
 
 def exp_per_token(model_config: models.ModelConfig, seq_len: int) -> float:
     """Softmax exponentials of one training token in causal attention: (T + 1) / 2 scores per head on average,
-    one exponential each forward and one per backward pass of the Triton kernels (``BWD_PASSES``)."""
+    one exponential each in the forward and in the Triton kernels' one-pass backward."""
     attention_layers = sum(isinstance(m, Attention) for m in _modules(model_config))
-    return attention_layers * model_config.n_heads * (seq_len + 1) / 2 * (1 + attention_triton.BWD_PASSES)
+    return attention_layers * model_config.n_heads * (seq_len + 1) / 2 * 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,11 +7,9 @@ as the row. Rows of the table:
     pad to longest         every document zero-padded to the longest, one batched FFT
     pow2 buckets           the "torch" backend: documents bucketed by ceil(log2 L), one FFT per bucket
     gemm / triton          the GEMM form (docs/rubiconv.md), precision fp32 and bf16, automatic k (and ``blocks``)
-    triton, spectra saved  the triton rows again with ``SAVE_SPECTRA`` on (the backward's correlation reads the
-                           F_k spectra the forward and the dx stage stored instead of computing them again)
-    ..., sizes shared      and again with documents' padded sizes shared (``gemm.MERGE_FILTER_COST`` at
+    ..., sizes shared      the triton rows again with documents' padded sizes shared (``gemm.MERGE_FILTER_COST`` at
                            MERGE_TRIED): fewer filter spectra for more padding. These last rows are what
-                           ``kernels.rubiconv`` runs by default; the rows before them turn the two settings off.
+                           ``kernels.rubiconv`` runs by default; the rows before them turn the setting off.
 Forward and forward+backward (dx and dh) medians of ``triton.testing.do_bench``, and the relative RMS error of
 y, dx and dh against the float64 "torch" backend. A row over its error bound gets no timings (the correctness
 gate); the leaky row's error is its leak. The GPU name and versions go on top. Public long convs
@@ -30,7 +28,6 @@ import torch
 from mixlab import kernels
 from mixlab.core.fields import PositiveInt, check
 from mixlab.kernels.rubiconv import gemm
-from mixlab.kernels.rubiconv import triton as rubiconv_triton
 from mixlab.kernels.rubiconv.naive import _causal_fft_conv, rubiconv_ref
 from mixlab.kernels.utils import compute_dtype
 from mixlab.runners.bench.anchors import Anchor, long_conv_anchors
@@ -83,15 +80,14 @@ def pad_to_longest(x: torch.Tensor, h: torch.Tensor, cu: torch.Tensor) -> torch.
 
 
 @contextmanager
-def _settings(save_spectra: bool, merge_filter_cost: float):
-    """RubiConv's speed settings (``triton.SAVE_SPECTRA``, ``gemm.MERGE_FILTER_COST``) for one call, the shipped
-    ones back after it."""
-    shipped = rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST
-    rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = save_spectra, merge_filter_cost
+def _settings(merge_filter_cost: float):
+    """RubiConv's shared padded sizes (``gemm.MERGE_FILTER_COST``) for one call, the shipped ones back after it."""
+    shipped = gemm.MERGE_FILTER_COST
+    gemm.MERGE_FILTER_COST = merge_filter_cost
     try:
         yield
     finally:
-        rubiconv_triton.SAVE_SPECTRA, gemm.MERGE_FILTER_COST = shipped
+        gemm.MERGE_FILTER_COST = shipped
 
 
 def _gmac(work: dict[str, int], label: str) -> str:
@@ -134,7 +130,7 @@ def bench_rubiconv(
     h = (torch.randn(d, n_tokens, generator=gen, device=dev) / math.sqrt(n_tokens)).to(torch_dtype)
     upstream = torch.randn(1, n_tokens, d, generator=gen, device=dev)
     want = _grads(lambda a, b: rubiconv_ref(a, b, cu_seqlens=cu), x.double(), h.double(), upstream.double())
-    with _settings(False, 0.0):  # the layout's own sizes; the shared ones are described beside them
+    with _settings(0.0):  # the layout's own sizes; the shared ones are described beside them
         plan = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
 
     methods: list[tuple[str, Callable, float | None]] = [
@@ -151,23 +147,22 @@ def bench_rubiconv(
             notes.append(f"anchor: {anchor.name}: {anchor.note}")
         else:
             notes.append(f"anchor: {anchor.name}: skipped, {anchor.reason}")
-    for backend, save, merge in (("gemm", False, 0.0), ("triton", False, 0.0), ("triton", True, 0.0),
-                                 ("triton", True, MERGE_TRIED)):
+    for backend, merge in (("gemm", 0.0), ("triton", 0.0), ("triton", MERGE_TRIED)):
         for block in (None, *blocks):
             for precision in ("fp32", "bf16"):
                 label = f"{backend} {precision}, k={plan.k if block is None else block}"
-                label += (", spectra saved" if save else "") + (", sizes shared" if merge else "")
+                label += ", sizes shared" if merge else ""
 
-                def run(a, b, backend=backend, block=block, precision=precision, save=save, merge=merge):
+                def run(a, b, backend=backend, block=block, precision=precision, merge=merge):
                     kwargs = {"block": block, "backend": backend, "precision": precision}
-                    # the flags are read when the forward runs (and plans), and the backward follows what it saved
-                    with _settings(save, merge):
+                    # the setting is read when the forward plans, and the backward follows that plan
+                    with _settings(merge):
                         return kernels.rubiconv(a, b, cu_seqlens=cu, **kwargs)
 
                 methods.append((label, run, BOUND[precision]))
-                with _settings(save, merge):
+                with _settings(merge):
                     work[label] = gemm.get_plan(cu, 1, n_tokens, n_tokens, block, dev).work() * d
-    with _settings(False, MERGE_TRIED):
+    with _settings(MERGE_TRIED):
         shared = gemm.get_plan(cu, 1, n_tokens, n_tokens, None, dev)
 
     lengths = (cu[1:] - cu[:-1]).cpu()

@@ -94,6 +94,20 @@ def bench_fla_cmd(
                          head_dim=head_dim, value_dim=value_dim, tokens=tokens, dtype=dtype, repeats=repeats))
 
 
+@bench_app.command("tune")
+def bench_tune_cmd(
+    op: str = typer.Argument(..., help="shortconv, attention or rubiconv: whose table of launch settings."),
+    group: list[str] = typer.Option(None, "--group", help="Only this tune group (repeatable; default: all)."),
+    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    rounds: int = typer.Option(1, help="Time every candidate of a group this many times, interleaved."),
+    smoke: bool = typer.Option(False, "--smoke", help="Tiny shapes: a check of the code path, not a measurement."),
+) -> None:
+    """Time candidate launch settings (the table's row, then variants of it) of a kernel module; print the winners."""
+    from mixlab.runners.bench.tune import tune
+
+    tune(op, group or None, rep=repeats, rounds=rounds, smoke=smoke, out=typer.echo)
+
+
 @bench_app.command("train")
 def bench_train_cmd(
     task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),

@@ -2,7 +2,8 @@
 
 Without CUDA they run in the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before `kernels` is
 imported), with CUDA on the GPU. Every comparison covers the output and the gradients of q, k and v, driven by a
-random upstream gradient, and every buffer the launchers allocate starts full of NaN.
+random upstream gradient, and every buffer the launchers allocate starts full of NaN. The public op runs the
+table's launch settings; the launchers, called directly, take small tiles.
 """
 
 import pytest
@@ -19,20 +20,11 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FP32, BF16, FP16 = torch.float32, torch.bfloat16, torch.float16
 
 
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    """Every launcher buffer (outputs, lse, delta, layout copies) starts full of NaN."""
-    monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")
 
 
 def _qkv(gen: torch.Generator, B: int, H: int, T: int, hd: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(B, H, T, hd, generator=gen, dtype=torch.float64).to(DEVICE, dtype) for _ in range(3)]
-
-
-@pytest.fixture(params=[2, 1], ids=["two-pass", "one-pass"])
-def bwd_passes(request, monkeypatch):
-    """The backward in its two passes (dq; dk and dv) and in one (dq's partial sums in a scratch)."""
-    monkeypatch.setattr(attn_triton, "BWD_PASSES", request.param)
 
 
 def _fwd_bwd(qkv: list[torch.Tensor], upstream: torch.Tensor, backend: str, **kwargs) -> list[torch.Tensor]:
@@ -42,16 +34,24 @@ def _fwd_bwd(qkv: list[torch.Tensor], upstream: torch.Tensor, backend: str, **kw
     return [o, *torch.autograd.grad(o, leaves, upstream.to(o.dtype))]
 
 
+def _launch(qkv: list[torch.Tensor], upstream: torch.Tensor, config: attn_triton.Tiles,
+            scale: float | None = None) -> list[torch.Tensor]:
+    """[o, dq, dk, dv] through the launchers, both passes at ``config``."""
+    scale = qkv[0].shape[-1] ** -0.5 if scale is None else scale
+    o, lse = attn_triton._attention_fwd(*qkv, scale, config=config)
+    return [o, *attn_triton._attention_bwd(upstream.to(o.dtype), *qkv, o, lse, scale, config=config)]
+
+
 NAMES = ["o", "dq", "dk", "dv"]
 
 
-def _check_against_reference(qkv, gen, assert_rel_rms, **kwargs) -> None:
-    """Triton output and gradients against the float64 reference on the same rounded inputs. A reference
-    gradient that is exactly zero (dq and dk at T=1: the softmax over one key is constant) must come out
-    zero up to rounding."""
+def _check_against_reference(qkv, gen, assert_rel_rms, config: attn_triton.Tiles | None = None, **kwargs) -> None:
+    """Triton output and gradients (through the public op, or the launchers at ``config``) against the float64
+    reference on the same rounded inputs. A reference gradient that is exactly zero (dq and dk at T=1: the softmax
+    over one key is constant) must come out zero up to rounding."""
     dtype = qkv[0].dtype
     upstream = torch.randn(qkv[0].shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
-    got = _fwd_bwd(qkv, upstream, "triton", **kwargs)
+    got = _fwd_bwd(qkv, upstream, "triton", **kwargs) if config is None else _launch(qkv, upstream, config, **kwargs)
     want = _fwd_bwd([t.double() for t in qkv], upstream.double(), "torch", **kwargs)
     for name, a, b in zip(NAMES, got, want, strict=True):
         assert a.dtype == dtype, f"{name} is {a.dtype}"
@@ -79,43 +79,39 @@ CASES = [
 
 
 @pytest.mark.parametrize("B, H, T, hd, dtype", CASES)
-@pytest.mark.usefixtures("bwd_passes")
 def test_causal_attention(B, H, T, hd, dtype, assert_rel_rms):
     gen = torch.Generator().manual_seed(30)
     _check_against_reference(_qkv(gen, B, H, T, hd, dtype), gen, assert_rel_rms)
 
 
-@pytest.mark.usefixtures("bwd_passes")
 def test_custom_scale(assert_rel_rms):
     gen = torch.Generator().manual_seed(31)
     _check_against_reference(_qkv(gen, 1, 2, 40, 8, FP32), gen, assert_rel_rms, scale=1.7)
 
 
-@pytest.fixture
-def small_tiles(monkeypatch):
-    """16-row tiles (T=65: five tiles, the last of one row) and programs of 4 pairs (B*H=5: a ragged tail)."""
-    monkeypatch.setattr(attn_triton, "FWD_BT", 16)
-    monkeypatch.setattr(attn_triton, "BWD_BT", 16)
-    monkeypatch.setattr(attn_triton, "FWD_PAIR_ROWS", 4 * 16)
-    monkeypatch.setattr(attn_triton, "BWD_PAIR_ROWS", 4 * 16)
+# 16-row tiles (T=65: five tiles, the last of one row) and programs of 4 pairs (B*H=5: a ragged tail)
+SMALL_TILES = attn_triton.Tiles(BT=16, pair_rows=4 * 16, warps=4, stages=1)
 
 
 @pytest.mark.parametrize("T", [pytest.param(65, id="T65-five-tiles"), pytest.param(9, id="T9-four-pairs")])
-@pytest.mark.usefixtures("bwd_passes")
-def test_small_tiles_and_pair_groups(small_tiles, T, assert_rel_rms):
+def test_small_tiles_and_pair_groups(T, assert_rel_rms):
     gen = torch.Generator().manual_seed(32)
-    _check_against_reference(_qkv(gen, 1, 5, T, 8, FP32), gen, assert_rel_rms)
+    _check_against_reference(_qkv(gen, 1, 5, T, 8, FP32), gen, assert_rel_rms, config=SMALL_TILES)
 
 
-@pytest.mark.usefixtures("bwd_passes")
-def test_programs_of_several_pairs_of_several_tiles(small_tiles, monkeypatch, assert_rel_rms):
+def test_programs_of_several_pairs_of_several_tiles(assert_rel_rms):
     """T=65 in five 16-row tiles, two pairs a program (160 rows), B*H=5: the last program has one pair."""
-    monkeypatch.setattr(attn_triton, "FWD_PAIR_ROWS", 2 * 5 * 16)
-    monkeypatch.setattr(attn_triton, "BWD_PAIR_ROWS", 2 * 5 * 16)
+    config = attn_triton.Tiles(BT=16, pair_rows=2 * 5 * 16, warps=4, stages=1)
     gen = torch.Generator().manual_seed(34)
     q, k, v = _qkv(gen, 1, 5, 65, 8, FP32)
-    assert attn_triton._plan(q, attn_triton.FWD_BT, attn_triton.FWD_PAIR_ROWS)[1]["PAIRS"] == 2
-    _check_against_reference((q, k, v), gen, assert_rel_rms)
+    assert attn_triton._plan(q, config)[1]["PAIRS"] == 2
+    _check_against_reference((q, k, v), gen, assert_rel_rms, config=config)
+
+
+def test_config_for_has_one_row_a_pass():
+    assert [attn_triton.config_for(backward) for backward in (False, True)] == list(attn_triton.CONFIGS.values())
+    with pytest.raises(ValueError, match="at least 16"):
+        attn_triton.Tiles(BT=8, pair_rows=128, warps=4, stages=1)
 
 
 def test_poisoned_buffer_shows_an_unwritten_tile():
@@ -124,7 +120,7 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
     q, k, v = _qkv(gen, 1, 1, 130, 8, FP32)
     o, lse = tu.empty(q.shape, FP32, DEVICE), tu.empty(q.shape[:3], FP32, DEVICE)
     assert torch.isnan(o).all()
-    _, args = attn_triton._plan(q, attn_triton.FWD_BT, attn_triton.FWD_PAIR_ROWS)
+    _, args = attn_triton._plan(q, attn_triton.config_for(False))
     assert args["N_TB"] == 3 and args["PAIRS"] == 1
     # one program: the longest-last order gives it the last tile
     attn_triton._attn_fwd_kernel[(1,)](q, k, v, o, lse, **args, qk_scale=1.0)
@@ -136,7 +132,6 @@ def test_poisoned_buffer_shows_an_unwritten_tile():
 # ---- repeatability, causality, layouts ----
 
 
-@pytest.mark.usefixtures("bwd_passes")
 def test_two_calls_are_bitwise_equal():
     gen = torch.Generator().manual_seed(34)
     qkv = _qkv(gen, 2, 2, 127, 8, BF16)
@@ -173,7 +168,6 @@ def test_leaky_control_is_caught():
     assert not _prefix_is_blind_to_the_future(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), 1)
 
 
-@pytest.mark.usefixtures("bwd_passes")
 def test_gradients_of_the_prefix_stop_at_its_end():
     """An upstream gradient on rows before t only: dq, dk, dv are exactly zero from t on."""
     gen = torch.Generator().manual_seed(36)

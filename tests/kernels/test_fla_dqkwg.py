@@ -1,7 +1,7 @@
 """The lab's plain-torch ``chunk_bwd_dqkwg`` (models/mixers/fla_dqkwg.py) against fla-core's Triton kernel run by
 the Triton interpreter (fp32: the interpreter computes what the kernel means, which Hopper with Triton 3.4-3.7.0
 miscompiles), and its registration in fla's backend registry. The whole delta-rule backward with it runs on the
-GPU (scripts/verify_fla_gpu.py): fla's chunked forward kernels do not run under the interpreter."""
+GPU (tests/kernels/test_gpu_fla.py): fla's chunked forward kernels do not run under the interpreter."""
 
 import pytest
 import torch

@@ -1,5 +1,6 @@
-"""RubiConv's GEMM backends (issue #5): "gemm" (torch matmuls) and "triton" (fused kernels) against an exact
-per-document reference, plus the plan, the edge cases of the GEMM form and document isolation.
+"""RubiConv's GEMM backends: "gemm" (torch matmuls) and "triton" (fused kernels) against an exact per-document
+reference, plus the plan, the edge cases of the GEMM form, the Triton kernels' launch settings and document
+isolation.
 
 Forward against numpy.convolve per document and channel; every gradient against autograd of the "torch"
 backend (an exact FFT convolution per document) in float64, driven by a random upstream gradient. Without
@@ -11,7 +12,6 @@ import pytest
 import torch
 from kernel_checks import assert_close, cu_from_rows, rel_rms_error
 from mixlab import kernels
-from mixlab.kernels import triton_utils as tu
 from mixlab.kernels.rubiconv import gemm
 from mixlab.kernels.rubiconv import triton as rubiconv_triton
 
@@ -57,12 +57,19 @@ def _run(backend: str, x, h, cu, upstream, **kwargs):
     return y, dx, dh
 
 
-def _check_backend(backend, precision, dtype, B, T, D, L_F, rows, block, seed=0):
-    """Output against numpy.convolve, dx and dh against autograd of the float64 "torch" backend."""
+def _check_backend(backend, precision, dtype, B, T, D, L_F, rows, block, seed=0, plan=None):
+    """Output against numpy.convolve, dx and dh against autograd of the float64 "torch" backend; through the
+    public op, or with ``plan`` the backend's function on that plan."""
     gen = torch.Generator().manual_seed(seed)
     cu = _cu(rows, T)
     x, h, upstream = _randn(gen, B, T, D).to(dtype), _randn(gen, D, L_F).to(dtype), _randn(gen, B, T, D)
-    y, dx, dh = _run(backend, x, h, cu, upstream, block=block, precision=precision)
+    if plan is None:
+        y, dx, dh = _run(backend, x, h, cu, upstream, block=block, precision=precision)
+    else:
+        fn = gemm.rubiconv_gemm if backend == "gemm" else rubiconv_triton.rubiconv_triton
+        xl, hl = x.clone().requires_grad_(), h.clone().requires_grad_()
+        y = fn(xl, hl, plan, precision)
+        dx, dh = torch.autograd.grad(y, (xl, hl), upstream.to(y.dtype))
     assert y.dtype == dtype and dx.dtype == dtype and dh.dtype == dtype
     _, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, upstream)
     bound = BOUNDS[(backend, "fp64" if dtype == torch.float64 else precision)]
@@ -82,21 +89,18 @@ def test_padded_lengths_follow_spec_5_2():
     assert gemm.padded_lengths(lengths, 10, 1).tolist() == [1, 24, 25, 26, 109]
 
 
-def test_spectrum_stage_takes_its_large_block_setting_from_the_threshold_on():
-    """Blocks from SPECTRUM_LARGE_K on take the large setting's rows, accumulator cap and warps; smaller ones the
-    plain setting's (k=64 and k=128: the two the H200 timed them at)."""
+def test_config_for_takes_each_stages_row_of_the_largest_block_at_or_below_k():
+    """The F_k stage has a row from k=16 on and one from k=128 on; the block stages one for every k."""
     rt = rubiconv_triton
-    small = (rt.SPECTRUM_ROWS, rt.SPECTRUM_ACC, rt.SPECTRUM_WARPS)
-    large = (rt.SPECTRUM_LARGE_ROWS, rt.SPECTRUM_LARGE_ACC, rt.SPECTRUM_LARGE_WARPS)
+    small, large = rt.CONFIGS["spectrum", 16], rt.CONFIGS["spectrum", 128]
     assert small != large
-    assert rt._spectrum_setting(rt.SPECTRUM_LARGE_K // 2) == small
-    assert rt._spectrum_setting(rt.SPECTRUM_LARGE_K) == large
-    assert rt._spectrum_setting(2 * rt.SPECTRUM_LARGE_K) == large
-    k = rt.SPECTRUM_LARGE_K
-    assert rt._spectrum_tiles(k, 1024, accumulate=True) == (min(k, large[0]), min(k, rt.SPECTRUM_INNER),
-                                                            min(64, large[1] // k))
-    assert rt._spectrum_tiles(k // 2, 1024, accumulate=True) == (min(k // 2, small[0]), min(k // 2, rt.SPECTRUM_INNER),
-                                                                 min(64, small[1] // (k // 2)))
+    assert [rt.config_for("spectrum", k) for k in (16, 64, 127, 128, 512)] == [small, small, small, large, large]
+    assert {rt.config_for("block_fwd", k) for k in (16, 512)} == {rt.CONFIGS["block_fwd", 16]}
+    assert rt._spectrum_tiles(128, 1024, True, large) == (32, 32, 64)  # 8,192 values: [128, 64]
+    assert rt._spectrum_tiles(64, 1024, True, small) == (16, 32, 64)
+    assert rt._spectrum_tiles(64, 1024, False, small) == (16, 32, 128)  # the filter spectra: no accumulator
+    with pytest.raises(ValueError, match="at least 16"):
+        rt.BlockTiles(BC=8, BB=16, BN=128, warps=4, stages=3)
 
 
 def test_auto_block_squares_the_longest_padded_document():
@@ -154,16 +158,15 @@ def test_shared_sizes_round_up_to_the_cheapest_set():
 
 
 @pytest.mark.parametrize("backend", ["gemm", "triton"])
-def test_shared_sizes_stay_exact(backend, monkeypatch, poisoned_outputs):
+def test_shared_sizes_stay_exact(backend, poisoned_outputs):
     """Documents padded past their shortest size (a filter priced so that most sizes merge): the same answers,
     fewer filter spectra; the plan cache tells the two prices apart."""
     rows, T = [[10, 10, 10, 1, 1, 0, 30, 31, 34], [127], [5] * 25 + [2]], 127
     fewest = gemm.get_plan(_cu(rows, T), 3, T, 300, 16, DEVICE)
-    monkeypatch.setattr(gemm, "MERGE_FILTER_COST", 4.0)
-    shared = gemm.get_plan(_cu(rows, T), 3, T, 300, 16, DEVICE)
+    shared = gemm.get_plan(_cu(rows, T), 3, T, 300, 16, DEVICE, filter_cost=4.0)
     assert shared.n_groups < fewest.n_groups and (np.sort(shared.cols) >= np.sort(fewest.cols)).all()
     dtype = torch.float64 if backend == "gemm" else torch.float32
-    _check_backend(backend, "fp32", dtype, 3, T, 3, 300, rows, 16)
+    _check_backend(backend, "fp32", dtype, 3, T, 3, 300, rows, 16, plan=shared)
 
 
 def test_one_zero_fewer_breaks_the_padding(monkeypatch):
@@ -233,12 +236,6 @@ def test_gemm_low_precision(precision, dtype):
 # ---- the Triton kernels (interpreter without CUDA: tiny shapes) ----
 
 
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    """Every launcher buffer starts full of NaN: an unwritten element fails."""
-    monkeypatch.setattr(tu, "POISON_OUTPUTS", True)
-
-
 TRITON_CASES = [
     # B, T, D, L_F, document lengths per row, block, precision (the GPU's fp32 dots are tf32: bound 1e-3)
     pytest.param(1, 1, 1, 1, None, None, "fp32", id="T1-LF1"),
@@ -272,39 +269,64 @@ def test_triton_half_inputs_and_an_fp32_filter(dtype, poisoned_outputs):
 
 
 @pytest.mark.parametrize("B, T, D, L_F, rows, block, precision", [TRITON_CASES[i] for i in (1, 2, 4, 6)])
-def test_triton_saved_spectra_give_the_same_bits(B, T, D, L_F, rows, block, precision, monkeypatch,
-                                                poisoned_outputs):
-    """SAVE_SPECTRA: dh from the stored F_k products of dy and x equals dh from recomputing them, bitwise (the
-    same operations on the same operands), and y and dx do not change; also with x not requiring a gradient
-    (the dx stage then runs for dy's spectra alone) and through the custom op of the vmap path."""
+def test_triton_gradients_alone_and_in_vmap(B, T, D, L_F, rows, block, precision, poisoned_outputs):
+    """The same bits from the launches of one op whatever asks for them: dh with x not requiring a gradient (the dx
+    stage then runs for dy's stored spectra alone), dx with h not requiring one (no spectra stored); and y, dx, dh
+    through the custom op of the vmap path against the float64 reference."""
     gen = torch.Generator().manual_seed(11)
     cu = _cu(rows, T)
     x, h, upstream = _randn(gen, B, T, D).float(), _randn(gen, D, L_F).float(), _randn(gen, B, T, D).float()
 
-    def dh_alone():  # x a constant: only dh
-        hl = h.clone().requires_grad_()
-        y = kernels.rubiconv(x, hl, cu_seqlens=cu, block=block, backend="triton", precision=precision)
-        return torch.autograd.grad(y, hl, upstream)[0]
+    def rubiconv(xs, hs):
+        return kernels.rubiconv(xs, hs, cu_seqlens=cu, block=block, backend="triton", precision=precision)
 
-    def in_transform():  # one run under vmap: the custom op
-        xl, hl = x.clone().requires_grad_(), h.clone().requires_grad_()
-        y = torch.func.vmap(lambda xs, hs: kernels.rubiconv(xs, hs, cu_seqlens=cu, block=block, backend="triton",
-                                                              precision=precision))(xl[None], hl[None])[0]
-        return (y, *torch.autograd.grad(y, (xl, hl), upstream))
-
-    results = {}
-    for save in (False, True):
-        monkeypatch.setattr(rubiconv_triton, "SAVE_SPECTRA", save)
-        results[save] = (*_run("triton", x, h, cu, upstream, block=block, precision=precision), dh_alone(),
-                         *in_transform())
-    names = ("y", "dx", "dh", "dh without dx", "y in vmap", "dx in vmap", "dh in vmap")
-    for name, recomputed, stored in zip(names, results[False], results[True], strict=True):
-        assert torch.equal(recomputed, stored), name
+    y, dx, dh = _run("triton", x, h, cu, upstream, block=block, precision=precision)
+    hl = h.clone().requires_grad_()
+    assert torch.equal(torch.autograd.grad(rubiconv(x, hl), hl, upstream)[0], dh), "dh without dx"
+    xl = x.clone().requires_grad_()
+    assert torch.equal(torch.autograd.grad(rubiconv(xl, h), xl, upstream)[0], dx), "dx without dh"
+    xl, hl = x.clone().requires_grad_(), h.clone().requires_grad_()
+    y_vmap = torch.func.vmap(rubiconv)(xl[None], hl[None])[0]
+    _, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, upstream.double())
+    bound = BOUNDS[("triton", precision)]
+    assert_close(y_vmap, _numpy_rubiconv(x.double(), h.double(), cu), bound, "y in vmap")
+    for name, got, want in zip(("dx", "dh"), torch.autograd.grad(y_vmap, (xl, hl), upstream), (dx_ref, dh_ref),
+                               strict=True):
+        assert_close(got, want, bound, f"{name} in vmap")
 
 
-def test_triton_tf32_rounding_stays_within_the_fp32_bound(monkeypatch, poisoned_outputs):
-    """The GPU's fp32 path rounds every dot operand to tf32; emulated here, its error lands at tf32 level."""
+@pytest.mark.parametrize("stage, config", [
+    pytest.param("block_fwd", rubiconv_triton.BlockTiles(BC=16, BB=32, BN=64, warps=4, stages=2), id="block-fwd"),
+    pytest.param("block_inv", rubiconv_triton.BlockTiles(BC=32, BB=16, BN=32, warps=4, stages=2), id="block-inv"),
+    pytest.param("spectrum", rubiconv_triton.SpectrumTiles(rows=16, inner=16, acc=1024, wide=16, warps=4, stages=2),
+                 id="spectrum"),
+])
+def test_triton_stages_at_other_tiles_stay_exact(stage, config, poisoned_outputs):
+    """Each stage on tiles of its own, the others at the table's: y, dx and dh of the float64 reference
+    (interpreter: exact fp32 dots), on a row whose longest document has more half columns (36) and columns (71)
+    than one tile holds, and at k=64 (four chunks of 16 frequency rows, an accumulator of 16 channels)."""
+    gen = torch.Generator().manual_seed(0)
+    for T, D, L_F, lengths, block in ((600, 3, 600, [37, 563], 16), (130, 2, 20, [3, 127], 64)):
+        x, h, dy = (_randn(gen, *shape).float() for shape in ((1, T, D), (D, L_F), (1, T, D)))
+        cu = _cu([lengths], T)
+        plan = gemm.get_plan(cu, 1, T, L_F, block, DEVICE)
+        t = rubiconv_triton._tables(plan, "fp32")
+        y, sx, hs = rubiconv_triton._forward(x, h, plan, t, save_spectra=True, configs={stage: config})
+        dx, dh = rubiconv_triton._backward(dy, sx, hs, h, plan, t, need_dx=True, configs={stage: config})
+        _, dx_ref, dh_ref = _run("torch", x.double(), h.double(), cu, dy.double())
+        assert_close(y, _numpy_rubiconv(x.double(), h.double(), cu), 1e-5, f"y, k={block}")
+        assert_close(dx, dx_ref, 1e-5, f"dx, k={block}")
+        assert_close(dh, dh_ref, 1e-5, f"dh, k={block}")
+
+
+@pytest.fixture
+def tf32_emulated(monkeypatch):
+    """The interpreter rounds fp32 dot operands to tf32 as the GPU does (its dots are exact fp32 otherwise)."""
     monkeypatch.setattr(rubiconv_triton, "EMULATE_TF32", True)
+
+
+def test_triton_tf32_rounding_stays_within_the_fp32_bound(tf32_emulated, poisoned_outputs):
+    """The GPU's fp32 path rounds every dot operand to tf32; emulated here, its error lands at tf32 level."""
     gen = torch.Generator().manual_seed(6)
     cu = _cu([[200, 56]], 256)
     x, h, upstream = _randn(gen, 1, 256, 3).float(), _randn(gen, 3, 256).float(), _randn(gen, 1, 256, 3)
@@ -408,7 +430,7 @@ def test_triton_refuses_float64():
 
 
 def test_triton_under_vmap_runs_once_per_run_bitwise(poisoned_outputs):
-    """Stacked runs with their own layouts (runners.engine): the per-run vmap rule calls the Triton path on plain
+    """Stacked runs with their own layouts (runners.train.engine): the per-run vmap rule calls the Triton path on plain
     tensors while vmap is active, through its custom op, so outputs and gradients equal each run alone bitwise."""
     gen = torch.Generator().manual_seed(9)
     N, B, T, D, L_F = 2, 2, 24, 3, 30
@@ -425,9 +447,8 @@ def test_triton_under_vmap_runs_once_per_run_bitwise(poisoned_outputs):
             assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("save_spectra", [False, True], ids=["z-saved", "spectra-saved"])
-def test_triton_custom_op_schema_and_autograd(save_spectra, poisoned_outputs):
+def test_triton_custom_op_schema_and_autograd(poisoned_outputs):
     gen = torch.Generator().manual_seed(10)
     x, h = _randn(gen, 2, 16, 3).float().requires_grad_(), _randn(gen, 3, 20).float().requires_grad_()
-    torch.library.opcheck(rubiconv_triton._rubiconv_op, (x, h, _cu([[4, 12], [16]], 16), 16, "fp32", save_spectra),
+    torch.library.opcheck(rubiconv_triton._rubiconv_op, (x, h, _cu([[4, 12], [16]], 16), 16, "fp32"),
                           test_utils=("test_schema", "test_autograd_registration"))

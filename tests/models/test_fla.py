@@ -246,7 +246,7 @@ def test_head_widths_are_checked():
 
 @needs_fla
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs fla's Based kernel on CPU tensors in the Triton "
-                    "interpreter, set only without CUDA; on a GPU scripts/verify_fla_gpu.py checks every kernel")
+                    "interpreter, set only without CUDA; on a GPU tests/kernels/test_gpu_fla.py checks every kernel")
 def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap():
     # fla's parallel Based kernel is the one that runs in the interpreter (the others autotune on a driver); it
     # exercises the custom op's wiring: padding of small heads, documents, backward by recomputation, vmap rule
@@ -270,7 +270,7 @@ def test_the_kernel_op_recomputes_its_backward_and_runs_once_per_run_under_vmap(
 
 @needs_fla
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs fla's fused recurrent kernels on CPU tensors in the "
-                    "Triton interpreter, set only without CUDA; on a GPU scripts/verify_fla_gpu.py --form recurrent")
+                    "Triton interpreter, set only without CUDA; on a GPU tests/kernels/test_gpu_fla.py")
 @pytest.mark.parametrize("op", fla_ops.RECURRENT_OPS)
 @pytest.mark.parametrize("cu", [None, [0, 0, 1, 4, T, T, 2 * T]], ids=["rows", "docs-empty-and-one-token"])
 def test_rows_up_to_the_recurrent_limit_take_fla_recurrent_kernel_and_match_the_torch_path(monkeypatch, op, cu):

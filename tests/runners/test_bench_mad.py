@@ -60,14 +60,12 @@ def test_flop_per_token_counts_matmul_weights_and_causal_attention():
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-@pytest.mark.parametrize("passes", [1, 2])
-def test_exp_per_token_counts_the_causal_scores_of_every_attention_head(monkeypatch, passes):
-    monkeypatch.setattr(bench_mad_module.attention_triton, "BWD_PASSES", passes)
+def test_exp_per_token_counts_the_causal_scores_of_every_attention_head():
     config = preset_config("transformer", vocab_size=16, max_seq_len=128)
-    # T=127: 64 scores a query on average, each an exponential forward and one per backward pass
-    assert exp_per_token(config, 127) == config.n_layers * config.n_heads * 64 * (1 + passes)
+    # T=127: 64 scores a query on average, each an exponential forward and one backward
+    assert exp_per_token(config, 127) == config.n_layers * config.n_heads * 64 * 2
     hybrid = ModelConfig(vocab_size=16, max_seq_len=128, mixer="hyena,attention", n_heads=4)
-    assert exp_per_token(hybrid, 127) == 4 * 64 * (1 + passes)
+    assert exp_per_token(hybrid, 127) == 4 * 64 * 2
     assert exp_per_token(ModelConfig(vocab_size=16, max_seq_len=128, mixer="static_conv"), 127) == 0
 
 

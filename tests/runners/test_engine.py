@@ -5,7 +5,6 @@ import mixlab.runners.train.engine as engine
 import pytest
 import torch
 from mixlab import models
-from mixlab.kernels.dynamic_conv import triton_headwise
 from mixlab.runners.bench.train import bench_train
 from mixlab.runners.train import run as train_module
 from mixlab.runners.train.config import RunConfig, TrainConfig, config_hash
@@ -227,17 +226,16 @@ def test_every_mixer_batches(label, task, model):
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
 
 
-# (label, model, kernel-module constants set for the case: the head size 1 kernels are a tune knob)
-TRITON_CASES = [("static", {"qkv_conv": "static"}, {}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}, {}),
-                ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"}, {}),
-                ("dynamic_headwise_hs1_taps_axis", {"mixer": "dynamic_conv_headwise", "conv_head_size": 1},
-                 {"HW_HS1_BWD_TAPS_AXIS": True})]
+# (label, model): head size 1 has a backward kernel of its own
+TRITON_CASES = [("static", {"qkv_conv": "static"}), ("dynamic_lowrank", {"qkv_conv": "dynamic_lowrank"}),
+                ("dynamic_headwise", {"mixer": "dynamic_conv_headwise"}),
+                ("dynamic_headwise_hs1", {"mixer": "dynamic_conv_headwise", "conv_head_size": 1})]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs need the Triton interpreter, set only without "
                     "CUDA; on a GPU test_cuda_graph_step_and_evaluation_match_eager[dynamic_qkv] stacks the kernels")
-@pytest.mark.parametrize(("label", "model", "knobs"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
-def test_short_convs_stack_on_their_triton_kernels(label, model, knobs, monkeypatch):
+@pytest.mark.parametrize(("label", "model"), TRITON_CASES, ids=[c[0] for c in TRITON_CASES])
+def test_short_convs_stack_on_their_triton_kernels(label, model):
     # the ops' vmap rules fold the runs into one launch of the kernels (on the CPU in the Triton interpreter),
     # each run's rows as a run alone computes them; rubiconv's Triton path has no rule and trains alone. The
     # interpreter's time grows with the rows of every launch: two steps of 4 rows and one evaluation batch of 4
@@ -245,8 +243,6 @@ def test_short_convs_stack_on_their_triton_kernels(label, model, knobs, monkeypa
     configs = [tiny(model={**model, "kernel_backend": "triton"}, **sizes),
                tiny(model={**model, "kernel_backend": "triton"}, init_seed=1, **sizes)]
     assert resolve(configs[0]).unbatchable_reason is None
-    for name, value in knobs.items():
-        monkeypatch.setattr(triton_headwise, name, value)
     exact = not label.startswith("dynamic_headwise")  # its generator's batched matmul rounds differently (above)
     assert_same_records(train_runs_batched(configs, progress=False), solo(configs), exact=exact)
     for long_conv in ("rubiconv", "hyena"):
