@@ -14,6 +14,8 @@ from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
 from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
+from mixlab.runners.sweep.manifest import check_devices, plan_for_folder
+from mixlab.runners.sweep.plan import SweepPlan
 from mixlab.runners.sweep.ray_backend import RayOptions
 from mixlab.runners.sweep.run import BACKENDS, SweepOptions, SweepResult, run_sweep
 from mixlab.runners.sweep.spec import load_spec, preset_names, reference_claims
@@ -44,6 +46,8 @@ RATE_HELP = ("Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure o
 CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
                          "evaluation; negative: none), also written on Ctrl-C, SIGINT or SIGTERM (timeout, kill): the "
                          "same command run again goes on from them to the same records.")
+DEVICE_HELP = ("Where the runs train: auto, cpu or cuda (default: the spec's, else auto). A folder's runs keep "
+               "their names on any device (docs/sweeps.md).")
 CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the workers go round-robin to them, each "
                      "seeing only its own (at least one worker per device).")
 
@@ -110,17 +114,25 @@ def _sweep_options(*, tasks: str | None, models: str | None = None, settings: st
 def sweep(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
-    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    device: str = typer.Option(None, help=DEVICE_HELP),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     *,
     options: SweepOptions,
 ) -> None:
     """Run a grid of runs; finished runs are skipped and stacks stopped part-way go on from their checkpoints, so
-    the same command resumes a stopped sweep."""
+    the same command resumes a stopped sweep, on any device."""
     grid = load_spec(spec)
-    plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
-    _echo_result(run_sweep(plan, folder, options))
+    plan = plan_for_folder(lambda d: grid.plan(device=d, seeds=None if seeds is None else list(range(seeds))),
+                           folder, device)
+    _echo_result(_run(plan, folder, options))
+
+
+def _run(plan: SweepPlan, folder: Path, options: SweepOptions) -> SweepResult:
+    """``run_sweep``, after checking here that the devices its runs train on exist (Ray checks its cluster's)."""
+    if options.backend == "local":
+        check_devices(plan, folder)
+    return run_sweep(plan, folder, options)
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -142,7 +154,7 @@ def comma_names(text: str | None) -> list[str] | None:
 def sweep_cost(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Its output folder: runs with records there are done (default: none)."),
-    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    device: str = typer.Option(None, help=DEVICE_HELP),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     rate: list[str] = typer.Option(None, help=RATE_HELP),
 ) -> None:
@@ -167,15 +179,16 @@ def mad_run(
     profile: str = typer.Option(..., help="smoke, quick or paper (see `mixlab mad profiles`)."),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 (default: the profile's)."),
     out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option(None, help="Where the runs train: auto, cpu or cuda (default auto). A folder's runs "
+                               "keep their names on any device (docs/sweeps.md)."),
     *,
     options: SweepOptions,
 ) -> None:
-    """Run the MAD protocol for one model (resumable), then print its MAD table."""
-    plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
+    """Run the MAD protocol for one model (resumable on any device), then print its MAD table."""
     folder = Path(out) if out else mad.default_out(model, profile)
+    plan = plan_for_folder(lambda d: mad.mad_plan(model, profile, seeds=seeds, device=d or "auto"), folder, device)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, options)
+    result = _run(plan, folder, options)
     _echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))

@@ -51,12 +51,12 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
     """
     if save and out_dir is None:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
-    if out_dir is not None:
-        writable_folder(out_dir)
     run = as_resolved(run)
     config, task, model_config = run.config, run.task, run.model_config
     tc = config.train
-    device = pick_device(tc.device)
+    device = pick_device(tc.device)  # a missing GPU fails before the folder is made
+    if out_dir is not None:
+        writable_folder(out_dir)
     autocast = uses_bf16(tc.precision, device)
 
     train_data, test_data = run_data(task, tc)
