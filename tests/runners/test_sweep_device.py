@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from mixlab.runners.cli.main import main
-from mixlab.runners.sweep.manifest import plan_for_folder, write_manifest
 from mixlab.runners.sweep.mad import mad_plan
+from mixlab.runners.sweep.manifest import plan_for_folder, write_manifest
 from mixlab.runners.sweep.spec import load_spec
 from mixlab.runners.train.config import config_hash
 
