@@ -97,10 +97,11 @@ class SweepSpec:
         for i, entry in enumerate(entries):
             where = f"tasks[{i}]"
             entry = check_mapping(where, entry, {"task", "params", "grid", "train"}, required={"task"})
-            if entry["task"] not in tasks.TASKS:
-                raise ValueError(f"{where}: unknown task {entry['task']!r}; known: {', '.join(tasks.TASKS)}")
+            try:
+                params_cls = tasks.task_class(entry["task"]).Params
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
             train = _section(f"{where}.train", entry.get("train", {}), TrainConfig, train_fields)
-            params_cls = tasks.TASKS[entry["task"]].Params
             params = _section(f"{where}.params", entry.get("params", {}), params_cls)
             grid = _grid(f"{where}.grid", entry.get("grid"), params_cls)
             task_entries.append(TaskEntry(task=entry["task"], params=params, grid=grid, train=train))

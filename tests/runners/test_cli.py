@@ -104,6 +104,21 @@ def test_mixers_list_names_every_mixer(capsys):
     assert names[: len(models.MIXERS)] == list(models.MIXERS)
 
 
+def test_mixers_list_names_the_extra_a_mixer_needs(capsys, monkeypatch):
+    from mixlab import models
+
+    fla = {"gla", "gated_delta_net", "retnet", "based", "mamba2"}
+    note = "[built-in, needs mixlab[baselines]" + ("]" if models.MIXERS["gla"].available() else ": not installed]")
+    _, out, _ = run(capsys, "mixers", "list")
+    lines = dict(zip(models.MIXERS, out.splitlines()))
+    assert {name for name, line in lines.items() if line.endswith(note)} == fla
+    assert all(line.endswith("[built-in]") for name, line in lines.items() if name not in fla)
+    monkeypatch.setattr(models.MIXERS["gla"], "available", classmethod(lambda cls: False))
+    _, out, _ = run(capsys, "mixers", "list")
+    assert dict(zip(models.MIXERS, out.splitlines()))["gla"].endswith(
+        "[built-in, needs mixlab[baselines]: not installed]")
+
+
 @pytest.mark.parametrize(
     "argv,named",
     [

@@ -1,0 +1,158 @@
+"""``mixlab run``: a run file (``--config``) saved whole in the record, a run stopped by Ctrl-C that the same
+command finishes to the record of a run never stopped, a finished run not trained twice, and TensorBoard logs
+(through a writer that keeps what it is given, with or without the tensorboard package)."""
+
+import json
+import os
+import signal
+
+import pytest
+import yaml
+from mixlab.runners import tensorboard
+from mixlab.runners.cli.main import main
+from mixlab.runners.train import resume
+from mixlab.runners.train import run as train_module
+
+TINY = {"seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "d_model": 16, "n_heads": 2, "n_layers": 1,
+        "num_train": 16, "num_test": 8, "batch_size": 8}
+SETS = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def mixlab(capsys, *argv):
+    """The CLI in-process: (exit status, stdout, stderr)."""
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def records(folder):
+    return {p.name: json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+class KeptWriter:
+    """A SummaryWriter's add_scalar and close, kept in ``logged`` by log folder."""
+
+    logged: dict = {}
+
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        KeptWriter.logged[log_dir] = []
+
+    def add_scalar(self, tag, value, global_step):
+        KeptWriter.logged[self.log_dir].append((tag, value, global_step))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def kept_writer(monkeypatch):
+    KeptWriter.logged = {}
+    monkeypatch.setattr(tensorboard, "writer_class", lambda: KeptWriter)
+    return KeptWriter
+
+
+def test_a_run_file_gives_the_fields_of_set_and_is_saved_in_the_record(capsys, tmp_path):
+    code, out, err = mixlab(capsys, "run", "mqar", "--mixer", "static_conv", *SETS, "--set", "lr=0.002", "--steps",
+                            "2", "--device", "cpu", "--out", str(tmp_path / "set"), "--no-progress")
+    assert code == 0, err
+    fields = {"task": "mqar", "mixer": "static_conv", **TINY, "train.lr": 2.0e-3, "steps": 2, "epochs": None,
+              "device": "cpu"}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    code, out, err = mixlab(capsys, "run", "--config", str(path), "--out", str(tmp_path / "file"), "--no-progress")
+    assert code == 0, err
+    (name, from_set), = records(tmp_path / "set").items()
+    from_file = records(tmp_path / "file")[name]  # the same config: the same name
+    assert from_file["config"] == from_set["config"]
+    assert from_file["config_file"] == {"path": str(path), "fields": fields}
+    code, out, _ = mixlab(capsys, "run", "--config", str(path), "--set", "lr=0.004", "--out", str(tmp_path / "over"),
+                          "--no-progress")
+    assert code == 0
+    (over,) = records(tmp_path / "over").values()
+    assert over["config"]["train"]["lr"] == 0.004, "the command line goes over the file"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("lr: fast\nseq_len: 32", "run.yaml: train.lr: cannot read 'fast' as a number"),
+    ("task: mqar\nd_modle: 8", "unknown parameter 'd_modle'"),
+    ("seq_len: 32", "run.yaml: name the task (task: NAME) or give it on the command line"),
+    ("- task: mqar", "must hold a mapping of fields"),
+    ("task: mqar\nseq_len: [32", "cannot read"),
+], ids=["bad-value", "unknown-key", "no-task", "not-a-mapping", "not-yaml"])
+def test_a_bad_run_file_is_one_line(capsys, tmp_path, text, message):
+    (tmp_path / "run.yaml").write_text(text)
+    argv = ["run", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path)]
+    if message.startswith("run.yaml: train.lr"):
+        argv.insert(1, "mqar")
+    code, _, err = mixlab(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0].replace(str(tmp_path) + "/", ""), err
+
+
+def test_run_stopped_by_ctrl_c_goes_on_to_the_same_record(capsys, tmp_path, monkeypatch):
+    argv = ["run", "mqar", *SETS, "--epochs", "3", "--device", "cpu", "--no-progress"]
+    assert mixlab(capsys, *argv, "--out", str(tmp_path / "reference"))[0] == 0
+    real, calls = train_module.evaluate, []
+
+    def evaluate(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+    resumed = tmp_path / "resumed"
+    code, _, err = mixlab(capsys, *argv, "--out", str(resumed))
+    assert code == 130 and f"its state is in {resumed}/partial/; resume with: mixlab run mqar" in err
+    assert records(resumed) == {} and list((resumed / resume.PARTIAL).glob("*.pt"))
+    monkeypatch.undo()
+    code, out, _ = mixlab(capsys, *argv, "--out", str(resumed))
+    assert code == 0 and "trained before" not in out
+    (name, want), = records(tmp_path / "reference").items()
+    got = records(resumed)[name]
+    assert (got["history"], got["final"], got["steps"]) == (want["history"], want["final"], want["steps"])
+    assert not list((resumed / resume.PARTIAL).glob("*"))
+    code, out, _ = mixlab(capsys, *argv, "--out", str(resumed))
+    assert code == 0 and out.strip().endswith("trained before: its record is kept (delete it to train again)")
+    assert records(resumed)[name] == got
+
+
+def test_run_logs_its_evaluations_to_tensorboard(capsys, tmp_path, kept_writer):
+    code, out, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "4", "--set", "eval_every=2", "--device", "cpu",
+                            "--out", str(tmp_path / "runs"), "--no-progress", "--log", "tensorboard",
+                            str(tmp_path / "tb"))
+    assert code == 0, err
+    (name, record), = records(tmp_path / "runs").items()
+    (folder, logged), = kept_writer.logged.items()
+    assert folder == str(tmp_path / "tb" / name[: -len(".json")])
+    assert {tag for tag, _, _ in logged} == {"test/acc_macro", "test/acc_micro", "test/loss", "test/ppl",
+                                             "train/loss", "train/lr"}
+    assert [(v, s) for tag, v, s in logged if tag == "test/loss"] == [(h["test_loss"], h["step"])
+                                                                     for h in record["history"]]
+    assert [s for tag, _, s in logged if tag == "test/loss"] == [2, 4]
+
+
+def test_tensorboard_missing_is_one_line_before_anything_trains(capsys, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard") or name == "tensorboard":
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    code, _, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "2", "--device", "cpu", "--out",
+                          str(tmp_path / "runs"), "--log", "tensorboard", str(tmp_path / "tb"))
+    assert code == 2
+    assert err.strip() == ("mixlab: error: --log tensorboard needs the tensorboard package: pip install "
+                           "'mixlab[tensorboard]'")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "tb").exists()
