@@ -20,6 +20,7 @@ from mixlab import models, tasks
 from mixlab.runners import tensorboard
 from mixlab.runners.cli import bench, ceilings, check, leakage, sweep
 from mixlab.runners.cli.settings import (
+    LOG_HELP,
     RUN_SET_HELP,
     SET_HELP,
     build_task,
@@ -113,9 +114,6 @@ def mixers_list() -> None:
         if cls is not None and cls.extra is not None:
             origin += f", needs mixlab[{cls.extra}]" + ("" if cls.available() else ": not installed")
         typer.echo(f"{name:24s} {summary}  [{origin}]")
-
-
-LOG_HELP = "Also log the evaluations to TensorBoard: --log tensorboard DIR (pip install 'mixlab[tensorboard]')."
 
 
 @app.command("run")

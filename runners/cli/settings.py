@@ -33,6 +33,8 @@ RUN_SET_HELP = (
     "key=value (repeatable) for a task parameter, a model field or a training field, e.g. --set seq_len=64 "
     "--set d_model=64 --set lr=1e-3; prefix task., model. or train. when a name is ambiguous."
 )
+LOG_HELP = ("Also log the evaluations to TensorBoard: --log tensorboard DIR, one TensorBoard run per run (pip "
+            "install 'mixlab[tensorboard]').")
 SPACES = ("task", "model", "train")
 
 

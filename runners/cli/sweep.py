@@ -12,6 +12,8 @@ from pathlib import Path
 import typer
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
+from mixlab.runners import tensorboard
+from mixlab.runners.cli.settings import LOG_HELP
 from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
 from mixlab.runners.sweep.manifest import check_devices, plan_for_folder
@@ -116,6 +118,7 @@ def sweep(
     out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
     device: str = typer.Option(None, help=DEVICE_HELP),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
+    log: tuple[str, str] | None = typer.Option(None, help=LOG_HELP, metavar="KIND DIR"),
     *,
     options: SweepOptions,
 ) -> None:
@@ -125,14 +128,18 @@ def sweep(
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
     plan = plan_for_folder(lambda d: grid.plan(device=d, seeds=None if seeds is None else list(range(seeds))),
                            folder, device)
-    _echo_result(_run(plan, folder, options))
+    _echo_result(run_in_folder(plan, folder, options, log))
 
 
-def _run(plan: SweepPlan, folder: Path, options: SweepOptions) -> SweepResult:
-    """``run_sweep``, after checking here that the devices its runs train on exist (Ray checks its cluster's)."""
+def run_in_folder(plan: SweepPlan, folder: Path, options: SweepOptions,
+                  log: tuple[str, str] | None = None) -> SweepResult:
+    """``run_sweep``, after checking here that the devices its runs train on exist (Ray checks its cluster's) and
+    that ``--log`` can write, logging its records as they appear."""
+    log_dir = tensorboard.log_target(log)
     if options.backend == "local":
         check_devices(plan, folder)
-    return run_sweep(plan, folder, options)
+    with tensorboard.logging_sweep(folder, log_dir):
+        return run_sweep(plan, folder, options)
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -181,6 +188,7 @@ def mad_run(
     out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),
     device: str = typer.Option(None, help="Where the runs train: auto, cpu or cuda (default auto). A folder's runs "
                                "keep their names on any device (docs/sweeps.md)."),
+    log: tuple[str, str] | None = typer.Option(None, help=LOG_HELP, metavar="KIND DIR"),
     *,
     options: SweepOptions,
 ) -> None:
@@ -188,7 +196,7 @@ def mad_run(
     folder = Path(out) if out else mad.default_out(model, profile)
     plan = plan_for_folder(lambda d: mad.mad_plan(model, profile, seeds=seeds, device=d or "auto"), folder, device)
     typer.echo(plan.spec["profile_text"])
-    result = _run(plan, folder, options)
+    result = run_in_folder(plan, folder, options, log)
     _echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))

@@ -1,6 +1,5 @@
 """``mixlab run``: a run file (``--config``) saved whole in the record, a run stopped by Ctrl-C that the same
-command finishes to the record of a run never stopped, a finished run not trained twice, and TensorBoard logs
-(through a writer that keeps what it is given, with or without the tensorboard package)."""
+command finishes to the record of a run never stopped, and a finished run not trained twice."""
 
 import json
 import os
@@ -8,7 +7,6 @@ import signal
 
 import pytest
 import yaml
-from mixlab.runners import tensorboard
 from mixlab.runners.cli.main import main
 from mixlab.runners.train import resume
 from mixlab.runners.train import run as train_module
@@ -33,29 +31,6 @@ def mixlab(capsys, *argv):
 
 def records(folder):
     return {p.name: json.loads(p.read_text()) for p in folder.glob("*.json")}
-
-
-class KeptWriter:
-    """A SummaryWriter's add_scalar and close, kept in ``logged`` by log folder."""
-
-    logged: dict = {}
-
-    def __init__(self, log_dir):
-        self.log_dir = log_dir
-        KeptWriter.logged[log_dir] = []
-
-    def add_scalar(self, tag, value, global_step):
-        KeptWriter.logged[self.log_dir].append((tag, value, global_step))
-
-    def close(self):
-        pass
-
-
-@pytest.fixture
-def kept_writer(monkeypatch):
-    KeptWriter.logged = {}
-    monkeypatch.setattr(tensorboard, "writer_class", lambda: KeptWriter)
-    return KeptWriter
 
 
 def test_a_run_file_gives_the_fields_of_set_and_is_saved_in_the_record(capsys, tmp_path):
@@ -122,37 +97,3 @@ def test_run_stopped_by_ctrl_c_goes_on_to_the_same_record(capsys, tmp_path, monk
     code, out, _ = mixlab(capsys, *argv, "--out", str(resumed))
     assert code == 0 and out.strip().endswith("trained before: its record is kept (delete it to train again)")
     assert records(resumed)[name] == got
-
-
-def test_run_logs_its_evaluations_to_tensorboard(capsys, tmp_path, kept_writer):
-    code, out, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "4", "--set", "eval_every=2", "--device", "cpu",
-                            "--out", str(tmp_path / "runs"), "--no-progress", "--log", "tensorboard",
-                            str(tmp_path / "tb"))
-    assert code == 0, err
-    (name, record), = records(tmp_path / "runs").items()
-    (folder, logged), = kept_writer.logged.items()
-    assert folder == str(tmp_path / "tb" / name[: -len(".json")])
-    assert {tag for tag, _, _ in logged} == {"test/acc_macro", "test/acc_micro", "test/loss", "test/ppl",
-                                             "train/loss", "train/lr"}
-    assert [(v, s) for tag, v, s in logged if tag == "test/loss"] == [(h["test_loss"], h["step"])
-                                                                     for h in record["history"]]
-    assert [s for tag, _, s in logged if tag == "test/loss"] == [2, 4]
-
-
-def test_tensorboard_missing_is_one_line_before_anything_trains(capsys, tmp_path, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_tensorboard(name, *args, **kwargs):
-        if name.startswith("torch.utils.tensorboard") or name == "tensorboard":
-            raise ImportError("No module named 'tensorboard'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
-    code, _, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "2", "--device", "cpu", "--out",
-                          str(tmp_path / "runs"), "--log", "tensorboard", str(tmp_path / "tb"))
-    assert code == 2
-    assert err.strip() == ("mixlab: error: --log tensorboard needs the tensorboard package: pip install "
-                           "'mixlab[tensorboard]'")
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "tb").exists()
