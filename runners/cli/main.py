@@ -18,7 +18,7 @@ from importlib.metadata import version
 import typer
 from mixlab import models, tasks
 from mixlab.runners import tensorboard
-from mixlab.runners.cli import bench, ceilings, check, leakage, sweep
+from mixlab.runners.cli import bench, ceilings, check, compare, leakage, sweep
 from mixlab.runners.cli.settings import (
     LOG_HELP,
     RUN_SET_HELP,
@@ -191,7 +191,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-for _module in (bench, ceilings, check, leakage, sweep):
+for _module in (bench, ceilings, check, compare, leakage, sweep):
     _module.register(app)
 
 

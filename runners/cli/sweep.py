@@ -100,7 +100,7 @@ def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., 
     return decorate
 
 
-def _sweep_options(*, tasks: str | None, models: str | None = None, settings: str | None = None,
+def _sweep_options(*, tasks: str | None = None, models: str | None = None, settings: str | None = None,
                    cuda_devices: str | None, address: str | None, cpus_per_job: int, gpus_per_job: float,
                    max_retries: int, speed: str | None, compile: bool, cuda_graph: bool,
                    **fields: object) -> SweepOptions:

@@ -184,6 +184,22 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
     return SweepSpec.from_dict(data)
 
 
+def compare_spec(task: str, mixers: Sequence[str], *, task_params: Mapping[str, Any], model: Mapping[str, Any],
+                 train: Mapping[str, Any], seeds: int) -> SweepSpec:
+    """The sweep of ``mixlab compare``: each mixer (a model labelled by its name, with the other model fields
+    ``model``) on ``task`` with ``task_params``, training fields ``train``, seeds 0..seeds-1 (each sets the data
+    and the initialisation, so seed s trains every mixer on the same data). ValueError for fewer than two
+    mixers, a mixer named twice, or ``mixer`` among the model fields."""
+    if len(mixers) < 2 or len(set(mixers)) != len(mixers):
+        raise ValueError(f"compare needs two or more distinct mixers, got {list(mixers)}")
+    if "mixer" in model:
+        raise ValueError("the mixers to compare are given as a list, not as the model field mixer")
+    return SweepSpec.from_dict({
+        "name": "compare-" + task.replace("/", "-"), "description": f"{', '.join(mixers)} on {task}",
+        "tasks": [{"task": task, "params": dict(task_params)}],
+        "models": {mixer: {**model, "mixer": mixer} for mixer in mixers}, "train": dict(train), "seeds": seeds})
+
+
 def reference_claims(names: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
     """The ``reference.claims`` of the sweep files ``names`` (presets or YAML paths), by name: what the claims
     ledger (``analysis.ledger.write_ledger``) judges for a paper that no folder holds records of."""
