@@ -300,7 +300,8 @@ def _unreadable_text(data: SweepData, item: Unreadable) -> str:
 
 def retrain_hint(data: SweepData) -> str:
     """How to train again the runs of ``data`` whose records could not be read: for a sweep with a manifest the
-    command that resumes it (records are named by config hash, so only runs without a record train)."""
+    command that resumes it (records are named by config hash, so only runs without a record train; the folder
+    keeps their names on any device)."""
     folder = shlex.quote(str(data.path))
     if data.kind == "runs":
         return (f"`{data.path}`: each with the `mixlab run` command that wrote it (its task, --mixer, --set and "
@@ -310,9 +311,6 @@ def retrain_hint(data: SweepData) -> str:
     spec = data.spec
     seeds = sorted({run["meta"]["seed"] for run in data.manifest.get("runs", [])})
     options = f" --seeds {len(seeds)}" if seeds and seeds == list(range(len(seeds))) else ""
-    device = spec.get("device")
-    if device not in (None, "auto"):
-        options += f" --device {device}"
     if data.kind == "mad":
         profile = (spec.get("profile") or {}).get("name", "?")
         return f"`mixlab mad run --model {spec.get('model', data.label)} --profile {profile}{options} --out {folder}`"

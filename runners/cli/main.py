@@ -17,7 +17,7 @@ from importlib.metadata import version
 
 import typer
 from mixlab import models, tasks
-from mixlab.runners import tensorboard
+from mixlab.analysis import tensorboard
 from mixlab.runners.cli import bench, ceilings, check, compare, leakage, sweep
 from mixlab.runners.cli.settings import (
     LOG_HELP,

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
+from mixlab.analysis import tensorboard
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
-from mixlab.runners import tensorboard
 from mixlab.runners.cli.settings import LOG_HELP
 from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK

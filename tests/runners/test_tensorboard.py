@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mixlab.runners import tensorboard
+from mixlab.analysis import tensorboard
 from mixlab.runners.cli.main import main
 
 OLD = Path(__file__).parent / "data" / "old_sweeps"

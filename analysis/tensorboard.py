@@ -14,13 +14,13 @@ engine's workers write them wherever they train) and logs each as it appears.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from mixlab.core.records import RUNS, finished_hashes, read_record
-from mixlab.runners.sweep.manifest import read_manifest
+from mixlab.core.records import MANIFEST, RUNS, finished_hashes, read_record
 
 KINDS = ("tensorboard",)
 INSTALL_HINT = "pip install 'mixlab[tensorboard]'"
@@ -98,7 +98,8 @@ def log_sweep(folder: str | Path, log_dir: str | Path, writer: type | None = Non
     """Log every finished run of a sweep folder (its records, archived ones too) not logged yet."""
     folder = Path(folder)
     runs = folder / RUNS
-    metas = {run["hash"]: run["meta"] for run in (read_manifest(folder) or {}).get("runs", [])}
+    manifest = json.loads((folder / MANIFEST).read_text()) if (folder / MANIFEST).is_file() else {}
+    metas = {run["hash"]: run["meta"] for run in manifest.get("runs", [])}
     records = (read_record(runs, name) for name in sorted(finished_hashes(folder)))
     return log_records(records, log_dir, metas, writer)
 
