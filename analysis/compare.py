@@ -108,8 +108,8 @@ def write_comparison(data: SweepData, mixers: list[str], out: str | Path, task: 
     best = best_per_seed(data)
     markdown = out / "compare.md"
     markdown.write_text(text + "\n\n![per mixer](compare.png)\n\n![learning curves](compare_curves.png)\n")
-    bars = plots.grid_bars(best, [data.metric], out / "compare.png", title=f"{task}: {data.metric} per mixer")
+    bars = plots.grid_bars(best, [data.metric], out / "compare.png")  # its panel is titled by the task
     picks = [(r["hash"], task, r["model"]) for r in best]
     curves = plots.learning_curves(curve_rows(data.records, picks, data.metric), data.metric,
-                                   out / "compare_curves.png", title=task)
+                                   out / "compare_curves.png")
     return text, [markdown, bars, curves]

@@ -18,7 +18,6 @@ import matplotlib
 matplotlib.use("Agg")  # no display on CI or GPU boxes; must precede pyplot
 
 import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402 - seaborn's own dependency
 import seaborn as sns  # noqa: E402
@@ -195,7 +194,6 @@ def learning_curves(rows: Sequence[Mapping[str, Any]], metric: str, path: str | 
                          **how)
         top.set(title=panel.strip(), xlabel="", ylabel=metric, ylim=(0, 1.02))
         bottom.set(xlabel="step", ylabel="test loss", yscale="log")
-        bottom.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: minor labels pile up
     for i in range(len(panels), rows_of_panels * cols):
         axes[2 * (i // cols)][i % cols].axis("off")
         axes[2 * (i // cols) + 1][i % cols].axis("off")

@@ -92,11 +92,17 @@ def find_folders(folder: str | Path) -> list[tuple[Path, bool]]:
     return found
 
 
+# The folder of the checkpoints of runs stopped in mid-training (runners.train.resume.PARTIAL): its .json files
+# describe checkpoints, not records.
+PARTIAL = "partial"
+
+
 def _walk(folder: Path) -> list[tuple[Path, bool]]:
     if (folder / RUNS).is_dir() or (folder / MANIFEST).is_file():
         return [(folder, False)]
     found = [(folder, True)] if any(folder.glob("*.json")) else []
-    for inner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for inner in sorted(p for p in folder.iterdir()
+                        if p.is_dir() and not p.name.startswith(".") and p.name != PARTIAL):
         found += _walk(inner)
     return found
 

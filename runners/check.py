@@ -454,7 +454,7 @@ class TaskReport:
 
     def format(self) -> str:
         """The report as text: a header, one line per check, then the verdict."""
-        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        params = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in self.params.items())
         lines = [f"check-task {self.name}  [{self.origin}]", f"parameters: {params or '-'}", ""]
         width = max(len("check"), *(len(c.name) for c in self.checks))
         lines.append(f"{'check':{width}s}  result  detail")

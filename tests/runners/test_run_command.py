@@ -3,6 +3,7 @@ command finishes to the record of a run never stopped, and a finished run not tr
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -87,6 +88,10 @@ def test_run_stopped_by_ctrl_c_goes_on_to_the_same_record(capsys, tmp_path, monk
     code, _, err = mixlab(capsys, *argv, "--out", str(resumed))
     assert code == 130 and f"its state is in {resumed}/partial/; resume with: mixlab run mqar" in err
     assert records(resumed) == {} and list((resumed / resume.PARTIAL).glob("*.pt"))
+    shutil.copytree(tmp_path / "reference", tmp_path / "both" / "done")
+    shutil.copytree(resumed, tmp_path / "both" / "stopped")
+    code, out, _ = mixlab(capsys, "report", str(tmp_path / "both"))
+    assert code == 0 and "warning" not in out, "a checkpoint's files are not records"
     monkeypatch.undo()
     code, out, _ = mixlab(capsys, *argv, "--out", str(resumed))
     assert code == 0 and "trained before" not in out
