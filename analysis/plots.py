@@ -9,6 +9,7 @@ seaborn's jitter draws from numpy's global RNG, and a report regenerated from th
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from mixlab.analysis.aggregate import AVERAGE, varying_task_params  # noqa: E402
 from mixlab.analysis.tables import MAD_ROWS  # noqa: E402
 
 IQR = ("pi", 50)
+# line dashes of learning curves past the tenth colour ("" is solid)
+DASHES = ("", (4, 2), (1, 1.5), (6, 2, 1, 2))
 
 
 def mad_task_bars(seed_rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "MAD",
@@ -180,7 +183,9 @@ def learning_curves(rows: Sequence[Mapping[str, Any]], metric: str, path: str | 
         raise ValueError("no evaluations to plot")
     panels = list(dict.fromkeys(frame["panel"]))
     lines = list(dict.fromkeys(frame["line"]))
-    colours = dict(zip(lines, sns.color_palette("tab10" if len(lines) <= 10 else "husl", len(lines))))
+    # ten distinct colours, then the same ten dashed, dotted, ...: no two lines alike however many
+    colours = {line: sns.color_palette("tab10")[i % 10] for i, line in enumerate(lines)}
+    dashes = {line: DASHES[i // 10 % len(DASHES)] for i, line in enumerate(lines)}
     cols = min(4, len(panels))
     rows_of_panels = -(-len(panels) // cols)
     fig, axes = plt.subplots(2 * rows_of_panels, cols, figsize=(3.6 * cols + 2, 2.4 * 2 * rows_of_panels),
@@ -190,14 +195,15 @@ def learning_curves(rows: Sequence[Mapping[str, Any]], metric: str, path: str | 
         part = frame[frame["panel"] == panel]
         top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
         for ax, y in ((top, metric), (bottom, "test_loss")):
-            sns.lineplot(part, x="step", y=y, hue="line", hue_order=lines, palette=colours, ax=ax, legend=False,
-                         **how)
-        top.set(title=panel.strip(), xlabel="", ylabel=metric, ylim=(0, 1.02))
+            sns.lineplot(part, x="step", y=y, hue="line", hue_order=lines, palette=colours, style="line",
+                         style_order=lines, dashes=dashes, ax=ax, legend=False, **how)
+        top.set_title(textwrap.fill(panel.strip(), 36), fontsize="small")
+        top.set(xlabel="", ylabel=metric, ylim=(0, 1.02))
         bottom.set(xlabel="step", ylabel="test loss", yscale="log")
     for i in range(len(panels), rows_of_panels * cols):
         axes[2 * (i // cols)][i % cols].axis("off")
         axes[2 * (i // cols) + 1][i % cols].axis("off")
-    handles = [plt.Line2D([], [], color=colours[line], label=line) for line in lines]
+    handles = [plt.Line2D([], [], color=colours[line], dashes=dashes[line], label=line) for line in lines]
     spread = "one line per run" if per_run else "median and IQR over seeds"
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
                title=spread)
