@@ -9,13 +9,13 @@ from pathlib import Path
 import typer
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.runners.cli.settings import LOG_HELP, RUN_SET_HELP, split_run_assignments
-from mixlab.runners.cli.sweep import DEVICE_HELP, _echo_result, _with_sweep_options, comma_names, run_in_folder
+from mixlab.runners.cli.sweep import DEVICE_HELP, comma_names, echo_result, run_in_folder, with_sweep_options
 from mixlab.runners.sweep.manifest import plan_for_folder
 from mixlab.runners.sweep.run import SweepOptions
 from mixlab.runners.sweep.spec import compare_spec
 
 
-@_with_sweep_options(omit=("tasks", "models", "settings"))
+@with_sweep_options(omit=("tasks", "models", "settings"))
 def compare(
     task: str = typer.Argument(..., help="Task name (see `mixlab tasks list`) or import path "
                                "package.module:TaskClass."),
@@ -47,7 +47,7 @@ def compare(
     spec = compare_spec(task, names, task_params=fields.task_params, model=fields.model, train=train, seeds=seeds)
     folder = Path(out) if out else Path("runs") / "compare" / f"{spec.name.removeprefix('compare-')}-{'-'.join(names)}"
     plan = plan_for_folder(lambda d: spec.plan(device=d), folder, device)
-    _echo_result(run_in_folder(plan, folder, options, log))
+    echo_result(run_in_folder(plan, folder, options, log))
     text, written = write_comparison(load_sweep(folder), names, folder, task)
     typer.echo(text)
     typer.echo(f"wrote {', '.join(p.name for p in written)} to {folder}")

@@ -3,7 +3,8 @@
 Every library error that comes from bad input is a ``ValueError`` with a one-line message; ``main`` prints it as
 ``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead), and so
 does an ``OSError`` (a file that cannot be read or written: the line names it). Ctrl-C exits with status 130;
-for a sweep the line counts its records and gives the command that resumes it.
+for a sweep the line counts its records, for ``mixlab run`` it says where its checkpoint is, and both give the
+command that resumes it.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def run(
     elif epochs is not None:
         train["epochs"] = epochs
     model = {**fields.model, **({} if mixer is None else {"mixer": mixer})}
-    models.pattern_classes(model.get("mixer", "attention"))  # an unknown mixer fails before any data is made
+    if "mixer" in model:
+        models.pattern_classes(model["mixer"])  # an unknown mixer fails before any data is made
     log_dir = tensorboard.log_target(log)
     resolved = resolve(RunConfig(task=fields.task, task_params=fields.task_params, model=model,
                                  train=TrainConfig(**train)))

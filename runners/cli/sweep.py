@@ -55,7 +55,7 @@ CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3: the wor
 
 
 # The options of `sweep` and `mad run` that say how the runs train: (name, type, default, help), declared once;
-# ``_with_sweep_options`` adds them to a command, which gets them as one SweepOptions.
+# ``with_sweep_options`` adds them to a command, which gets them as one SweepOptions.
 SWEEP_OPTIONS = (
     ("workers", int, 1, WORKERS_HELP),
     ("limit", int, None, LIMIT_HELP),
@@ -79,7 +79,7 @@ SWEEP_OPTIONS = (
 )
 
 
-def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command the options of SWEEP_OPTIONS but ``omit``, after its own: typer reads them from the
     signature, and the command gets their values as one ``options: SweepOptions`` (``_sweep_options``)."""
     shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, help=text),
@@ -112,7 +112,7 @@ def _sweep_options(*, tasks: str | None = None, models: str | None = None, setti
                         speed=from_flags(speed, compile, cuda_graph))
 
 
-@_with_sweep_options()
+@with_sweep_options()
 def sweep(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
@@ -128,7 +128,7 @@ def sweep(
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
     plan = plan_for_folder(lambda d: grid.plan(device=d, seeds=None if seeds is None else list(range(seeds))),
                            folder, device)
-    _echo_result(run_in_folder(plan, folder, options, log))
+    echo_result(run_in_folder(plan, folder, options, log))
 
 
 def run_in_folder(plan: SweepPlan, folder: Path, options: SweepOptions,
@@ -179,7 +179,7 @@ def sweep_presets() -> None:
         typer.echo(f"{name:20s} {load_spec(name).description}")
 
 
-@_with_sweep_options(omit=("models",))
+@with_sweep_options(omit=("models",))
 def mad_run(
     model: str = typer.Option(..., help="A preset of models.PRESETS, a mixer of models.MIXERS or a hybrid "
                               "stack's per-layer pattern (static_conv,attention)."),
@@ -197,7 +197,7 @@ def mad_run(
     plan = plan_for_folder(lambda d: mad.mad_plan(model, profile, seeds=seeds, device=d or "auto"), folder, device)
     typer.echo(plan.spec["profile_text"])
     result = run_in_folder(plan, folder, options, log)
-    _echo_result(result)
+    echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))
 
@@ -298,7 +298,7 @@ def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_
                       max_retries=max_retries)
 
 
-def _echo_result(result: SweepResult) -> None:
+def echo_result(result: SweepResult) -> None:
     typer.echo(f"{result.total} runs: {result.skipped} already done, {result.ran} run now "
                f"-> {result.out_dir}")
     if result.not_started:
