@@ -97,7 +97,7 @@ def test_log_takes_tensorboard_only(capsys, tmp_path, kept_writer):
     assert not (tmp_path / "s").exists()
 
 
-def test_run_logs_its_evaluations_to_tensorboard(capsys, tmp_path, kept_writer):
+def test_run_logs_its_evaluations_to_tensorboard(capsys, tmp_path, kept_writer, one_torch_thread):
     code, out, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "4", "--set", "eval_every=2", "--device", "cpu",
                             "--out", str(tmp_path / "runs"), "--no-progress", "--log", "tensorboard",
                             str(tmp_path / "tb"))
