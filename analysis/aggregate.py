@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 from mixlab import tasks
-from mixlab.core.records import ARCHIVE, MANIFEST, RUNS, archived_records
+from mixlab.core.records import ARCHIVE, MANIFEST, RUNS, archived_records, record_files
 from mixlab.tasks.mad import mad_sweep_settings
 
 METRIC_KEYS = ("acc_macro", "acc_micro", "test_ppl", "test_loss")
@@ -196,10 +196,10 @@ def load_sweep(path: str | Path) -> SweepData:
             manifest = json.loads((folder / MANIFEST).read_text())
         except ValueError as exc:
             raise ValueError(f"{str(folder / MANIFEST)!r} is not a readable manifest ({exc})") from None
-    paths = sorted((folder / RUNS).glob("*.json"))
+    paths = record_files(folder / RUNS)
     try:
         archived = archived_records(folder / RUNS)
-    except (OSError, ValueError, lzma.LZMAError) as exc:
+    except (ValueError, lzma.LZMAError) as exc:  # an OSError names its own file: the archive, or runs/ itself
         raise ValueError(f"{str(folder / RUNS / ARCHIVE)!r} cannot be read ({exc})") from None
     # a record both archived and as a file (trained again after the archive was made) is read from the file
     files = {p.stem for p in paths}
@@ -213,7 +213,7 @@ def load_runs(path: str | Path) -> SweepData:
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"no folder {str(folder)!r}")
-    return _load(folder, sorted(folder.glob("*.json")), None, "expected the <name>.json records of mixlab run",
+    return _load(folder, record_files(folder), None, "expected the <name>.json records of mixlab run",
                  single=True)
 
 

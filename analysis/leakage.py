@@ -33,7 +33,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from mixlab import kernels, models
 from mixlab.core.fields import PositiveInt, check
 from mixlab.models.config import QKV_CONVS
 from torch import nn
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 MixerFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -562,27 +565,45 @@ def format_table(reports: Sequence[LeakageReport]) -> str:
 
 
 def plot_leakage_by_distance(profiles: Mapping[str, DistanceProfile], path: str | Path) -> Path:
-    """Line plot of each profile's cross-document share against the distance from the document start (symlog
-    y, so exact mixers lie on 0); the file type follows the suffix of ``path``."""
+    """``leakage_figure`` written to ``path``; the file type follows its suffix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    leakage_figure(profiles).savefig(path)
+    return path
+
+
+def leakage_figure(profiles: Mapping[str, DistanceProfile]) -> Figure:
+    """Each profile's cross-document share against the distance from the document start. The mixers that leak
+    are lines above (symlog y), each in its own colour and marker of a categorical palette; those whose share is
+    0 at every distance, which would lie on one another at 0, are a row each below, named on the axis."""
     # imported here: seaborn and matplotlib take about a second to import and only the plot needs them
     import seaborn as sns
     from matplotlib.figure import Figure
 
-    path = Path(path)
-    x_label, y_label = "distance from document start (tokens)", "cross-document share of Jacobian energy"
-    data = {x_label: [], y_label: [], "mixer": []}
-    for name, profile in profiles.items():
-        data[x_label].extend(profile.distance.tolist())
-        data[y_label].extend(profile.share.tolist())
-        data["mixer"].extend([name] * len(profile.distance))
-    fig = Figure(figsize=(9, 4.5))  # no pyplot: no global figure state, no GUI backend
-    ax = fig.subplots()
-    sns.lineplot(data=data, x=x_label, y=y_label, hue="mixer", marker="o", markersize=3, ax=ax)
-    ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylim(bottom=0)
-    ax.set_title("Leakage against distance from the boundary")
-    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    leaky = [name for name, profile in profiles.items() if (profile.share > 0).any()]
+    exact = [name for name in profiles if name not in leaky]
+    fig = Figure(figsize=(9, 3.2 + 0.22 * len(exact)))  # no pyplot: no global figure state, no GUI backend
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3.2, 0.3 + 0.22 * max(len(exact), 1)])
+    colours = sns.color_palette("tab10" if len(leaky) <= 10 else "husl", max(len(leaky), 1))
+    for i, name in enumerate(leaky):
+        profile = profiles[name]
+        top.plot(profile.distance, profile.share, color=colours[i], marker="os^Dv<>pP*"[i % 10], markersize=4,
+                 label=name)
+    top.set_yscale("symlog", linthresh=1e-6)
+    top.set_ylim(bottom=0)
+    top.set_ylabel("cross-document share\nof Jacobian energy")
+    top.set_title("Leakage against distance from the boundary")
+    if leaky:
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, title="leaks")
+    else:
+        top.text(0.5, 0.5, "no mixer leaks", transform=top.transAxes, ha="center", va="center")
+    for i, name in enumerate(exact):
+        distance = profiles[name].distance
+        bottom.plot(distance, np.full(len(distance), i), color="0.45", marker="o", markersize=2.5, linewidth=0.8)
+    bottom.set_yticks(range(len(exact)), exact, fontsize="small")
+    bottom.set_ylim(-0.7, max(len(exact), 1) - 0.3)
+    bottom.invert_yaxis()
+    bottom.set_title("share 0 at every distance (exact)", fontsize="medium")
+    bottom.set_xlabel("distance from document start (tokens)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return fig

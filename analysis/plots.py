@@ -1,5 +1,6 @@
 """Figures of sweep results (seaborn, headless): MAD per-task bars with the seed spread; accuracy vs width and vs
-sequence length (or number of key-value pairs); per-model bars of a grid's metric and score groups.
+sequence length (or number of key-value pairs); per-model bars of a grid's metric and score groups; learning
+curves (test accuracy and loss against the optimizer step).
 
 Bars and lines show the median over seeds with the interquartile range (seaborn's ``errorbar=("pi", 50)``),
 and the bars carry one dot per seed, so a single seed reads as a bar without a spread. The dots are not jittered:
@@ -8,6 +9,7 @@ seaborn's jitter draws from numpy's global RNG, and a report regenerated from th
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from mixlab.analysis.aggregate import AVERAGE, varying_task_params  # noqa: E402
 from mixlab.analysis.tables import MAD_ROWS  # noqa: E402
 
 IQR = ("pi", 50)
+# line dashes of learning curves past the tenth colour ("" is solid)
+DASHES = ("", (4, 2), (1, 1.5), (6, 2, 1, 2))
 
 
 def mad_task_bars(seed_rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "MAD",
@@ -165,6 +169,47 @@ def grid_bars(best_rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], pa
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+def learning_curves(rows: Sequence[Mapping[str, Any]], metric: str, path: str | Path, *, title: str = "",
+                    per_run: bool = False) -> Path:
+    """Test accuracy (``metric``) above test loss (log scale), against the optimizer step, for each panel of the
+    rows (``tables.curve_rows``: panel, line, run, step, the metric, test_loss). Each line is the median over its
+    runs (a cell's seeds) at each evaluation, with the interquartile band; with ``per_run`` (single runs) each run
+    is its own line instead. A run that stopped early leaves the runs still training to the median after it."""
+    frame = pd.DataFrame(list(rows))
+    if frame.empty:
+        raise ValueError("no evaluations to plot")
+    panels = list(dict.fromkeys(frame["panel"]))
+    lines = list(dict.fromkeys(frame["line"]))
+    # ten distinct colours, then the same ten dashed, dotted, ...: no two lines alike however many
+    colours = {line: sns.color_palette("tab10")[i % 10] for i, line in enumerate(lines)}
+    dashes = {line: DASHES[i // 10 % len(DASHES)] for i, line in enumerate(lines)}
+    cols = min(4, len(panels))
+    rows_of_panels = -(-len(panels) // cols)
+    fig, axes = plt.subplots(2 * rows_of_panels, cols, figsize=(3.6 * cols + 2, 2.4 * 2 * rows_of_panels),
+                             squeeze=False)
+    how = ({"units": "run", "estimator": None} if per_run else {"estimator": np.median, "errorbar": IQR})
+    for i, panel in enumerate(panels):
+        part = frame[frame["panel"] == panel]
+        top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
+        for ax, y in ((top, metric), (bottom, "test_loss")):
+            sns.lineplot(part, x="step", y=y, hue="line", hue_order=lines, palette=colours, style="line",
+                         style_order=lines, dashes=dashes, ax=ax, legend=False, **how)
+        top.set_title(textwrap.fill(panel.strip(), 36), fontsize="small")
+        top.set(xlabel="", ylabel=metric, ylim=(0, 1.02))
+        bottom.set(xlabel="step", ylabel="test loss", yscale="log")
+    for i in range(len(panels), rows_of_panels * cols):
+        axes[2 * (i // cols)][i % cols].axis("off")
+        axes[2 * (i // cols) + 1][i % cols].axis("off")
+    handles = [plt.Line2D([], [], color=colours[line], dashes=dashes[line], label=line) for line in lines]
+    spread = "one line per run" if per_run else "median and IQR over seeds"
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
+               title=spread)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
     return _save(fig, path)
 
 

@@ -18,7 +18,14 @@ accuracy-against-length figure; every folder of single runs gets a table with on
     <sweep>_acc_vs_width.png      per grid folder that varies d_model
     <sweep>_acc_vs_length.png     per grid folder that varies seq_len (else num_kv_pairs): a panel per width
     <sweep>_bars.png              per grid folder of one width: its metric and score groups per model
+    <sweep>_curves.png            per grid folder: learning curves of each cell's best training point per seed
+    mad_curves.png                learning curves of the MAD tasks' baseline settings, per model
     <folder>_runs.csv             per folder of single runs: one row per run
+    <folder>_curves.png           per folder of single runs: one learning curve per run
+
+Learning curves (``plots.learning_curves``) draw each record's evaluation history: test accuracy and test loss
+against the optimizer step, a line per model with its median and IQR over seeds (one line per run for single
+runs).
 
 A file where a record should be that cannot be read is named, with the reason, at the top of report.md (and by
 ``unreadable_lines`` for the command line) with the command that retrains its run; its cells read as partial.
@@ -35,6 +42,8 @@ from typing import Any
 
 from mixlab.analysis import plots
 from mixlab.analysis.aggregate import (
+    GRID_CELL,
+    MAD_TASK_NAMES,
     MANIFEST,
     METRIC_KEYS,
     RUNS,
@@ -51,6 +60,7 @@ from mixlab.analysis.tables import (
     REFERENCE,
     SOLVED_AT,
     MadEntry,
+    curve_rows,
     grid_table,
     mad_budget_table,
     mad_entry,
@@ -82,11 +92,17 @@ def find_folders(folder: str | Path) -> list[tuple[Path, bool]]:
     return found
 
 
+# The folder of the checkpoints of runs stopped in mid-training (runners.train.resume.PARTIAL): its .json files
+# describe checkpoints, not records.
+PARTIAL = "partial"
+
+
 def _walk(folder: Path) -> list[tuple[Path, bool]]:
     if (folder / RUNS).is_dir() or (folder / MANIFEST).is_file():
         return [(folder, False)]
     found = [(folder, True)] if any(folder.glob("*.json")) else []
-    for inner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for inner in sorted(p for p in folder.iterdir()
+                        if p.is_dir() and not p.name.startswith(".") and p.name != PARTIAL):
         found += _walk(inner)
     return found
 
@@ -156,6 +172,12 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
             figure.unlink(missing_ok=True)
             drawn = "No task has all its runs for any seed yet: nothing to draw."
         sections += ["## MAD", "", mad_text(entries), "", drawn, ""]
+        curves = _mad_curves(entries, mads, out / "mad_curves.png")
+        sections += ["### Learning curves of the baseline settings", "",
+                     "Each model's best grid point per seed on each task's baseline setting: " + CURVES_TEXT, "",
+                     "![MAD learning curves](mad_curves.png)" if curves else "No baseline setting has a record "
+                     "yet: nothing to draw.", ""]
+        written += [curves] if curves else []
         sections += epoch_section(entries)
         sections += ["### Per setting (median over seeds of the best grid point)", "",
                      mad_setting_table(entries).markdown(), "",
@@ -170,8 +192,12 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
                          "Seeds whose best grid point solves the setting, of the seeds scored, where some model "
                          "solves it on some seeds and not on others: a median hides that share.", "",
                          solved.markdown(), ""]
-        for profile, verdicts in mad_verdicts(mads).items():
+        judged = [d for d in mads if _profile(d) not in UNJUDGED_PROFILES]
+        for profile, verdicts in mad_verdicts(judged).items():
             sections += [f"### The paper's claims, {profile} profile", "", *verdict_lines(verdicts)]
+        for profile in dict.fromkeys(_profile(d) for d in mads if _profile(d) in UNJUDGED_PROFILES):
+            sections += [f"### The paper's claims, {profile} profile", "",
+                         f"Not judged: {UNJUDGED_PROFILES[profile]}.", ""]
 
     grids = [d for d in datas if d.kind == "grid"]
     # two folders of one sweep (e.g. the same preset run on the CPU and on a GPU) would write the same files:
@@ -186,6 +212,16 @@ def render_report(datas: Sequence[SweepData], out: str | Path) -> list[Path]:
     report = out / "report.md"
     report.write_text("\n".join(sections))
     return [report, *written]
+
+
+# MAD profiles too small for the paper's claims to mean anything, and why
+UNJUDGED_PROFILES = {"smoke": "the smoke profile checks that the protocol runs end to end (2 epochs of at most 64 "
+                              "rows at d_model 32: a few dozen steps), and its scores say nothing of the paper's "
+                              "claims; the quick and paper profiles judge them"}
+
+
+def _profile(data: SweepData) -> str | None:
+    return (data.spec.get("profile") or {}).get("name")
 
 
 def epoch_section(entries: Sequence[MadEntry]) -> list[str]:
@@ -270,7 +306,8 @@ def _unreadable_text(data: SweepData, item: Unreadable) -> str:
 
 def retrain_hint(data: SweepData) -> str:
     """How to train again the runs of ``data`` whose records could not be read: for a sweep with a manifest the
-    command that resumes it (records are named by config hash, so only runs without a record train)."""
+    command that resumes it (records are named by config hash, so only runs without a record train; the folder
+    keeps their names on any device)."""
     folder = shlex.quote(str(data.path))
     if data.kind == "runs":
         return (f"`{data.path}`: each with the `mixlab run` command that wrote it (its task, --mixer, --set and "
@@ -280,9 +317,6 @@ def retrain_hint(data: SweepData) -> str:
     spec = data.spec
     seeds = sorted({run["meta"]["seed"] for run in data.manifest.get("runs", [])})
     options = f" --seeds {len(seeds)}" if seeds and seeds == list(range(len(seeds))) else ""
-    device = spec.get("device")
-    if device not in (None, "auto"):
-        options += f" --device {device}"
     if data.kind == "mad":
         profile = (spec.get("profile") or {}).get("name", "?")
         return f"`mixlab mad run --model {spec.get('model', data.label)} --profile {profile}{options} --out {folder}`"
@@ -330,7 +364,40 @@ def _grid_section(data: SweepData, out: Path, sections: list[str], name: str) ->
         figure = plots.accuracy_vs_length(best, param, data.metric, out / f"{name}_acc_vs_length.png", title=name)
         written.append(figure)
         sections += [f"![{name}: accuracy against {param}]({figure.name})", ""]
+    cells = best_of_grid(data.rows, (*GRID_CELL, "seed"), data.metric)
+    picks = [(r["hash"], _panel(r["task"], r["setting"], r["model_grid"]), r["model"]) for r in cells]
+    figure = plots.learning_curves(curve_rows(data.records, picks, data.metric), data.metric,
+                                   out / f"{name}_curves.png", title=name)
+    written.append(figure)
+    sections += [f"Learning curves of each cell's best training point per seed: {CURVES_TEXT}", "",
+                 f"![{name}: learning curves]({figure.name})", ""]
     return written
+
+
+CURVES_TEXT = ("test accuracy and test loss at each evaluation against the optimizer step, the median over seeds "
+               "with the interquartile band (a seed that stopped early leaves the others to the median after it).")
+
+
+def _panel(*labels: str) -> str:
+    """A figure panel's title: the labels that are not ``default``."""
+    return " ".join(label for label in labels if label != "default")
+
+
+def _mad_curves(entries: Sequence[MadEntry], datas: Sequence[SweepData], path: Path) -> Path | None:
+    """Per MAD task the curves of its baseline setting: per folder (its table column) the best grid point of each
+    seed; None (and no older figure left) when no baseline setting has a record."""
+    rows = []
+    for entry, data in zip(entries, datas, strict=True):
+        baseline = [r for r in data.rows if r["setting"] == "baseline"]
+        picks = [(r["hash"], MAD_TASK_NAMES[r["task"]], entry.label)
+                 for r in best_of_grid(baseline, ("task", "setting", "model", "seed"), data.metric)]
+        rows += curve_rows(data.records, picks, data.metric)
+    if not rows:
+        path.unlink(missing_ok=True)
+        return None
+    order = list(MAD_TASK_NAMES.values())
+    rows.sort(key=lambda row: order.index(row["panel"]))  # the panels in the table's order; stable within each
+    return plots.learning_curves(rows, datas[0].metric, path, title="MAD, baseline settings")
 
 
 def _claims_lines(data: SweepData) -> list[str]:
@@ -350,7 +417,14 @@ def _claims_lines(data: SweepData) -> list[str]:
 def _runs_section(data: SweepData, out: Path, sections: list[str]) -> list[Path]:
     table, rows = runs_table(data)
     written = [write_csv(out / f"{data.name}_runs.csv", rows)]
+    picks = [(record["name"], record["config"]["task"], record["name"]) for record in data.records]
+    metric = "acc_micro"
+    figure = plots.learning_curves(curve_rows(data.records, picks, metric), metric, out / f"{data.name}_curves.png",
+                                   title=f"single runs: {data.path}", per_run=True)
+    written.append(figure)
     sections += [f"## Single runs: `{data.path}`", "",
                  "One row per run record (`mixlab run`): its settings and the metrics of its lowest-perplexity "
-                 "evaluation.", "", table.markdown(), ""]
+                 "evaluation.", "", table.markdown(), "",
+                 "Learning curves, one line per run: test accuracy and test loss at each evaluation against the "
+                 "optimizer step.", "", f"![{data.path}: learning curves]({figure.name})", ""]
     return written

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -450,3 +450,13 @@ def runs_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
                "best_epoch", "acc_micro", "acc_macro", "test_ppl", *groups)
     rows = [{"run": r["hash"], **{k: r.get(k, math.nan) for k in columns}} for r in data.rows]
     return Table(list(rows[0]), [list(row.values()) for row in rows]), rows
+
+
+def curve_rows(records: Iterable[Mapping[str, Any]], picks: Iterable[tuple[str, str, str]],
+               metric: str) -> list[dict[str, Any]]:
+    """The points of learning curves (``plots.learning_curves``): for each picked run (record name, panel, line),
+    one row per evaluation of its history: panel, line, run (its name), step, ``metric`` and test_loss."""
+    by_name = {record["name"]: record for record in records}
+    return [{"panel": panel, "line": line, "run": name, "step": entry["step"],
+             metric: entry.get(metric, math.nan), "test_loss": entry.get("test_loss", math.nan)}
+            for name, panel, line in picks for entry in by_name[name].get("history") or []]

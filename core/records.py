@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import json
 import lzma
+import os
+import stat as stat_module
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,17 @@ def finished_hashes(out_dir: str | Path) -> set[str]:
     """Hashes with a complete record under ``<out_dir>/runs``: a file that parses as a JSON record, or one in
     the folder's archive."""
     runs_dir = Path(out_dir) / RUNS
-    return {path.stem for path in runs_dir.glob("*.json") if is_record(path)} | archived_records(runs_dir).keys()
+    return {path.stem for path in record_files(runs_dir) if is_record(path)} | archived_records(runs_dir).keys()
+
+
+def record_files(folder: str | Path) -> list[Path]:
+    """The ``*.json`` files of ``folder``, sorted; none when it does not exist. A folder that cannot be listed
+    raises PermissionError naming it (``Path.glob`` would find nothing there and say nothing)."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(Path(folder) / name for name in names if name.endswith(".json"))
 
 
 def has_record(runs_dir: str | Path, name: str) -> bool:
@@ -54,9 +66,14 @@ def read_record(runs_dir: str | Path, name: str) -> dict[str, Any]:
 def archived_records(runs_dir: str | Path) -> dict[str, str]:
     """The records in ``<runs_dir>/records.jsonl.xz`` as {name: JSON text}; {} without an archive."""
     path = Path(runs_dir) / ARCHIVE
-    if not path.is_file():  # also when runs_dir is no folder: the caller says what is wrong with it
+    try:
+        stat = path.stat()
+    except (FileNotFoundError, NotADirectoryError):  # also when runs_dir is no folder: the caller says what is wrong
         return {}
-    stat = path.stat()
+    except PermissionError as exc:  # runs_dir cannot be searched: it is the cause, not the archive it may not hold
+        raise PermissionError(exc.errno, exc.strerror, str(runs_dir)) from None
+    if not stat_module.S_ISREG(stat.st_mode):
+        return {}
     return _read_archive(path, stat.st_mtime_ns, stat.st_size)
 
 

@@ -44,6 +44,8 @@ class Mixer(nn.Module):
             (attention's head count).
         available(): False when an optional dependency it needs is not installed (the fla-core baselines);
             ``mixlab leakage --mixer all`` then leaves it out and its check_config says what to install.
+        extra: the optional extra of mixlab that installs that dependency (``pip install 'mixlab[EXTRA]'``;
+            ``mixlab mixers list`` names it), None for a mixer that needs none.
     An instance's ``fold_runs`` (False unless ``models.build_model(config, fold_runs=True)`` set it, as the stacked
     engine does on CUDA) says that its forward runs under ``torch.func.vmap`` over stacked runs and may fold the
     run axis into the batch axis where its kernels need that (attention's fused SDPA); other mixers ignore it.
@@ -58,6 +60,7 @@ class Mixer(nn.Module):
     stacks_with_documents = True
     takes_qkv_conv = False
     auto_compiles = True
+    extra: str | None = None
     fold_runs = False
 
     @classmethod

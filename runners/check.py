@@ -1,5 +1,6 @@
-"""``mixlab check-mixer``: audit one mixer (built-in, plugin or import path) against the contract every mixlab
-mixer keeps, then time it beside ``attention`` and ``dynamic_conv``.
+"""``mixlab check-mixer`` and ``mixlab check-task``: audit a mixer or a task (built-in, plugin or import path)
+against the contract every mixlab mixer or task keeps; a mixer is then timed beside ``attention`` and
+``dynamic_conv``. The task contract is ``check_task``'s (below).
 
 The mixer is built as a Block would build it (``models.resolve_mixer``; an external factory gets d_model and
 the ModelConfig fields it names, see ``models.mixers.external``), initialised from ``seed`` in a forked RNG,
@@ -38,11 +39,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from mixlab import models
+from mixlab import models, tasks
 from mixlab.analysis import leakage
 from mixlab.core.fields import PositiveInt, check
+from mixlab.core.plugins import error_line as _error
+from mixlab.models.config import OBJECTIVES
 from mixlab.models.mixers import BUILT_IN, ExternalFactory, accepts_cu_seqlens, claims_document_blindness
-from mixlab.models.mixers.external import error_line as _error
 from mixlab.runners.bench.utils import median_time_ms
 from mixlab.runners.train.precision import bf16_autocast, uses_bf16
 from torch import nn
@@ -424,3 +426,219 @@ def check_mixer(name: str, *, device: str | torch.device = "cpu", d_model: int =
     return MixerReport(**report, module=type(module).__name__, params=models.count_parameters(module),
                        documents=_documents_text(module), checks=tuple(checks),
                        bench_shape=shape_b if rows else None, bench=tuple(rows))
+
+
+# --- the task contract
+
+TASK_ROWS = 8  # rows of the generated batches the task checks read
+TASK_CHECKS = ("build", "params", "generate", "seeded", "global_rng", "splits", "roles", "vocabulary", "lengths",
+               "documents", "score_groups")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskReport:
+    """Everything ``check_task`` found: the task, where it comes from, its parameters and the checks in order."""
+
+    name: str
+    origin: str
+    params: dict
+    checks: tuple[Check, ...]
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.passed is False]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def format(self) -> str:
+        """The report as text: a header, one line per check, then the verdict."""
+        params = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in self.params.items())
+        lines = [f"check-task {self.name}  [{self.origin}]", f"parameters: {params or '-'}", ""]
+        width = max(len("check"), *(len(c.name) for c in self.checks))
+        lines.append(f"{'check':{width}s}  result  detail")
+        lines += [f"{c.name:{width}s}  {({True: 'ok', False: 'FAIL', None: '-'}[c.passed]):6s}  {c.detail}"
+                  for c in self.checks]
+        n = sum(c.passed is not None for c in self.checks)
+        return "\n".join([*lines, "", f"FAILED: {', '.join(self.failed)}" if self.failed else f"all {n} checks passed"])
+
+
+def check_task(name: str, params: dict | None = None, *, seed: int = 0, rows: int = TASK_ROWS) -> TaskReport:
+    """Audit task ``name`` (a built-in, an installed plugin's name or ``package.module:TaskClass``) with the
+    parameters ``params`` over its defaults: what the runners rely on, each a ``Check``:
+
+      build         the parameters build the task (its ``Params`` and ``validate``)
+      params        ``Params`` is a frozen dataclass with a default for every field; the defaults written as text
+                    (``--set``) read back the same; an unknown parameter is refused, naming it
+      generate      ``generate(rows, seed)`` gives TaskData: int64 inputs and targets and uint8 roles [N, T]
+      seeded        the same seed gives the same bytes (inputs, targets, roles, documents); another seed others
+      global_rng    generating leaves numpy's and torch's global random state alone
+      splits        train and test of one seed are different streams
+      roles         every role is a ``tasks.Role``
+      vocabulary    the data's vocab_size is the task's; inputs and scored targets lie in [0, vocab_size)
+      lengths       one row length T > 1 for every count, seed and split (a run learns T from one example); every
+                    row has a scored position
+      documents     doc_ids (packed rows) count each row's documents up from 0 in steps of one
+      score_groups  the task's score groups are boolean masks of the targets' shape inside the scored positions
+
+    Raises ValueError for a name that does not resolve or bad parameter text; what the task's own code does wrong
+    is reported as failed checks, never raised.
+    """
+    cls = tasks.task_class(name)
+    origin = tasks.task_origins().get(name, "import path" if ":" in name else "?")
+    checks: list[Check] = []
+    try:
+        task = cls(**(params or {}))
+    except Exception as exc:
+        failed = Check("build", False, str(exc) if isinstance(exc, ValueError) else _error(exc))
+        return TaskReport(name, origin, dict(params or {}), (failed,))
+    checks.append(Check("build", True, f"{cls.__name__}: {cls.description}"))
+    shown = dataclasses.asdict(task.params)
+    checks.append(_guarded("params", lambda: _params_check(cls)))
+    generated = _guarded("generate", lambda: _generate_check(task, rows, seed))
+    checks.append(generated)
+    if generated.passed:
+        checks.append(_guarded("seeded", lambda: _seeded_check(task, rows, seed)))
+        checks.append(_guarded("global_rng", lambda: _global_rng_check(task, rows, seed)))
+        checks.append(_guarded("splits", lambda: _splits_check(task, rows, seed)))
+        data = task.generate(rows, seed=seed, split="test")
+        checks.append(_guarded("roles", lambda: _roles_check(data)))
+        checks.append(_guarded("vocabulary", lambda: _vocabulary_check(task, data)))
+        checks.append(_guarded("lengths", lambda: _lengths_check(task, rows, seed)))
+        checks.append(_guarded("documents", lambda: _documents_check(data)))
+        checks.append(_guarded("score_groups", lambda: _score_groups_check(task, data)))
+    else:
+        checks += [Check(later, None, "skipped: generate failed") for later in TASK_CHECKS[3:]]
+    return TaskReport(name, origin, shown, tuple(checks))
+
+
+def _params_check(cls: type) -> Check:
+    params = cls.Params
+    if not (dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen):
+        return Check("params", False, "Params must be a frozen dataclass")
+    missing = [f.name for f in dataclasses.fields(params)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        return Check("params", False, f"no default for {', '.join(missing)}")
+    defaults = cls.defaults()
+    text = {k: ",".join(map(str, v)) if isinstance(v, tuple) else str(v) for k, v in defaults.items()}
+    if cls.parse_params(text) != defaults:
+        return Check("params", False, f"the defaults written as text read back as {cls.parse_params(text)}")
+    try:
+        cls(no_such_parameter=1)
+    except ValueError as exc:
+        if "no_such_parameter" in str(exc):
+            return Check("params", True, f"{len(defaults)} parameters with defaults; text reads back; unknown "
+                                         "ones refused")
+    return Check("params", False, "an unknown parameter (no_such_parameter=1) is not refused by name")
+
+
+def _generate_check(task: tasks.Task, rows: int, seed: int) -> Check:
+    data = task.generate(rows, seed=seed)
+    if not isinstance(data, tasks.TaskData):
+        return Check("generate", False, f"returned a {type(data).__name__}, not TaskData")
+    kinds = {"inputs": torch.int64, "targets": torch.int64, "roles": torch.uint8}
+    wrong = [f"{k} {getattr(data, k).dtype}" for k, dtype in kinds.items() if getattr(data, k).dtype != dtype]
+    if wrong:
+        return Check("generate", False, f"dtypes: {', '.join(wrong)} (need int64 inputs and targets, uint8 roles)")
+    if len(data) != rows:
+        return Check("generate", False, f"{len(data)} rows for generate({rows})")
+    return Check("generate", True, f"[{rows}, {data.seq_len}] int64 inputs and targets, uint8 roles")
+
+
+def _same(a: tasks.TaskData, b: tasks.TaskData) -> bool:
+    parts = ("inputs", "targets", "roles", "doc_ids")
+    return all((getattr(a, k) is None and getattr(b, k) is None) or (
+        getattr(a, k) is not None and getattr(b, k) is not None and getattr(a, k).shape == getattr(b, k).shape
+        and torch.equal(getattr(a, k), getattr(b, k))) for k in parts)
+
+
+def _seeded_check(task: tasks.Task, rows: int, seed: int) -> Check:
+    first, again = task.generate(rows, seed=seed), task.generate(rows, seed=seed)
+    if not _same(first, again):
+        return Check("seeded", False, f"seed {seed} twice gave different data (draw from the generator given)")
+    if _same(first, task.generate(rows, seed=seed + 1)):
+        return Check("seeded", False, f"seeds {seed} and {seed + 1} gave the same data")
+    return Check("seeded", True, f"seed {seed} twice: the same bytes; seed {seed + 1}: other data")
+
+
+def _global_rng_check(task: tasks.Task, rows: int, seed: int) -> Check:
+    numpy_state, torch_state = np.random.get_state(), torch.get_rng_state()
+    try:
+        task.generate(rows, seed=seed)
+        after = np.random.get_state()
+        touched = [name for name, same in (
+            ("numpy's", all(np.array_equal(x, y) for x, y in zip(numpy_state[1:], after[1:]))),
+            ("torch's", torch.equal(torch_state, torch.get_rng_state()))) if not same]
+    finally:
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+    if touched:
+        return Check("global_rng", False, f"generating changed {' and '.join(touched)} global random state")
+    return Check("global_rng", True, "numpy's and torch's global random state untouched")
+
+
+def _splits_check(task: tasks.Task, rows: int, seed: int) -> Check:
+    if _same(task.generate(rows, seed=seed, split="train"), task.generate(rows, seed=seed, split="test")):
+        return Check("splits", False, f"train and test of seed {seed} are the same data")
+    return Check("splits", True, f"train and test of seed {seed} differ")
+
+
+def _roles_check(data: tasks.TaskData) -> Check:
+    bad = sorted(set(data.roles.unique().tolist()) - {int(r) for r in tasks.Role})
+    if bad:
+        return Check("roles", False, f"role values {bad} are not tasks.Role members")
+    used = ", ".join(tasks.ROLE_TAGS[tasks.Role(r)] for r in sorted(set(data.roles.unique().tolist())))
+    return Check("roles", True, f"roles used: {used}")
+
+
+def _vocabulary_check(task: tasks.Task, data: tasks.TaskData) -> Check:
+    V = task.vocab_size
+    if data.vocab_size != V:
+        return Check("vocabulary", False, f"the data says vocab_size {data.vocab_size}, the task {V}")
+    scored = data.targets[data.targets != tasks.IGNORE]
+    for what, values in (("inputs", data.inputs), ("scored targets", scored)):
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= V):
+            return Check("vocabulary", False, f"{what} span [{int(values.min())}, {int(values.max())}], outside "
+                                              f"[0, {V})")
+    if task.objective not in OBJECTIVES:
+        return Check("vocabulary", False, f"objective {task.objective!r} is not one of {OBJECTIVES}")
+    return Check("vocabulary", True, f"inputs and scored targets in [0, {V})")
+
+
+def _lengths_check(task: tasks.Task, rows: int, seed: int) -> Check:
+    lengths = {f"{n} rows, seed {s}, {split}": task.generate(n, seed=s, split=split).seq_len
+               for n in (1, rows) for s in (seed, seed + 1) for split in ("train", "test")}
+    if len(set(lengths.values())) > 1:
+        return Check("lengths", False, "row lengths differ: " + ", ".join(f"{k}: {v}" for k, v in lengths.items()))
+    T = next(iter(lengths.values()))
+    if T < 2:
+        return Check("lengths", False, f"rows of {T} token: nothing to predict from")
+    for split in ("train", "test"):
+        targets = task.generate(rows, seed=seed, split=split).targets
+        empty = int((~(targets != tasks.IGNORE).any(dim=1)).sum())
+        if empty:
+            return Check("lengths", False, f"{empty} of {rows} {split} rows have no scored position")
+    return Check("lengths", True, f"T = {T} for every count, seed and split; every row scored")
+
+
+def _documents_check(data: tasks.TaskData) -> Check:
+    if data.doc_ids is None:
+        return Check("documents", None, "n/a: one document per row")
+    ids = data.doc_ids
+    steps = ids[:, 1:] - ids[:, :-1]
+    if bool((ids[:, 0] != 0).any()) or bool(((steps != 0) & (steps != 1)).any()):
+        return Check("documents", False, "doc_ids must start at 0 in each row and go up in steps of one")
+    return Check("documents", True, f"up to {int(ids.max()) + 1} documents a row, counted from 0")
+
+
+def _score_groups_check(task: tasks.Task, data: tasks.TaskData) -> Check:
+    groups = task.score_groups(data.targets)
+    scored = data.targets != tasks.IGNORE
+    for name, mask in groups.items():
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != data.targets.shape:
+            return Check("score_groups", False, f"group {name!r} is not a boolean mask of the targets' shape")
+        if bool((mask & ~scored).any()):
+            return Check("score_groups", False, f"group {name!r} holds positions that are not scored")
+    return Check("score_groups", True, f"groups: {', '.join(groups)}" if groups else "none")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
 
 
@@ -35,9 +36,9 @@ def power_law_slots(rng: np.random.Generator, n_rows: int, n_slots: int, k: int,
 
 @dataclass(frozen=True)
 class MQARParams:
-    vocab_size: int = 8192
-    seq_len: int = 64
-    num_kv_pairs: int = 8
+    vocab_size: PositiveInt = 8192
+    seq_len: PositiveInt = 64
+    num_kv_pairs: PositiveInt = 8
     power_a: float = 0.01
 
 
@@ -49,7 +50,6 @@ class MQAR(Task):
     def validate(self) -> None:
         p = self.params
         require(p.vocab_size >= 4, f"vocab_size must be >= 4, got {p.vocab_size}")
-        require(p.num_kv_pairs >= 1, f"num_kv_pairs must be >= 1, got {p.num_kv_pairs}")
         require(
             p.num_kv_pairs <= p.vocab_size // 2 - 1,
             f"num_kv_pairs={p.num_kv_pairs} needs that many distinct keys in [1, vocab_size/2): "

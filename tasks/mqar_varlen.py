@@ -23,15 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require, sample_distinct
 
 
 @dataclass(frozen=True)
 class MQARVarlenParams:
-    vocab_size: int = 8192
-    seq_len: int = 256
-    num_kv_pairs: int = 16
-    key_lengths: tuple[int, ...] = (1, 2, 3)
+    vocab_size: PositiveInt = 8192
+    seq_len: PositiveInt = 256
+    num_kv_pairs: PositiveInt = 16
+    key_lengths: tuple[PositiveInt, ...] = (1, 2, 3)
     share_prob: float = 0.5
 
 

@@ -19,6 +19,7 @@ A hybrid stack names one mixer per layer: ``ModelConfig.mixer`` may be a comma l
 
 from collections.abc import Callable
 
+from mixlab.core.plugins import entry_point_origin, is_import_path
 from mixlab.models.layers import Mixer
 from mixlab.models.mixers.attention import Attention
 from mixlab.models.mixers.external import (
@@ -27,9 +28,7 @@ from mixlab.models.mixers.external import (
     ExternalMixer,
     accepts_cu_seqlens,
     claims_document_blindness,
-    entry_point_origin,
     entry_points,
-    is_import_path,
     load_target,
 )
 from mixlab.models.mixers.fla import Based, GatedDeltaNet, GatedLinearAttention, Mamba2, Retention

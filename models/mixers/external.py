@@ -23,67 +23,34 @@ Inside a model every ``nn.Linear`` and ``nn.Embedding`` weight is re-initialised
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import inspect
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from mixlab.core import plugins
+from mixlab.core.plugins import error_line, load_object
 from mixlab.models.layers import Mixer, MixerConfig
 from torch import nn
 
 ENTRY_POINT_GROUP = "mixlab.mixers"
-_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def is_import_path(name: str) -> bool:
-    """True for text of the form ``package.module:Factory`` (a colon marks an import path, never a name)."""
-    return ":" in name
-
-
-def error_line(exc: BaseException) -> str:
-    """``"ValueError: first line of the message"``."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def load_target(path: str, label: str) -> Callable[..., Any]:
-    """The object at ``package.module:Attr`` (Attr may be dotted); ValueError starting with ``label`` for a
-    malformed path, an import that fails (any exception of the module's own code) or a missing attribute."""
-    if not _IMPORT_PATH.fullmatch(path):
-        raise ValueError(f"mixer {label}: {path!r} is not an import path of the form package.module:Factory")
-    module_name, _, attr = path.partition(":")
-    try:
-        target = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(f"mixer {label}: cannot import {module_name!r}: {error_line(exc)}") from exc
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"mixer {label}: {module_name!r} has no attribute {attr!r}")
-        target = getattr(target, part)
+    """The factory at ``package.module:Factory`` (``core.plugins.load_object``); ValueError starting with
+    ``mixer {label}`` when it cannot be loaded or is not callable."""
+    target = load_object(path, f"mixer {label}", "package.module:Factory")
     if not callable(target):
         raise ValueError(f"mixer {label}: {path} is a {type(target).__name__}, not a callable factory")
     return target
 
 
 def entry_points() -> dict[str, list[importlib.metadata.EntryPoint]]:
-    """Installed entry points of the group ``mixlab.mixers`` by name (nothing is imported). A distribution
-    seen twice on sys.path counts once."""
-    found: dict[str, list[importlib.metadata.EntryPoint]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if all(other.value != ep.value for other in found.get(ep.name, [])):
-            found.setdefault(ep.name, []).append(ep)
-    return found
-
-
-def entry_point_origin(ep: importlib.metadata.EntryPoint) -> str:
-    """``"entry point of mixlab-maxpool 0.1.0 (mixlab_maxpool:GatedMaxPool)"``."""
-    dist = f" of {ep.dist.name} {ep.dist.version}" if ep.dist is not None else ""
-    return f"entry point{dist} ({ep.value})"
+    """Installed entry points of the group ``mixlab.mixers`` by name (nothing is imported)."""
+    return plugins.entry_points(ENTRY_POINT_GROUP)
 
 
 def accepts_cu_seqlens(module: nn.Module) -> bool:

@@ -94,6 +94,7 @@ class FlaMixer(Mixer):
     # in-context recall) compiled GLA stacks trained no faster than eager ones: 2.29M against 2.30M tokens/s (6
     # runs) and 2.38M against 2.38M (18) on the chunked kernels, 3.78M against 4.57M (6) on the recurrent ones
     auto_compiles = False
+    extra = "baselines"
 
     @classmethod
     def check_config(cls, config: MixerConfig) -> None:

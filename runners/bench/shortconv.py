@@ -24,6 +24,7 @@ The low-rank floor counts the [B, T, W, D] weights as never written: the kernels
 
 import dataclasses
 import datetime
+import os
 import sys
 from collections.abc import Callable
 from typing import Literal
@@ -212,9 +213,9 @@ def bench_shortconv(
 
     ``dtype``: fp32, bf16 or fp16 for activations and weights. ``n_docs``: documents of the packed variant.
     ``repeats``: do_bench's rep, milliseconds of timed runs per measurement. ``device``: default CUDA when
-    available (a CPU run needs TRITON_INTERPRET=1 and a tiny shape; its timings mean little). ``progress``: also
-    write the header and then each kernel's section to stderr as soon as it is done. ``only``: the kernels to time,
-    of ``KERNEL_KEYS``.
+    available; a CPU run needs TRITON_INTERPRET=1 and a tiny shape (its timings mean little), else ValueError.
+    ``progress``: also write the header and then each kernel's section to stderr as soon as it is done. ``only``:
+    the kernels to time, of ``KERNEL_KEYS``.
     """
     check("dtype", dtype, Literal[tuple(DTYPES)])
     if len(check("shape", shape, tuple[PositiveInt, ...])) != 4:
@@ -225,6 +226,9 @@ def bench_shortconv(
         raise ValueError(f"unknown kernel {bad[0] if bad else ''!r}; choose from {', '.join(KERNEL_KEYS)}")
     B, T, D, W = shape
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("bench shortconv times Triton kernels on a GPU, and torch sees no CUDA device here (on a CPU "
+                         "the kernels run only in the Triton interpreter, TRITON_INTERPRET=1, at tiny shapes)")
     torch_dtype = DTYPES[dtype]
     cu = _doc_layout(B, T, n_docs, dev)
     bw = copy_bandwidth(dev, repeats)

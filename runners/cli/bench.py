@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from mixlab.runners.bench.train import WARMUP_STEPS
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
@@ -122,22 +120,27 @@ def bench_train_cmd(
                                     "with --compile also a compile+graph row)."),
     progress: bool = typer.Option(True, help="Show the runs' progress bars on stderr (on the CPU the benchmark "
                                   "takes minutes)."),
-    task_params: str = typer.Option("{}", help="Task parameters as JSON, e.g. '{\"query_share\": 0.5}'."),
-    model_params: str = typer.Option("{}", help="ModelConfig fields over the model's as JSON, e.g. "
-                                     "'{\"n_heads\": 8}'."),
+    set_: list[str] = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model "
+                                   "field over the model's, e.g. --set query_share=0.5 --set n_heads=8; prefix task. "
+                                   "or model. when a name is ambiguous (training fields: the options here)."),
     batch_size: int = typer.Option(128, help="Rows per step."),
     num_train: int = typer.Option(12800, help="Training rows (generated once per data seed)."),
     num_test: int = typer.Option(1280, help="Test rows."),
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
     from mixlab.runners.bench.train import bench_train
+    from mixlab.runners.cli.settings import split_run_assignments
     from mixlab.runners.cli.sweep import comma_names
 
+    fields = split_run_assignments(task, set_)
+    if fields.train:
+        raise ValueError(f"bench train sets training fields with its own options (--steps, --batch-size, --num-train, "
+                         f"--num-test, --device), not --set {next(iter(fields.train))}")
     flagged = [m for m, on in (("compile", compile), ("cuda-graph", cuda_graph),
                                ("compile+graph", compile and cuda_graph)) if on]
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device,
                            speeds=[*flagged, *(comma_names(speed) or [])], progress=progress,
-                           task_params=json.loads(task_params), model_params=json.loads(model_params),
+                           task_params=fields.task_params, model_params=fields.model,
                            batch_size=batch_size, num_train=num_train, num_test=num_test))
 
 

@@ -1,15 +1,17 @@
 """``mixlab check-mixer``: audit one mixer against the mixer contract and time it beside attention and
-dynamic_conv (``runners.check``). Exit status 1 when a check fails (the failed checks are named on the
-last line); an unknown name or an import path that does not import is bad input (status 2 through
-``runners.cli.main.main``)."""
+dynamic_conv; ``mixlab check-task``: audit one task against the task contract (``runners.check``). Exit status 1
+when a check fails (the failed checks are named on the last line); an unknown name or an import path that does
+not import is bad input (status 2 through ``runners.cli.main.main``)."""
 
 from __future__ import annotations
 
 import torch
 import typer
+from mixlab import tasks
 from mixlab.core.fields import PositiveInt, check
-from mixlab.runners.check import check_mixer
+from mixlab.runners.check import check_mixer, check_task
 from mixlab.runners.cli.bench import parse_shape
+from mixlab.runners.cli.settings import SET_HELP, parse_assignments
 
 
 def check_mixer_command(
@@ -40,6 +42,22 @@ def check_mixer_command(
         raise typer.Exit(1)
 
 
+def check_task_command(
+    task: str = typer.Argument(..., help="A task name (see `mixlab tasks list`) or an import path "
+                               "package.module:TaskClass."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+    seed: int = typer.Option(0, help="Data seed of the checks (they also draw seed + 1)."),
+) -> None:
+    """Check that a task keeps the contract the runners rely on: its parameters, seeded bytes, an untouched global
+    random state, distinct splits, roles, vocabulary, one row length, documents and score groups."""
+    params = tasks.task_class(task).parse_params(parse_assignments(set_))
+    report = check_task(task, params, seed=seed)
+    typer.echo(report.format())
+    if not report.passed:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``check-mixer`` command to the main ``mixlab`` app."""
+    """Add the ``check-mixer`` and ``check-task`` commands to the main ``mixlab`` app."""
     app.command("check-mixer")(check_mixer_command)
+    app.command("check-task")(check_task_command)

@@ -3,7 +3,8 @@
 Every library error that comes from bad input is a ``ValueError`` with a one-line message; ``main`` prints it as
 ``mixlab: error: ...`` and exits with status 2 (set ``MIXLAB_DEBUG=1`` to see the traceback instead), and so
 does an ``OSError`` (a file that cannot be read or written: the line names it). Ctrl-C exits with status 130;
-for a sweep the line counts its records and gives the command that resumes it.
+for a sweep the line counts its records, for ``mixlab run`` it says where its checkpoint is, and both give the
+command that resumes it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ from importlib.metadata import version
 
 import typer
 from mixlab import models, tasks
-from mixlab.core import fields
-from mixlab.runners.cli import bench, ceilings, check, leakage, sweep
-from mixlab.runners.sweep.plan import TASK_FIXED_MODEL_FIELDS
+from mixlab.analysis import tensorboard
+from mixlab.runners.cli import bench, ceilings, check, compare, leakage, sweep
+from mixlab.runners.cli.settings import (
+    LOG_HELP,
+    RUN_SET_HELP,
+    SET_HELP,
+    build_task,
+    command_fields,
+    read_run_file,
+)
 from mixlab.runners.sweep.run import SweepInterrupted
+from mixlab.runners.train import resume
 from mixlab.runners.train.config import RunConfig, TrainConfig
-from mixlab.runners.train.run import train_run
+from mixlab.runners.train.resolved import resolve
+from mixlab.runners.train.run import finished_record, train_run
 from mixlab.tasks.show import render_example
 
 app = typer.Typer(
@@ -56,38 +66,29 @@ def _options(
 # typer >= 0.22 vendors its own click: take the exception classes from typer so both kinds are caught.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
-SET_HELP = "Task parameter, key=value (repeatable), e.g. --set seq_len=128 --set key_lengths=1,2,3."
 
-
-def parse_assignments(items: list[str] | None) -> dict[str, str]:
-    """``["a=1", "b=2,3"]`` -> ``{"a": "1", "b": "2,3"}``; a malformed item raises ValueError naming it."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key.strip()] = value
-    return out
-
-
-def build_task(name: str, assignments: list[str] | None) -> tasks.Task:
-    if name not in tasks.TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(tasks.TASKS)}")
-    params = tasks.TASKS[name].parse_params(parse_assignments(assignments))
-    return tasks.get_task(name, **params)
+class RunInterrupted(BaseException):
+    """Ctrl-C stopped ``mixlab run``; its message says what was kept. Like KeyboardInterrupt, not an Exception."""
 
 
 @tasks_app.command("list")
 def tasks_list() -> None:
-    """Every registered task: name, what it tests, default parameters."""
-    for name, cls in tasks.TASKS.items():
-        defaults = " ".join(f"{k}={_fmt(v)}" for k, v in cls.defaults().items())
-        typer.echo(f"{name}\n    {cls.description}\n    defaults: {defaults}")
+    """Every task reachable by name (the built-ins, then installed plugins of the entry point group
+    mixlab.tasks): name, origin, what it tests, default parameters. An import path package.module:TaskClass is
+    accepted wherever a name is."""
+    for name, origin in tasks.task_origins().items():
+        try:
+            cls = tasks.task_class(name)
+            lines = [cls.description, "defaults: " + " ".join(f"{k}={_fmt(v)}" for k, v in cls.defaults().items())]
+        except ValueError as exc:  # a broken plugin is listed, not fatal
+            lines = [f"cannot load: {exc}"]
+        typer.echo(name + ("" if origin == tasks.BUILT_IN else f"  [{origin}]") + "".join(f"\n    {t}" for t in lines))
 
 
 @tasks_app.command("show")
 def tasks_show(
-    name: str = typer.Argument(..., help="Task name, see `mixlab tasks list`."),
+    name: str = typer.Argument(..., help="Task name (see `mixlab tasks list`) or import path "
+                               "package.module:TaskClass."),
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     seed: int = typer.Option(0, help="Data seed."),
     split: str = typer.Option("test", help="train or test (they differ for MAD recall tasks)."),
@@ -102,92 +103,87 @@ def tasks_show(
 @mixers_app.command("list")
 def mixers_list() -> None:
     """Every mixer reachable by name (the built-ins, then installed plugins of the entry point group
-    mixlab.mixers) with its origin and the first paragraph of its docstring. An import path
-    package.module:Factory is accepted wherever a name is."""
+    mixlab.mixers) with its origin, the optional extra it needs, and the first paragraph of its docstring. An
+    import path package.module:Factory is accepted wherever a name is."""
     for name, origin in models.mixer_origins().items():
         try:
             doc = inspect.cleandoc(models.resolve_mixer(name).__doc__ or "")
             summary = " ".join(doc.split("\n\n")[0].split())
         except ValueError as exc:  # a broken plugin is listed, not fatal
             summary = f"cannot load: {exc}"
+        cls = models.MIXERS.get(name)
+        if cls is not None and cls.extra is not None:
+            origin += f", needs mixlab[{cls.extra}]" + ("" if cls.available() else ": not installed")
         typer.echo(f"{name:24s} {summary}  [{origin}]")
-
-
-RUN_SET_HELP = (
-    "key=value (repeatable) for a task parameter, a model field or a training field, e.g. --set seq_len=64 "
-    "--set d_model=64 --set lr=1e-3; prefix task., model. or train. when a name is ambiguous."
-)
-
-
-def split_run_assignments(task_name: str, assignments: list[str] | None) -> tuple[dict, dict, dict]:
-    """Route ``--set`` items to (task params, model fields, train fields), typed; ambiguity or unknown keys raise."""
-    if task_name not in tasks.TASKS:
-        raise ValueError(f"unknown task {task_name!r}; known tasks: {', '.join(tasks.TASKS)}")
-    spaces = {
-        "task": fields.field_types(tasks.TASKS[task_name].Params),
-        # the task sets vocab_size and max_seq_len
-        "model": {k: v for k, v in fields.field_types(models.ModelConfig).items() if k not in TASK_FIXED_MODEL_FIELDS},
-        "train": fields.field_types(TrainConfig),
-    }
-    out: dict[str, dict] = {"task": {}, "model": {}, "train": {}}
-    for key, text in parse_assignments(assignments).items():
-        space, _, field = key.rpartition(".")
-        if space:
-            if space not in spaces or field not in spaces[space]:
-                raise ValueError(f"unknown parameter {key!r}")
-            owners = [space]
-        else:
-            owners = [name for name, names in spaces.items() if field in names]
-            if not owners:
-                raise ValueError(f"unknown parameter {key!r} (not a parameter of task {task_name!r}, "
-                                 "a model field or a training field)")
-            if len(owners) > 1:
-                raise ValueError(f"parameter {key!r} is ambiguous: write " + " or ".join(f"{o}.{key}" for o in owners))
-        out[owners[0]][field] = fields.parse(field, text, spaces[owners[0]][field], where=owners[0])
-    return out["task"], out["model"], out["train"]
 
 
 @app.command("run")
 def run(
-    task: str = typer.Argument(..., help="Task name, see `mixlab tasks list`."),
-    mixer: str = typer.Option("attention", help="Mixer name (see `mixlab mixers list`), import path "
+    task: str = typer.Argument(None, help="Task name (see `mixlab tasks list`) or import path "
+                               "package.module:TaskClass; may come from --config."),
+    config: str = typer.Option(None, "--config", help="A YAML file of the run's fields (task: NAME and any --set "
+                               "key: value); the command line's values go over it. Saved whole in the record."),
+    mixer: str = typer.Option(None, help="Mixer name (see `mixlab mixers list`), import path "
                               "package.module:Factory, or a hybrid stack's comma list cycled over the layers "
-                              "(static_conv,attention)."),
+                              "(static_conv,attention). Default attention."),
     set_: list[str] = typer.Option(None, "--set", help=RUN_SET_HELP),
-    seed: int = typer.Option(0, help="Initialisation seed (model init and shuffling)."),
-    data_seed: int = typer.Option(0, help="Data seed (train and test sets)."),
+    seed: int = typer.Option(None, help="Initialisation seed (model init and shuffling); default 0."),
+    data_seed: int = typer.Option(None, help="Data seed (train and test sets); default 0."),
     epochs: int = typer.Option(None, help="Epochs (default: the training config's, 200, the MAD protocol's). "
                                "With --progress a line on stderr says the epochs, steps and parameters before "
                                "training starts."),
     steps: int = typer.Option(None, help="Optimizer steps instead of epochs."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    out: str = typer.Option("runs", help="Folder for the run's JSON record."),
+    device: str = typer.Option(None, help="auto, cpu or cuda (default auto)."),
+    out: str = typer.Option("runs", help="Folder for the run's JSON record. A run whose record is there is not "
+                            "trained again; one stopped part-way goes on from its checkpoint (<out>/partial/)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     save: bool = typer.Option(False, "--save", help="Also write the model to <out>/<name>.pt (weights of the "
                               "reported, lowest-perplexity evaluation; load with models.load)."),
+    checkpoint_every: float = typer.Option(resume.DEFAULT_EVERY_S, help="Seconds between checkpoints in "
+                                           "mid-training (<out>/partial/; 0: at every evaluation; negative: "
+                                           "none), also written on Ctrl-C or SIGTERM: the same command run "
+                                           "again goes on from them to the same record."),
+    log: tuple[str, str] | None = typer.Option(None, help=LOG_HELP, metavar="KIND DIR"),
 ) -> None:
     """Train one model on one task and write its record (config, versions, per-epoch and final metrics)."""
-    task_params, model_fields, train_fields = split_run_assignments(task, set_)
-    models.pattern_classes(mixer)  # an unknown name or a broken import path fails before any data is made
-    train_fields.update(init_seed=seed, data_seed=data_seed, device=device)
+    run_file = None if config is None else read_run_file(config)
+    fields = command_fields(task, set_, run_file, config)
+    options = {"init_seed": seed, "data_seed": data_seed, "device": device}
+    train = {**fields.train, **{k: v for k, v in options.items() if v is not None}}
     if steps is not None:
-        train_fields.update(steps=steps, epochs=None)
+        train.update(steps=steps, epochs=None)
     elif epochs is not None:
-        train_fields["epochs"] = epochs
-    config = RunConfig(task=task, task_params=task_params, model={"mixer": mixer, **model_fields},
-                       train=TrainConfig(**train_fields))
-    record = train_run(config, out_dir=out, progress=progress, save=save)
+        train["epochs"] = epochs
+    model = {**fields.model, **({} if mixer is None else {"mixer": mixer})}
+    if "mixer" in model:
+        models.pattern_classes(model["mixer"])  # an unknown mixer fails before any data is made
+    log_dir = tensorboard.log_target(log)
+    resolved = resolve(RunConfig(task=fields.task, task_params=fields.task_params, model=model,
+                                 train=TrainConfig(**train)))
+    extra = None if run_file is None else {"config_file": {"path": config, "fields": run_file}}
+    record = finished_record(resolved, out, save)
+    done = record is not None
+    if not done:
+        try:
+            record = train_run(resolved, out_dir=out, progress=progress, save=save, extra=extra,
+                               checkpoint_every_s=checkpoint_every)
+        except KeyboardInterrupt:
+            kept = f"its state is in {out}/partial/" if checkpoint_every >= 0 else "nothing kept (no checkpoints)"
+            raise RunInterrupted(kept) from None
+    if log_dir is not None:
+        tensorboard.log_records([record], log_dir)
     final = record["final"]
     qkv = record["resolved"]["model"]["qkv_conv"]
-    label = mixer if qkv == "none" else f"{mixer}+qkv_{qkv}"
+    label = resolved.model_config.mixer if qkv == "none" else f"{resolved.model_config.mixer}+qkv_{qkv}"
     typer.echo(
-        f"{task} {label}: acc {final['acc_micro']:.4f} (macro {final['acc_macro']:.4f}), test ppl "
+        f"{fields.task} {label}: acc {final['acc_micro']:.4f} (macro {final['acc_macro']:.4f}), test ppl "
         f"{final['test_ppl']:.4g} at epoch {final['best_epoch']}, {record['n_params']:,} params, "
         f"{record['steps']} steps in {record['wall_time_s']:.1f} s ({record['steps_per_s']:.1f} steps/s) "
         f"-> {out}/{record['name']}.json"
         + (f" and {out}/{record['checkpoint']}" if save else "")
         + "".join(f"; {k} {v:.4f}" for k, v in final.items()
                   if k.startswith("acc_") and k not in ("acc_micro", "acc_macro"))
+        + ("; trained before: its record is kept (delete it to train again)" if done else "")
     )
 
 
@@ -197,7 +193,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-for _module in (bench, ceilings, check, leakage, sweep):
+for _module in (bench, ceilings, check, compare, leakage, sweep):
     _module.register(app)
 
 
@@ -224,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("mixlab: interrupted", file=sys.stderr)
         sys.exit(130)
-    except SweepInterrupted as exc:
-        # running the same command again skips every run that has a record
+    except (SweepInterrupted, RunInterrupted) as exc:
+        # running the same command again skips every run that has a record and goes on from the checkpoints
         print(f"mixlab: interrupted: {exc}; resume with: mixlab {shlex.join(args)}", file=sys.stderr)
         sys.exit(130)
     except (ValueError, OSError) as exc:

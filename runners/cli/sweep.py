@@ -10,10 +10,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
+from mixlab.analysis import tensorboard
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.analysis.tables import mad_entry, mad_task_rows, mad_text, write_csv
+from mixlab.runners.cli.settings import LOG_HELP
 from mixlab.runners.sweep import local_backend, mad
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
+from mixlab.runners.sweep.manifest import check_devices, plan_for_folder
+from mixlab.runners.sweep.plan import SweepPlan
 from mixlab.runners.sweep.ray_backend import RayOptions
 from mixlab.runners.sweep.run import BACKENDS, SweepOptions, SweepResult, run_sweep
 from mixlab.runners.sweep.spec import load_spec, preset_names, reference_claims
@@ -45,13 +49,15 @@ RATE_HELP = ("Training rate MODEL=TOKENS_PER_S (e.g. the token-weighted figure o
 CHECKPOINT_EVERY_HELP = ("Seconds between checkpoints of a stack in mid-training (<out>/runs/partial/; 0: at every "
                          "evaluation; negative: none), also written on Ctrl-C, SIGINT or SIGTERM (timeout, kill): the "
                          "same command run again goes on from them to the same records.")
+DEVICE_HELP = ("Where the runs train: auto, cpu or cuda (default: the spec's, else auto). A folder's runs keep "
+               "their names on any device (docs/sweeps.md).")
 CUDA_DEVICES_HELP = ("Comma-separated CUDA device indices, e.g. 0,1,2,3, or all (every visible device): the workers "
                      "go round-robin to them, each seeing only its own (at least one worker per device), and take "
                      "the longest jobs first.")
 
 
 # The options of `sweep` and `mad run` that say how the runs train: (name, type, default, help), declared once;
-# ``_with_sweep_options`` adds them to a command, which gets them as one SweepOptions.
+# ``with_sweep_options`` adds them to a command, which gets them as one SweepOptions.
 SWEEP_OPTIONS = (
     ("workers", int, 1, WORKERS_HELP),
     ("limit", int, None, LIMIT_HELP),
@@ -75,7 +81,7 @@ SWEEP_OPTIONS = (
 )
 
 
-def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command the options of SWEEP_OPTIONS but ``omit``, after its own: typer reads them from the
     signature, and the command gets their values as one ``options: SweepOptions`` (``_sweep_options``)."""
     shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, help=text),
@@ -96,7 +102,7 @@ def _with_sweep_options(*, omit: Sequence[str] = ()) -> Callable[[Callable[..., 
     return decorate
 
 
-def _sweep_options(*, tasks: str | None, models: str | None = None, settings: str | None = None,
+def _sweep_options(*, tasks: str | None = None, models: str | None = None, settings: str | None = None,
                    cuda_devices: str | None, address: str | None, cpus_per_job: int, gpus_per_job: float,
                    max_retries: int, speed: str | None, compile: bool, cuda_graph: bool,
                    **fields: object) -> SweepOptions:
@@ -108,21 +114,34 @@ def _sweep_options(*, tasks: str | None, models: str | None = None, settings: st
                         speed=from_flags(speed, compile, cuda_graph))
 
 
-@_with_sweep_options()
+@with_sweep_options()
 def sweep(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Output folder (default runs/sweeps/<name>)."),
-    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    device: str = typer.Option(None, help=DEVICE_HELP),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
+    log: tuple[str, str] | None = typer.Option(None, help=LOG_HELP, metavar="KIND DIR"),
     *,
     options: SweepOptions,
 ) -> None:
     """Run a grid of runs; finished runs are skipped and stacks stopped part-way go on from their checkpoints, so
-    the same command resumes a stopped sweep."""
+    the same command resumes a stopped sweep, on any device."""
     grid = load_spec(spec)
-    plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
     folder = Path(out) if out else Path("runs") / "sweeps" / grid.name
-    _echo_result(run_sweep(plan, folder, options))
+    plan = plan_for_folder(lambda d: grid.plan(device=d, seeds=None if seeds is None else list(range(seeds))),
+                           folder, device)
+    echo_result(run_in_folder(plan, folder, options, log))
+
+
+def run_in_folder(plan: SweepPlan, folder: Path, options: SweepOptions,
+                  log: tuple[str, str] | None = None) -> SweepResult:
+    """``run_sweep``, after checking here that the devices its runs train on exist (Ray checks its cluster's) and
+    that ``--log`` can write, logging its records as they appear."""
+    log_dir = tensorboard.log_target(log)
+    if options.backend == "local":
+        check_devices(plan, folder)
+    with tensorboard.logging_sweep(folder, log_dir):
+        return run_sweep(plan, folder, options)
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -147,7 +166,7 @@ def comma_names(text: str | None) -> list[str] | None:
 def sweep_cost(
     spec: str = typer.Argument(..., help="A preset name (see `mixlab sweeps`) or a YAML grid file."),
     out: str = typer.Option(None, help="Its output folder: runs with records there are done (default: none)."),
-    device: str = typer.Option(None, help="auto, cpu or cuda (default: the spec's, else auto)."),
+    device: str = typer.Option(None, help=DEVICE_HELP),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 instead of the spec's."),
     rate: list[str] = typer.Option(None, help=RATE_HELP),
 ) -> None:
@@ -165,23 +184,25 @@ def sweep_presets() -> None:
         typer.echo(f"{name:20s} {load_spec(name).description}")
 
 
-@_with_sweep_options(omit=("models",))
+@with_sweep_options(omit=("models",))
 def mad_run(
     model: str = typer.Option(..., help="A preset of models.PRESETS, a mixer of models.MIXERS or a hybrid "
                               "stack's per-layer pattern (static_conv,attention)."),
     profile: str = typer.Option(..., help="smoke, quick or paper (see `mixlab mad profiles`)."),
     seeds: int = typer.Option(None, help="Seeds 0..N-1 (default: the profile's)."),
     out: str = typer.Option(None, help="Output folder (default runs/mad/<model>-<profile>)."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option(None, help="Where the runs train: auto, cpu or cuda (default auto). A folder's runs "
+                               "keep their names on any device (docs/sweeps.md)."),
+    log: tuple[str, str] | None = typer.Option(None, help=LOG_HELP, metavar="KIND DIR"),
     *,
     options: SweepOptions,
 ) -> None:
-    """Run the MAD protocol for one model (resumable), then print its MAD table."""
-    plan = mad.mad_plan(model, profile, seeds=seeds, device=device)
+    """Run the MAD protocol for one model (resumable on any device), then print its MAD table."""
     folder = Path(out) if out else mad.default_out(model, profile)
+    plan = plan_for_folder(lambda d: mad.mad_plan(model, profile, seeds=seeds, device=d or "auto"), folder, device)
     typer.echo(plan.spec["profile_text"])
-    result = run_sweep(plan, folder, options)
-    _echo_result(result)
+    result = run_in_folder(plan, folder, options, log)
+    echo_result(result)
     if result.skipped + result.ran > 0:
         typer.echo(mad_text([mad_entry(load_sweep(folder))]))
 
@@ -282,7 +303,7 @@ def _ray_options(backend: str, address: str | None, cpus_per_job: int, gpus_per_
                       max_retries=max_retries)
 
 
-def _echo_result(result: SweepResult) -> None:
+def echo_result(result: SweepResult) -> None:
     typer.echo(f"{result.total} runs: {result.skipped} already done, {result.ran} run now "
                f"-> {result.out_dir}")
     if result.not_started:

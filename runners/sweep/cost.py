@@ -19,6 +19,7 @@ from pathlib import Path
 from mixlab.analysis.aggregate import load_sweep
 from mixlab.core.records import RUNS
 from mixlab.runners.sweep.mad import mad_plan
+from mixlab.runners.sweep.manifest import plan_for_folder
 from mixlab.runners.sweep.plan import SweepPlan
 from mixlab.runners.sweep.spec import load_spec
 from mixlab.runners.train.config import RunConfig
@@ -100,8 +101,12 @@ def sweep_costs(spec: str, out: str | Path | None, *, device: str | None = None,
     """The cost of a grid sweep (a preset name or YAML file, as ``mixlab sweep`` takes it) less the runs whose
     records ``out`` holds (none when ``out`` is None or holds no records yet)."""
     grid = load_spec(spec)
-    plan = grid.plan(device=device, seeds=None if seeds is None else list(range(seeds)))
-    return plan_costs(plan, {} if out is None else _records(Path(out)), grid.name)
+    seed_list = None if seeds is None else list(range(seeds))
+    if out is None:
+        return plan_costs(grid.plan(device=device, seeds=seed_list), {}, grid.name)
+    # the runs named as the folder names them (runners.sweep.manifest)
+    plan = plan_for_folder(lambda d: grid.plan(device=d, seeds=seed_list), out, device)
+    return plan_costs(plan, _records(Path(out)), grid.name)
 
 
 def parse_rates(values: Sequence[str] | None) -> dict[str, float]:

@@ -97,10 +97,11 @@ class SweepSpec:
         for i, entry in enumerate(entries):
             where = f"tasks[{i}]"
             entry = check_mapping(where, entry, {"task", "params", "grid", "train"}, required={"task"})
-            if entry["task"] not in tasks.TASKS:
-                raise ValueError(f"{where}: unknown task {entry['task']!r}; known: {', '.join(tasks.TASKS)}")
+            try:
+                params_cls = tasks.task_class(entry["task"]).Params
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
             train = _section(f"{where}.train", entry.get("train", {}), TrainConfig, train_fields)
-            params_cls = tasks.TASKS[entry["task"]].Params
             params = _section(f"{where}.params", entry.get("params", {}), params_cls)
             grid = _grid(f"{where}.grid", entry.get("grid"), params_cls)
             task_entries.append(TaskEntry(task=entry["task"], params=params, grid=grid, train=train))
@@ -181,6 +182,22 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
     except yaml.YAMLError as exc:
         raise ValueError(f"cannot read {str(name_or_path)!r} as YAML: {str(exc).splitlines()[0]}") from None
     return SweepSpec.from_dict(data)
+
+
+def compare_spec(task: str, mixers: Sequence[str], *, task_params: Mapping[str, Any], model: Mapping[str, Any],
+                 train: Mapping[str, Any], seeds: int) -> SweepSpec:
+    """The sweep of ``mixlab compare``: each mixer (a model labelled by its name, with the other model fields
+    ``model``) on ``task`` with ``task_params``, training fields ``train``, seeds 0..seeds-1 (each sets the data
+    and the initialisation, so seed s trains every mixer on the same data). ValueError for fewer than two
+    mixers, a mixer named twice, or ``mixer`` among the model fields."""
+    if len(mixers) < 2 or len(set(mixers)) != len(mixers):
+        raise ValueError(f"compare needs two or more distinct mixers, got {list(mixers)}")
+    if "mixer" in model:
+        raise ValueError("the mixers to compare are given as a list, not as the model field mixer")
+    return SweepSpec.from_dict({
+        "name": "compare-" + task.replace("/", "-"), "description": f"{', '.join(mixers)} on {task}",
+        "tasks": [{"task": task, "params": dict(task_params)}],
+        "models": {mixer: {**model, "mixer": mixer} for mixer in mixers}, "train": dict(train), "seeds": seeds})
 
 
 def reference_claims(names: Iterable[str]) -> dict[str, list[dict[str, Any]]]:

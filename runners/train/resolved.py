@@ -22,9 +22,10 @@ class ResolvedRun:
     tasks as it is.
 
     Given: ``config``; ``task``, its instance; ``model_config``, the full ModelConfig (vocab_size, max_seq_len and
-    objective are the task's); ``packed``, whether the task's rows pack documents (its data has doc_ids).
+    objective are the task's); ``packed``, whether the task's rows pack documents (its data has doc_ids);
+    ``named_device``, the device the run was planned with when it trains on another (``on_device``), else None.
     Derived when made:
-        hash: ``config_hash(config)``, the run's name in a sweep.
+        hash: ``config_hash(planned_config)``, the run's name in a sweep.
         stack_key: what runs must share to train in one stack of the engine (``runners.train.engine``): what fixes
             its tensors' shapes and its stacked arithmetic (the model config, the row shape, packing, the batch
             size, the test set's size and batches, AdamW's betas). Each run of a stack keeps its own step plan
@@ -38,6 +39,7 @@ class ResolvedRun:
     task: tasks.Task
     model_config: models.ModelConfig
     packed: bool
+    named_device: str | None = None
     hash: str = dataclasses.field(init=False)
     stack_key: tuple = dataclasses.field(init=False)
     unbatchable_reason: str | None = dataclasses.field(init=False)
@@ -47,7 +49,7 @@ class ResolvedRun:
         tc = self.config.train
         mixers = models.pattern_classes(self.model_config.mixer)
         derived = {
-            "hash": config_hash(self.config),
+            "hash": config_hash(self.planned_config),
             "stack_key": (self.model_config, (self.row_tokens,), self.packed, tc.batch_size, tc.num_test,
                           tc.eval_batch_size, tc.beta1, tc.beta2),
             "unbatchable_reason": _unbatchable_reason(self.config.task, self.model_config, mixers, self.packed),
@@ -66,9 +68,25 @@ class ResolvedRun:
         """What the model is trained to output, as the task declares it (``tasks.Task.objective``)."""
         return self.task.objective
 
+    @property
+    def planned_config(self) -> RunConfig:
+        """The config the run was planned with, which names it: ``config`` with the device it was planned for."""
+        if self.named_device is None:
+            return self.config
+        return dataclasses.replace(self.config, train=dataclasses.replace(self.config.train, device=self.named_device))
+
     def with_train(self, train: TrainConfig) -> ResolvedRun:
         """The same task and model under other training settings (a new hash): nothing is resolved again."""
-        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train))
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train), named_device=None)
+
+    def on_device(self, device: str) -> ResolvedRun:
+        """The same run, by the same name, trained on ``device`` (auto, cpu or cuda): where a run trains is not what
+        it is. Its config (and so its record) says the device it trains on; its hash stays the one it was planned
+        with, whose config named a device too (the hashes of records written before are kept)."""
+        planned = self.planned_config.train.device
+        train = dataclasses.replace(self.config.train, device=device)
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, train=train),
+                                   named_device=None if device == planned else planned)
 
 
 def resolve(config: RunConfig) -> ResolvedRun:

@@ -9,14 +9,17 @@ perplexity). Its checkpoints (``resume``) hold its model's and AdamW's state dic
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from mixlab import kernels, models, tasks
 from mixlab.core.atomic import writable_folder
+from mixlab.core.records import is_record
 from mixlab.models import checkpoint
 from mixlab.runners.train import resume
 from mixlab.runners.train.config import RunConfig
@@ -31,8 +34,8 @@ from tqdm.auto import tqdm
 
 
 def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None, progress: bool = True,
-              run_name: str | None = None, save: bool = False,
-              checkpoint_every_s: float | None = None) -> dict[str, Any]:
+              run_name: str | None = None, save: bool = False, checkpoint_every_s: float | None = None,
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Train one run (resolved, or its config, which is resolved here) and return its record; with ``out_dir`` also
     write ``<out_dir>/<run_name>.json``.
 
@@ -48,15 +51,17 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
     ``checkpoint_every_s`` (with ``out_dir``): the run's state is written under ``<out_dir>/partial/`` as a stack's
     is (``runners.train.resume``: at evaluations that often, 0 at every one, None or negative never; and on Ctrl-C), and
     the run trained again goes on from it to the same record.
+
+    ``extra``: more keys of the record (``mixlab run --config``: the run file it was read from).
     """
     if save and out_dir is None:
         raise ValueError("save=True needs an out_dir to write the checkpoint to")
-    if out_dir is not None:
-        writable_folder(out_dir)
     run = as_resolved(run)
     config, task, model_config = run.config, run.task, run.model_config
     tc = config.train
-    device = pick_device(tc.device)
+    device = pick_device(tc.device)  # a missing GPU fails before the folder is made
+    if out_dir is not None:
+        writable_folder(out_dir)
     autocast = uses_bf16(tc.precision, device)
 
     train_data, test_data = run_data(task, tc)
@@ -172,6 +177,7 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
 
         record = log.record(n_params=n_params, device=device, steps=step, start_wall=start_wall,
                             named=out_dir is not None)
+        record.update(extra or {})
         if out_dir is not None:
             if save:
                 record["checkpoint"] = f"{record['name']}.pt"
@@ -180,6 +186,19 @@ def train_run(run: ResolvedRun | RunConfig, *, out_dir: str | Path | None = None
             write_record(out_dir, record)
         if saver is not None:
             saver.remove()
+    return record
+
+
+def finished_record(run: ResolvedRun, out_dir: str | Path, save: bool = False) -> dict[str, Any] | None:
+    """The record ``train_run(run, out_dir=out_dir, save=save)`` wrote before (with its model when ``save``), or
+    None: a command that trained the run is not repeated when it runs again."""
+    path = Path(out_dir) / f"{RunLog(resolved=run).default_name()}.json"
+    if not is_record(path):
+        return None
+    record = json.loads(path.read_text())
+    checkpoint = record.get("checkpoint")
+    if save and (checkpoint is None or not (Path(out_dir) / checkpoint).is_file()):
+        return None
     return record
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import Role, Task, TaskData, require
 
 
@@ -25,8 +26,8 @@ class Compression(Task):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 16
-        seq_len: int = 32
+        vocab_size: PositiveInt = 16
+        seq_len: PositiveInt = 32
 
     def validate(self) -> None:
         p = self.params

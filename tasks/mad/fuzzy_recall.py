@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mixlab.core.fields import added_field
+from mixlab.core.fields import PositiveInt, added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 from mixlab.tasks.mad.in_context_recall import first_occurrence
 
@@ -69,16 +69,14 @@ class FuzzyRecall(Task):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 16
-        seq_len: int = 128
-        k_motif_size: int = 3
-        v_motif_size: int = 3
+        vocab_size: PositiveInt = 16
+        seq_len: PositiveInt = 128
+        k_motif_size: PositiveInt = 3
+        v_motif_size: PositiveInt = 3
         probe_anywhere: bool = added_field(False)
 
     def validate(self) -> None:
         p = self.params
-        require(p.k_motif_size >= 1, f"k_motif_size={p.k_motif_size} must be >= 1")
-        require(p.v_motif_size >= 1, f"v_motif_size={p.v_motif_size} must be >= 1")
         num_keys = (p.vocab_size - 1) // 2
         num_values = p.vocab_size - 1 - num_keys
         require(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 
 
@@ -45,8 +46,8 @@ class InContextRecall(Task):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 16
-        seq_len: int = 128
+        vocab_size: PositiveInt = 16
+        seq_len: PositiveInt = 128
 
     def _noise(self) -> tuple[int, float]:
         """(noise_vocab_size, frac_noise); the noisy variant overrides this."""

@@ -19,6 +19,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 
 DICTIONARY_SEED = 12345
@@ -49,8 +50,8 @@ class Memorization(Task):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 256
-        seq_len: int = 32
+        vocab_size: PositiveInt = 256
+        seq_len: PositiveInt = 32
 
     def validate(self) -> None:
         p = self.params

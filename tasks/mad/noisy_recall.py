@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mixlab.core.fields import NonNegativeInt, PositiveInt
 from mixlab.tasks.base import require
 from mixlab.tasks.mad.in_context_recall import InContextRecall
 
@@ -24,9 +25,9 @@ class NoisyRecall(InContextRecall):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 32
-        seq_len: int = 128
-        noise_vocab_size: int = 16
+        vocab_size: PositiveInt = 32
+        seq_len: PositiveInt = 128
+        noise_vocab_size: NonNegativeInt = 16
         frac_noise: float = 0.2
 
     def _noise(self) -> tuple[int, float]:
@@ -35,7 +36,6 @@ class NoisyRecall(InContextRecall):
     def validate(self) -> None:
         p = self.params
         require(0.0 <= p.frac_noise < 1.0, f"frac_noise={p.frac_noise} must be in [0, 1)")
-        require(p.noise_vocab_size >= 0, f"noise_vocab_size={p.noise_vocab_size} must be >= 0")
         require(
             p.frac_noise == 0 or p.noise_vocab_size > 0,
             f"noise_vocab_size={p.noise_vocab_size} must be > 0 when frac_noise > 0",

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mixlab.core.fields import added_field
+from mixlab.core.fields import PositiveInt, added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 
 # What mad-lab's generator copies when it is not told how many (before its commit 35772e8, always).
@@ -35,15 +35,14 @@ class SelectiveCopy(Task):
 
     @dataclass(frozen=True)
     class Params:
-        vocab_size: int = 16
-        seq_len: int = 256
-        num_tokens_to_copy: int = 16
+        vocab_size: PositiveInt = 16
+        seq_len: PositiveInt = 256
+        num_tokens_to_copy: PositiveInt = 16
         ignore_num_tokens_to_copy: bool = added_field(False)
 
     def validate(self) -> None:
         p = self.params
         require(p.vocab_size >= 3, f"vocab_size={p.vocab_size} must be >= 3 (content, blank and copy tokens)")
-        require(p.num_tokens_to_copy >= 1, f"num_tokens_to_copy={p.num_tokens_to_copy} must be >= 1")
         n = self.copied()
         copies = "num_tokens_to_copy" if n == p.num_tokens_to_copy else f"{n} (ignore_num_tokens_to_copy)"
         require(p.seq_len > 2 * n + 1, f"seq_len={p.seq_len} must exceed 2 * {copies} + 1 = {2 * n + 1}")

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mixlab.core.fields import added_field
+from mixlab.core.fields import PositiveInt, added_field
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData, require
 from mixlab.tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
 
@@ -51,9 +51,9 @@ ABSENT_KEYS = ("previous", "previous_last")
 
 @dataclass(frozen=True)
 class AssociativeRetrievalParams(PackingParams):
-    num_keys: int = 32
-    num_values: int = 32
-    keys_per_doc: int = 8
+    num_keys: PositiveInt = 32
+    num_values: PositiveInt = 32
+    keys_per_doc: PositiveInt = 8
     absent_prob: float = 0.5
     absent_key: str = "previous"
     query_share: float = added_field(0.0)
@@ -72,7 +72,6 @@ class PackedAssociativeRetrieval(Task):
         p = self.params
         validate_packing(p, MIN_DOC)
         require(p.num_keys >= 2, f"num_keys must be >= 2, got {p.num_keys}")
-        require(p.num_values >= 1, f"num_values must be >= 1, got {p.num_values}")
         require(
             1 <= p.keys_per_doc < p.num_keys,
             f"keys_per_doc must be in [1, num_keys) so absent keys exist, got {p.keys_per_doc}",

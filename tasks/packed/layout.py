@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import PositiveInt
 from mixlab.tasks.base import require
 
 
@@ -12,11 +13,11 @@ from mixlab.tasks.base import require
 class PackingParams:
     """Parameters every packed task shares (mixed into each task's ``Params``)."""
 
-    seq_len: int = 2048
-    doc_len_median: int = 192
+    seq_len: PositiveInt = 2048
+    doc_len_median: PositiveInt = 192
     doc_len_sigma: float = 0.75
-    min_doc_len: int = 32
-    max_doc_len: int = 1024
+    min_doc_len: PositiveInt = 32
+    max_doc_len: PositiveInt = 1024
 
 
 def validate_packing(p, smallest_doc: int, multiple: int = 1) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mixlab.core.fields import NonNegativeInt, PositiveInt
 from mixlab.tasks.base import IGNORE, Role, Task, TaskData
 from mixlab.tasks.mad.noisy_recall import NoisyRecall
 from mixlab.tasks.packed.layout import PackingParams, doc_ids_from_lengths, draw_doc_lengths, validate_packing
@@ -21,8 +22,8 @@ MIN_DOC = 4  # BOS, one pair, and the probe key
 
 @dataclass(frozen=True)
 class PackedNoisyRecallParams(PackingParams):
-    vocab_size: int = 32
-    noise_vocab_size: int = 16
+    vocab_size: PositiveInt = 32
+    noise_vocab_size: NonNegativeInt = 16
     frac_noise: float = 0.2
 
 

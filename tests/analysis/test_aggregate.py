@@ -5,9 +5,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mixlab import models
+from mixlab.analysis import plots
 from mixlab.analysis.aggregate import (
     AVERAGE,
     COPY16,
@@ -22,6 +24,7 @@ from mixlab.analysis.aggregate import (
     selected_metrics,
     varying_task_params,
 )
+from mixlab.analysis.claims import VERDICT_RULE
 from mixlab.analysis.plots import length_frame
 from mixlab.analysis.report import write_report
 from mixlab.analysis.tables import (
@@ -302,7 +305,7 @@ def test_a_mad_folder_with_no_task_complete_reports_without_a_figure(mad_dir, tm
         if (run["meta"]["seed"] == 0) == (run["meta"]["train_grid"]["lr"] == 1e-3):
             (mad_dir / "runs" / f"{run['hash']}.json").unlink()
     written = {p.name for p in write_report([mad_dir], out)}
-    assert written == {"report.md", "mad_tasks.csv", "mad_epochs.csv", "mad_settings.csv"}
+    assert written == {"report.md", "mad_tasks.csv", "mad_epochs.csv", "mad_settings.csv", "mad_curves.png"}
     assert not (out / "mad_tasks.png").exists()
     report = (out / "report.md").read_text()
     assert "nothing to draw" in report and "mad_tasks.png" not in report
@@ -353,12 +356,13 @@ def test_report_renders_from_fixture_dirs(mad_dir, grid_dir, tmp_path):
     written = write_report([mad_dir, grid_dir], out)
     names = {p.name for p in written}
     assert names == {"report.md", "mad_tasks.csv", "mad_epochs.csv", "mad_settings.csv", "mad_tasks.png",
-                     "widths_summary.csv", "widths_acc_vs_width.png"}
-    for png in ("mad_tasks.png", "widths_acc_vs_width.png"):
+                     "mad_curves.png", "widths_summary.csv", "widths_acc_vs_width.png", "widths_curves.png"}
+    for png in ("mad_tasks.png", "widths_acc_vs_width.png", "mad_curves.png", "widths_curves.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     report = (out / "report.md").read_text()
     assert "## MAD" in report and "## widths" in report and "(mad_tasks.png)" in report
+    assert "(mad_curves.png)" in report and "(widths_curves.png)" in report
     assert "### Runs still improving when their budget ended" in report
     assert cells(report, "Memorize")[:3] == ["Memorize", "0.410 [0.010]", "0.791"]  # task 3: 0.4 + seed 1
     with (out / "mad_tasks.csv").open() as f:
@@ -491,8 +495,68 @@ def test_no_length_figure_without_a_varying_length(grid_dir):
 def test_report_draws_accuracy_against_length_beside_the_width_figure(tmp_path, widths, width_figure):
     folder = length_sweep(tmp_path / "lengths", [(32, 4), (64, 8)], widths)
     written = {p.name: p for p in write_report([folder])}
-    assert set(written) == {"report.md", "lengths_summary.csv", width_figure, "lengths_acc_vs_length.png"}
+    assert set(written) == {"report.md", "lengths_summary.csv", width_figure, "lengths_acc_vs_length.png",
+                            "lengths_curves.png"}
     data = written["lengths_acc_vs_length.png"].read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     report = written["report.md"].read_text()
     assert f"({width_figure})\n\n![lengths: accuracy against seq_len](lengths_acc_vs_length.png)" in report
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the report draws, kept (``plots._save`` closes them; their axes stay readable)."""
+    figures = {}
+    save = plots._save
+
+    def keep(fig, path):
+        figures[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def test_grid_curves_are_the_median_and_iqr_over_seeds_of_each_cells_best_point(grid_dir, tmp_path, drawn):
+    """Per cell (one panel per width) each model's line is the median over its three seeds of the best lr's runs
+    at each evaluation, with the IQR band; the loss below it on a log axis."""
+    data = load_sweep(grid_dir)
+    with (grid_dir / "runs" / "dynamic_conv-64-0.01-1.json").open() as f:
+        assert json.load(f)["history"][0]["acc_micro"] == pytest.approx(0.6 + 0.064 + 0.1 + 0.01)
+    write_report([grid_dir], tmp_path / "out")
+    fig = drawn["widths_curves.png"]
+    top, bottom = fig.axes[1], fig.axes[3]  # the d_model=64 panel: accuracy above, loss below
+    assert top.get_title() == "mqar_varlen d_model=64" and bottom.get_yscale() == "log"
+    (no_conv, dynamic) = [line.get_ydata() for line in top.get_lines()]
+    assert list(no_conv) == pytest.approx([0.3 + 0.064 + 0.1 + 0.01]), "the median of the best lr's seeds"
+    assert list(dynamic) == pytest.approx([0.6 + 0.064 + 0.1 + 0.01])
+    assert len(top.collections) == 2, "an IQR band per model"
+    assert data.metric == "acc_micro" and top.get_ylabel() == "acc_micro"
+
+
+def test_single_runs_get_a_curve_each(tmp_path, drawn):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i, accs in enumerate([(0.2, 0.4, 0.6), (0.1, 0.3, 0.5), (0.5, 0.5, 0.9)]):
+        rec = record(f"run{i}", "mqar", {"seq_len": 32}, 100, [(3.0 - a, a) for a in accs])
+        (folder / f"run{i}.json").write_text(json.dumps(rec))
+    written = write_report([folder], tmp_path / "out")
+    assert "runs_curves.png" in {p.name for p in written}
+    top = drawn["runs_curves.png"].axes[0]
+    assert [list(line.get_ydata()) for line in top.get_lines()] == [[0.2, 0.4, 0.6], [0.1, 0.3, 0.5],
+                                                                     [0.5, 0.5, 0.9]]
+    assert [list(line.get_xdata()) for line in top.get_lines()][0] == [10, 20, 30]
+    assert "(runs_curves.png)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_smoke_profile_judges_no_claims(mad_dir, tmp_path):
+    """The paper's claims are judged on a real profile; on the smoke profile (a few dozen steps) the report says
+    they are not judged, with no verdicts."""
+    paper = write_report([mad_dir], tmp_path / "paper")[0].read_text()
+    assert "### The paper's claims, paper profile" in paper and VERDICT_RULE in paper
+    manifest = json.loads((mad_dir / "sweep.json").read_text())
+    manifest["spec"]["profile"]["name"] = "smoke"
+    (mad_dir / "sweep.json").write_text(json.dumps(manifest))
+    smoke = write_report([mad_dir], tmp_path / "smoke")[0].read_text()
+    assert "### The paper's claims, smoke profile\n\nNot judged: the smoke profile checks" in smoke
+    assert VERDICT_RULE not in smoke

@@ -288,6 +288,21 @@ def test_plot_writes_a_file(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_plot_separates_every_series():
+    """Leaky mixers are lines of distinct colours and markers; exact ones (share 0 everywhere, which would lie
+    on one another) are a named row each."""
+    zero, some = np.zeros(4), np.array([0.3, 0.1, 0.05, 0.01])
+    shares = {"exact_a": zero, "leaky_a": some, "exact_b": zero, "leaky_b": some / 2, "leaky_c": some / 3}
+    profiles = {name: leakage.DistanceProfile(np.arange(4), share, share, np.ones(4))
+                for name, share in shares.items()}
+    top, bottom = leakage.leakage_figure(profiles).axes
+    lines = top.get_lines()
+    assert [line.get_label() for line in lines] == ["leaky_a", "leaky_b", "leaky_c"]
+    assert len({line.get_color() for line in lines}) == 3 and len({line.get_marker() for line in lines}) == 3
+    assert [tick.get_text() for tick in bottom.get_yticklabels()] == ["exact_a", "exact_b"]
+    assert sorted(line.get_ydata()[0] for line in bottom.get_lines()) == [0, 1], "a row each"
+
+
 # --- determinism
 
 

@@ -169,7 +169,7 @@ def test_a_mistyped_folder_is_refused_and_nothing_is_created(capsys, tmp_path, g
 def test_single_runs_are_tabulated(single_runs, capsys, tmp_path):
     code, out, err = report_cli(capsys, single_runs, "--out", tmp_path / "report")
     assert code == 0, err
-    assert out.strip().endswith("report.md, runs_runs.csv")
+    assert out.strip().endswith("report.md, runs_runs.csv, runs_curves.png")
     report = (tmp_path / "report" / "report.md").read_text()
     assert f"## Single runs: `{single_runs}`" in report
     for path in sorted(single_runs.glob("*.json")):

@@ -117,7 +117,8 @@ def test_mixers_list_shows_the_example_with_its_origin(capsys):
     assert code == 0
     lines = {line.split()[0]: line for line in out.strip().splitlines()}
     assert list(lines)[:len(models.MIXERS)] == list(models.MIXERS)
-    assert all(lines[name].endswith("[built-in]") for name in models.MIXERS)
+    assert all(lines[name].endswith("[built-in]" if cls.extra is None else f"needs mixlab[{cls.extra}]]")
+               for name, cls in models.MIXERS.items())
     assert lines[EXAMPLE].endswith("[entry point of mixlab-maxpool 0.1.0 (mixlab_maxpool:GatedMaxPool)]")
 
 

@@ -104,6 +104,21 @@ def test_mixers_list_names_every_mixer(capsys):
     assert names[: len(models.MIXERS)] == list(models.MIXERS)
 
 
+def test_mixers_list_names_the_extra_a_mixer_needs(capsys, monkeypatch):
+    from mixlab import models
+
+    fla = {"gla", "gated_delta_net", "retnet", "based", "mamba2"}
+    note = "[built-in, needs mixlab[baselines]" + ("]" if models.MIXERS["gla"].available() else ": not installed]")
+    _, out, _ = run(capsys, "mixers", "list")
+    lines = dict(zip(models.MIXERS, out.splitlines()))
+    assert {name for name, line in lines.items() if line.endswith(note)} == fla
+    assert all(line.endswith("[built-in]") for name, line in lines.items() if name not in fla)
+    monkeypatch.setattr(models.MIXERS["gla"], "available", classmethod(lambda cls: False))
+    _, out, _ = run(capsys, "mixers", "list")
+    assert dict(zip(models.MIXERS, out.splitlines()))["gla"].endswith(
+        "[built-in, needs mixlab[baselines]: not installed]")
+
+
 @pytest.mark.parametrize(
     "argv,named",
     [
@@ -206,3 +221,21 @@ def test_archive_packs_each_sweep_below_a_folder_and_names_a_bad_one(capsys, tmp
     assert not list((tmp_path / "sweeps").rglob("*.json"))
     code, _, err = run(capsys, "archive", str(tmp_path / "sweeps" / "a" / "runs"))
     assert code == 2 and err.strip().endswith("holds no sweep folder (none with a runs/ folder)")
+
+
+def test_bench_train_takes_set_like_every_other_command(capsys, monkeypatch):
+    from mixlab.runners.bench import train as bench_train_module
+
+    calls = []
+    monkeypatch.setattr(bench_train_module, "bench_train", lambda **kwargs: calls.append(kwargs) or "table")
+    code, out, err = run(capsys, "bench", "train", "--task", "packed/associative_retrieval", "--model", "hyena",
+                         "--set", "query_share=0.5", "--set", "n_heads=8", "--set", "model.d_model=64",
+                         "--batch-size", "16")
+    assert code == 0 and out == "table\n", err
+    (kwargs,) = calls
+    assert kwargs["task_params"] == {"query_share": 0.5} and kwargs["model_params"] == {"n_heads": 8, "d_model": 64}
+    assert kwargs["batch_size"] == 16
+    code, _, err = run(capsys, "bench", "train", "--set", "lr=0.1")
+    assert code == 2 and err.startswith("mixlab: error: bench train sets training fields with its own options")
+    code, _, err = run(capsys, "bench", "train", "--task-params", "{}")
+    assert code == 2 and "--task-params" in err
