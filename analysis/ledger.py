@@ -122,7 +122,7 @@ def paper_claims(paper: Paper, preset_claims: PresetClaims) -> list[claims.Claim
     return []
 
 
-LEDGER_HEADERS = ["claim", "at", "verdict", "effect [95% interval], n", "evidence", "deviations"]
+LEDGER_HEADERS = ["claim", "at", "verdict", "effect [95% interval], n", "p (sign)", "evidence", "deviations"]
 
 
 def paper_rows(paper: Paper, evidence: Sequence[Evidence], preset_claims: PresetClaims) -> list[list[str]]:
@@ -130,19 +130,20 @@ def paper_rows(paper: Paper, evidence: Sequence[Evidence], preset_claims: Preset
     one row; a paper without evidence gets one row per claim saying so."""
     if not evidence:
         texts = [c.text for c in paper_claims(paper, preset_claims)] + list(paper.sentences)
-        return [[text, "—", "no runs", "—", "no records in the folders given", "—"] for text in texts]
+        return [[text, "—", "no runs", "—", "—", "no records in the folders given", "—"] for text in texts]
     rows = []
     for mark, item in zip(MARKS, evidence):
         scored = [v for v in item.verdicts if v.n]
         for v in scored:
-            interval = f" {v.interval.text()}" if v.interval else ""
+            interval = f" {v.interval_text()}" if v.interval else ""
             needed = v.needed_text()
             verdict = f"{v.verdict_text()}, {needed} seeds to decide" if needed else v.verdict_text()
             rows.append([v.claim.text, claims.split_text(v.split), verdict,
-                         f"{v.effect_text()}{interval}, n={v.n}", f"{item.name} ({item.counts()})", f"({mark})"])
+                         f"{v.effect_text()}{interval}, n={v.n}", claims.p_text(v), f"{item.name} ({item.counts()})",
+                         f"({mark})"])
         unscored = len(item.verdicts) - len(scored)
         if unscored:
-            rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—",
+            rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—", "—",
                          f"{item.name} ({item.counts()})", f"({mark})"])
     return rows
 

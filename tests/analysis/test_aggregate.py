@@ -496,3 +496,17 @@ def test_report_draws_accuracy_against_length_beside_the_width_figure(tmp_path, 
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     report = written["report.md"].read_text()
     assert f"({width_figure})\n\n![lengths: accuracy against seq_len](lengths_acc_vs_length.png)" in report
+
+
+def test_a_cell_whose_seeds_split_gives_the_share_solved_beside_its_median(grid_dir):
+    """dynamic_conv at d=64 solves (>= 0.99) on seed 1 only: the median 0.784 would hide it; a cell whose seeds
+    all fall short (or all solve) gets no share."""
+    for path in (grid_dir / "runs").glob("dynamic_conv-64-0.01-1.json"):
+        rec = json.loads(path.read_text())
+        rec["history"][-1]["acc_micro"] = 0.995
+        path.write_text(json.dumps(rec))
+    table, summary = grid_table(load_sweep(grid_dir))
+    cells = {(r[2], r[3]): r[4] for r in table.rows}
+    assert cells["dynamic_conv", "d_model=64"] == "0.784 [0.116], 1/3 solved"
+    assert cells["dynamic_conv", "d_model=32"] == "0.742 [0.010]"
+    assert [r["solved"] for r in summary if r["model"] == "dynamic_conv"] == [0, 1]
