@@ -41,7 +41,11 @@ PAPERS = (
     Paper("Dynamic Short Convolutions Improve Transformers: Figure 2, variable-length-key MQAR",
           sweeps=("mqar_varlen_fig2", "mqar_varlen_fig2_lr1e-3", "mqar_varlen_small")),
     Paper("RubiConv: packed associative retrieval and packed noisy recall",
-          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k", "packed_mq", "packed_mq_small")),
+          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k", "packed_mq", "packed_mq_small",
+                  "packed_mq_control", "packed_mq_control_small")),
+    Paper("Zoology: MQAR, its Figure 2 and its repository's recall-memory figure",
+          sweeps=("baselines_mqar_zoology", "baselines_mqar_zoology_small", "baselines_mqar_mid",
+                  "baselines_mqar_small", "baselines_mqar")),
     Paper("Convolutions for Large Language Models: the post-QKV conv case study",
           sentences=("A short conv after the Q, K and V projections makes a token's hidden state carry the tokens "
                      "just before it (docs/representations.md).",)),
