@@ -173,6 +173,9 @@ def ledger_markdown(datas: Sequence[SweepData], preset_claims: PresetClaims) -> 
         for mark, item in zip(MARKS, evidence):
             lines += [f"({mark}) {item.name}: {item.folders()}. Deviations from the paper's protocol:", "",
                       *(f"- {d}" for d in item.deviations), ""]
+        unrun = [name for name in paper.sweeps if all(d.name != name for d in grids)]
+        if unrun:
+            lines += ["Not run (no records in the folders given): " + ", ".join(f"`{n}`" for n in unrun) + ".", ""]
     return "\n".join(lines)
 
 

@@ -237,6 +237,8 @@ def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp
     assert "no runs" in case_study
     fig2 = text.split("Figure 2")[1].split("##")[0]  # no folder of its sweeps: its preset's claims, no runs
     assert fig2.count("| no runs") == len(load_spec("mqar_varlen_fig2").reference["claims"])
+    assert ("Not run (no records in the folders given): `mqar_varlen_fig2`, `mqar_varlen_fig2_lr1e-3`, "
+            "`mqar_varlen_small`.") in fig2
 
 
 def test_a_newer_folder_of_one_model_and_profile_supersedes_the_older(mad_dir, tmp_path):  # noqa: F811
