@@ -175,7 +175,8 @@ def ledger_markdown(datas: Sequence[SweepData], preset_claims: PresetClaims) -> 
                       *(f"- {d}" for d in item.deviations), ""]
         unrun = [name for name in paper.sweeps if all(d.name != name for d in grids)]
         if unrun:
-            lines += ["Not run (no records in the folders given): " + ", ".join(f"`{n}`" for n in unrun) + ".", ""]
+            lines += ["Sweeps of this paper with no folder of their own here: " + ", ".join(f"`{n}`" for n in unrun)
+                      + ".", ""]
     return "\n".join(lines)
 
 

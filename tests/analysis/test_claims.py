@@ -237,7 +237,7 @@ def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp
     assert "no runs" in case_study
     fig2 = text.split("Figure 2")[1].split("##")[0]  # no folder of its sweeps: its preset's claims, no runs
     assert fig2.count("| no runs") == len(load_spec("mqar_varlen_fig2").reference["claims"])
-    assert ("Not run (no records in the folders given): `mqar_varlen_fig2`, `mqar_varlen_fig2_lr1e-3`, "
+    assert ("Sweeps of this paper with no folder of their own here: `mqar_varlen_fig2`, `mqar_varlen_fig2_lr1e-3`, "
             "`mqar_varlen_small`.") in fig2
 
 
