@@ -7,8 +7,8 @@ labels) and ``runs/<hash>.json`` (one record per finished run); a folder of sing
     {"hash", "task", "setting", "model", "model_grid", "train_grid", "seed",   # labels (strings / int)
      "lr", "weight_decay", "d_model", "init_seed", "data_seed",                # from the config
      "acc_macro", "acc_micro", "test_ppl", "test_loss", "best_epoch", "steps", "n_params",
-     "at_end",                                                                 # bool, see run_rows
-     "task_params"}                                                            # the config's, a dict
+     "at_end", "stopped_early", "train_loss_fall",                             # see run_row
+     "num_test", "task_params"}                                                # the config's
 
 Labels come from the manifest; a record it does not list (or a folder without one) gets labels derived from
 its config: the MAD setting it matches (or its task parameters that differ from the defaults), the mixer (with
@@ -73,6 +73,9 @@ EPOCH_RULES = (LOWEST_PPL, LAST_EVAL)
 LENGTH_PARAMS = ("seq_len", "num_kv_pairs")
 # the labels of one cell of a grid sweep's summary: its best training point per seed, then over seeds
 GRID_CELL = ("task", "setting", "model", "model_grid")
+# A seed solves a cell (a grid's, or a MAD setting) when its best training point reaches this accuracy (the
+# claims' usual solved_at): the tables count such seeds where a cell's seeds split.
+SOLVED_AT = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,20 +311,24 @@ def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
 
     ``at_end``: the run's lowest-perplexity evaluation is its last and it did not stop early: its training
     budget ran out while its test perplexity was still falling (a longer run could change it).
+    ``stopped_early``: the run stopped at its early-stop threshold (``steps`` is then the step it got there).
+    ``train_loss_fall``: the share of its first evaluation's training loss gone by its last, (first - last) /
+    first; NaN with fewer than two evaluations (analysis.claims reads it to tell a run that did not train).
     """
     try:
         config = record["config"]
         train = config["train"]
         chosen = selected_metrics(record, rule)
         history = record.get("history") or []
-        at_end = (bool(history) and selected_metrics(record) is history[-1]
-                  and not record.get("stopped_early", False))
+        stopped = bool(record.get("stopped_early", False))
+        at_end = bool(history) and selected_metrics(record) is history[-1] and not stopped
         # a single run's config holds only the fields it set; its resolved model has the rest
         d_model = config["model"].get("d_model", (record.get("resolved") or {}).get("model", {}).get("d_model"))
         row = {"hash": record["name"], **row_labels(meta or derived_meta(config)),
                "lr": train["lr"], "weight_decay": train["weight_decay"], "d_model": d_model,
                "init_seed": train["init_seed"], "data_seed": train["data_seed"], "best_epoch": chosen.get("epoch"),
                "steps": record.get("steps"), "n_params": record.get("n_params"), "at_end": at_end,
+               "stopped_early": stopped, "train_loss_fall": _loss_fall(history), "num_test": train.get("num_test"),
                "task_params": dict(config["task_params"])}
     except KeyError as exc:
         raise ValueError(f"not a run record (no {exc.args[0]!r})") from None
@@ -331,6 +338,15 @@ def run_row(record: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
     # score groups of the task (e.g. acc_present / acc_absent of packed associative retrieval)
     row.update({k: v for k, v in chosen.items() if k.startswith("acc_") and k not in METRIC_KEYS})
     return row
+
+
+def _loss_fall(history: Sequence[Mapping[str, Any]]) -> float:
+    """(first - last) / first of the training loss over a run's evaluations; NaN with fewer than two (or no
+    positive first loss)."""
+    losses = [h.get("train_loss", math.nan) for h in history]
+    if len(losses) < 2 or not losses[0] > 0:
+        return math.nan
+    return (losses[0] - losses[-1]) / losses[0]
 
 
 def row_labels(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,7 +429,8 @@ def summarize(rows: Iterable[Mapping[str, Any]], keys: Sequence[str], metric: st
 def grid_summary(data: SweepData) -> list[dict[str, Any]]:
     """For a grid sweep: best training point per (task, setting, model, model point, seed), then the median,
     IQR and n over seeds, with the training point chosen most often (ties: the first in sorted order) and
-    ``at_end``, how many of those best runs were still improving when training ended (``run_row``). Cells in the
+    ``at_end``, how many of those best runs were still improving when training ended (``run_row``), and
+    ``solved``, how many reach SOLVED_AT. Cells in the
     manifest's order (those it does not plan after them); a cell it plans that has no readable record gets a row
     too, with n = 0."""
     keys = GRID_CELL
@@ -426,12 +443,13 @@ def grid_summary(data: SweepData) -> list[dict[str, Any]]:
         # the most frequent point; ties go to the first in sorted order, so the label never depends on set order
         row["best_train"] = max(sorted(set(chosen)), key=chosen.count)
         row["at_end"] = sum(bool(b.get("at_end")) for b in mine)
+        row["solved"] = sum(b[data.metric] >= SOLVED_AT for b in mine)
         for group in groups:  # median over seeds of the best point's accuracy on each score group
             row[f"{group}_median"] = Stats.of(b.get(group, math.nan) for b in mine).median
         out.append(row)
     planned = list(data.run_counts(keys))
     scored = {tuple(row[k] for k in keys) for row in out}
-    out += [{**dict(zip(keys, key)), **Stats.of([]).as_dict(), "best_train": "—", "at_end": 0,
+    out += [{**dict(zip(keys, key)), **Stats.of([]).as_dict(), "best_train": "—", "at_end": 0, "solved": 0,
              **{f"{group}_median": math.nan for group in groups}}
             for key in planned if key not in scored]
     order = {key: i for i, key in enumerate(planned)}

@@ -1,4 +1,5 @@
-"""Accuracy ceilings that a task's data sets for a model class, computed from the data before any training.
+"""Accuracy ceilings that a task's data sets for a model class, and the floor any model reaches by answering one
+token, computed from the data before any training.
 
 Variable-length-key MQAR (docs/tasks.md, ``tasks.mqar_varlen``) read by ONE attention layer with a causal width-W conv
 on its keys: at the separator of a pair's second occurrence the layer must output the pair's value, and the only
@@ -15,6 +16,11 @@ be guessed, among the values not seen as training targets (one chance in their n
 the share of scored test positions whose key some training row holds (``memorization_ceiling``); with the sweep's
 256 training rows it falls below 1 from vocabulary 2,048 on (``memorization_ceilings``).
 
+Chance (``chance_accuracy``): the micro accuracy of the best constant answer, the share of the commonest target
+among a test split's scored positions. On MQAR with 4,096 values it is about 0.001; on packed associative
+retrieval, where half the queries answer NONE, it is 0.5: a model that answers NONE everywhere scores it.
+``analysis.claims`` calls a run whose accuracy sits near it untrained.
+
 The tables take plain task parameters; ``mixlab ceilings`` (runners/cli/ceilings.py) reads them from a sweep
 preset::
 
@@ -24,6 +30,8 @@ preset::
 
 from __future__ import annotations
 
+import functools
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -117,6 +125,21 @@ def multiplicity_table(checkpoint: str | Path, window: int) -> str:
     lines += [f"| {row['m']} | {row['n']} | {row['acc']:.4f} | {row['best']:.4f} |"
               for row in accuracy_by_multiplicity(model, data, window)]
     return "\n".join(lines)
+
+
+def chance_accuracy(task: str, params: Mapping[str, Any], num_test: int, seed: int) -> float:
+    """The micro accuracy of the best constant answer on the test split of ``task`` with ``params`` (``num_test``
+    rows of data seed ``seed``, as a run's evaluation draws them): the commonest scored target's share."""
+    return _chance(task, json.dumps(dict(params), sort_keys=True), num_test, seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _chance(task: str, params: str, num_test: int, seed: int) -> float:
+    targets = get_task(task, **json.loads(params)).generate(num_test, seed=seed, split="test").targets
+    scored = targets[targets != IGNORE]
+    if scored.numel() == 0:
+        raise ValueError(f"the test split of {task} has no scored position")
+    return int(torch.bincount(scored).max()) / scored.numel()
 
 
 def memorization_ceiling(train: TaskData, test: TaskData) -> float:

@@ -13,14 +13,29 @@ and ``REFERENCE`` (``mad_claims``)::
       each: [d_model]                           # one verdict per value of these labels
       solved_at: 0.99                           # level only: a seed is solved when the metric reaches this;
                                                 # the claim is then about the solve fraction
+      every: true                               # with solved_at, op ">=" and value 1: about every run of the
+                                                # split (its cells pooled), counted: "17 of 18 runs"
+      fails_by_design: [no_conv]                # models the claim expects not to learn the task (a one-layer
+                                                # attention on MQAR): their failing is no missing test
 
 The values compared are, per seed, those of the best training point (``aggregate.best_of_grid`` by the sweep's
 metric), or a MAD task's score. A level claim tests the median over seeds, a difference claim the median of the
 per-seed differences over the seeds both models have (seed s trains both on the same data), a ``solved_at``
-claim the share of seeds solved. ``evaluate`` gives each a ``Verdict``: the effect, its 95% interval
-(``analysis.stats``), and reproduced (the interval wholly on the claim's side), contradicted (wholly on the
-other), or inconclusive (it straddles the claim's value, or fewer than MIN_SEEDS seeds), with the seeds that
-would likely decide it.
+claim the share of seeds solved, an ``every`` claim the runs that fall short. ``evaluate`` gives each a
+``Verdict``: the effect, its 95% interval (``analysis.stats``), and reproduced (the interval wholly on the
+claim's side), contradicted (wholly on the other), or inconclusive (it straddles the claim's value, or fewer
+than MIN_SEEDS seeds), with the seeds that would likely decide it. Three rules read what separates the arms
+rather than a median that cannot (docs/claims.md):
+
+- **Not tested**: when most seeds of one of the claim's models did not train (``Observation.untrained``: its
+  training loss fell by less than LOSS_FALL_MIN of its first evaluation's, or its micro accuracy sits within
+  CHANCE_MARGIN of chance, ``ceilings.chance_accuracy``), the verdict is "not tested" and says which and why: a
+  model at chance has not been compared with anything.
+- **Steps to the threshold**: a one-sided difference claim (value 0) whose two models stopped early in every
+  paired seed is judged on the steps each took to its early-stop threshold (the fewest over its training
+  points that got there): "A beats B" reads "A got there in fewer steps".
+- **Every run**: an ``every`` claim counts the runs at or above ``solved_at``; one that falls short contradicts
+  it (the Wilson interval of k < n excludes 1), all of them reproduce it at that count.
 """
 
 from __future__ import annotations
@@ -38,15 +53,26 @@ from mixlab.analysis.aggregate import (
     MadScores,
     SweepData,
     best_of_grid,
+    group_by,
     mad_scores,
 )
+from mixlab.analysis.ceilings import chance_accuracy
 from mixlab.analysis.tables import MAD_CLAIMS, MAD_ROWS, MAD_TOLERANCE, REFERENCE, Table, reference_name
 from mixlab.core.fields import NonNegativeFloat, check_dataclass, check_mapping, field_types, from_yaml
 
 OPS = (">", ">=", "<", "<=", "=")
 MIN_SEEDS = 3  # below this no verdict: 2 seeds on one side happen by chance one time in two
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NO_DATA = "reproduced", "contradicted", "inconclusive", "no data"
+NOT_TESTED = "not tested"
 MAD_METRIC = "acc_macro"
+# A run did not train when its training loss fell by less than this share of its first evaluation's: MQAR at a
+# vocabulary of 8,192 starts near ln 4,096 = 8.3 once it predicts a value, and a run that retrieves nothing
+# stays within a few tenths of it (GLA in baselines_mqar_mid: 8.4 -> 7.2-8.2).
+LOSS_FALL_MIN = 0.2
+# ... or when its micro accuracy is within this share of the way from chance (the best constant answer) to 1.
+CHANCE_MARGIN = 0.05
+METRIC, STEPS = "metric", "steps"  # what a verdict compared: the claim's metric, or the steps to the early stop
+FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">="}  # "A beats B" on accuracy is "A needs fewer steps"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +89,8 @@ class Claim:
     where: dict[str, Any] = dataclasses.field(default_factory=dict)
     each: tuple[str, ...] = ()
     solved_at: float | None = None
+    every: bool = False
+    fails_by_design: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_dataclass(self, where="claim")
@@ -77,6 +105,12 @@ class Claim:
         if self.solved_at is not None and not 0 <= self.value <= 1:
             raise ValueError(f"claim {self.text!r}: a solve fraction is compared with a value in [0, 1], "
                              f"got {self.value!r}")
+        if self.every and (self.solved_at is None or self.op != ">=" or self.value != 1):
+            raise ValueError(f"claim {self.text!r}: every goes with solved_at, op '>=' and value 1 (every run "
+                             "solved)")
+        stray = [m for m in self.fails_by_design if m not in self.models]
+        if stray:
+            raise ValueError(f"claim {self.text!r}: fails_by_design names {stray}, not models of the claim")
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -85,6 +119,8 @@ class Claim:
     def check_text(self, metric: str) -> str:
         """The check in a few words: ``dynamic_conv - static_conv > 0 (acc_micro)``."""
         subject = " - ".join(self.models)
+        if self.every:
+            return f"every run of {subject}: {self.metric or metric} >= {self.solved_at:g}"
         if self.solved_at is not None:
             subject = f"share of seeds with {self.metric or metric} >= {self.solved_at:g} for {subject}"
             return f"{subject} {self.op} {self.value:g}"
@@ -150,22 +186,51 @@ def claim_dict(claim: Claim) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-    """One model's value of every metric in one cell (its labels) for one seed."""
+    """One model's value of every metric in one cell (its labels) for one seed; for a grid's run also the step
+    at which it reached its early-stop threshold (None if it did not), the share of its training loss gone from
+    its first evaluation to its last (``aggregate.run_row``) and the chance accuracy of its test split (NaN:
+    unknown, as for MAD scores, which are means over settings)."""
 
     model: str
     seed: int
     labels: Mapping[str, str]
     values: Mapping[str, float]
+    stopped_at: int | None = None
+    loss_fall: float = math.nan
+    chance: float = math.nan
+
+    def stalled(self) -> bool:
+        """Its training loss fell by less than LOSS_FALL_MIN of its first evaluation's."""
+        return self.loss_fall < LOSS_FALL_MIN
+
+    def at_chance(self) -> bool:
+        """Its micro accuracy is within CHANCE_MARGIN of the way from chance to 1."""
+        return self.values.get("acc_micro", math.nan) <= self.chance + CHANCE_MARGIN * (1 - self.chance)
+
+    def trained(self) -> bool:
+        """Neither stalled nor at chance (as far as the observation knows: MAD scores carry neither)."""
+        return not (self.stalled() or self.at_chance())
 
 
 def grid_observations(data: SweepData) -> list[Observation]:
-    """Per (cell, seed) of a grid sweep the best training point's metrics; labels: task, setting and the fields
-    of the model-grid point."""
-    best = best_of_grid(data.rows, (*GRID_CELL, "seed"), data.metric)
-    return [Observation(row["model"], row["seed"], {"task": row["task"], "setting": row["setting"],
-                                                    **point_fields(row["model_grid"])},
-                        {k: v for k, v in row.items() if k in METRIC_KEYS or k.startswith("acc_")})
-            for row in best]
+    """Per (cell, seed) of a grid sweep the best training point's metrics, the fewest steps at which one of its
+    training points stopped early, its loss fall and its test split's chance; labels: task, setting and the
+    fields of the model-grid point."""
+    keys = (*GRID_CELL, "seed")
+    best = best_of_grid(data.rows, keys, data.metric)
+    stops = {key: [r["steps"] for r in group if r.get("stopped_early") and r.get("steps") is not None]
+             for key, group in group_by(data.rows, keys).items()}
+    out = []
+    for row in best:
+        stopped = stops[tuple(row[k] for k in keys)]
+        chance = (math.nan if row.get("num_test") is None else
+                  chance_accuracy(row["task"], row["task_params"], row["num_test"], row["data_seed"]))
+        out.append(Observation(row["model"], row["seed"], {"task": row["task"], "setting": row["setting"],
+                                                           **point_fields(row["model_grid"])},
+                               {k: v for k, v in row.items() if k in METRIC_KEYS or k.startswith("acc_")},
+                               stopped_at=min(stopped) if stopped else None,
+                               loss_fall=row.get("train_loss_fall", math.nan), chance=chance))
+    return out
 
 
 def point_fields(label: str) -> dict[str, str]:
@@ -182,9 +247,10 @@ def mad_observations(scores: Mapping[str, MadScores]) -> list[Observation]:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """A claim judged on one split (the values of its ``each`` labels): n seeds, the effect (median, median
-    difference, or solve fraction), its 95% interval, the one-sided sign test's p (None for '=' and solve
-    claims), the verdict, the seeds that would likely decide an inconclusive one, and a note."""
+    """A claim judged on one split (the values of its ``each`` labels): n seeds (runs, for an ``every`` claim),
+    the effect (median, median difference, or solve fraction; in steps when ``basis`` is STEPS), its 95%
+    interval, the one-sided sign test's p (None for '=' and solve claims), the verdict, the seeds that would
+    likely decide an inconclusive one, and a note (why there is no interval)."""
 
     claim: Claim
     split: Mapping[str, str]
@@ -197,16 +263,35 @@ class Verdict:
     seeds_needed: int | None = None
     solved: int | None = None
     note: str = ""
+    basis: str = METRIC
 
     def effect_text(self) -> str:
         if not self.n:
             return "—"
+        if self.claim.every:
+            return f"{self.solved} of {self.n} runs >= {self.claim.solved_at:g}"
         if self.solved is not None:
             return f"{self.solved}/{self.n} solved"
+        if self.basis == STEPS:
+            return f"{self.effect:+,.0f} steps"
         return f"{self.effect:+.3f}" if self.claim.difference is not None else f"{self.effect:.3f}"
 
+    def interval_text(self) -> str:
+        if self.interval is None:
+            return "—"
+        if self.basis == STEPS:
+            return f"[{self.interval.low:+,.0f}, {self.interval.high:+,.0f}]"
+        return self.interval.text()
+
+    def check_text(self) -> str:
+        """The check as judged: the claim's (``Claim.check_text``), or its steps form."""
+        if self.basis == STEPS:
+            first, second = self.claim.models
+            return f"steps to the early stop: {first} - {second} {FLIPPED[self.claim.op]} 0"
+        return self.claim.check_text(self.metric)
+
     def verdict_text(self) -> str:
-        """The verdict, with the reason where there is no interval (no runs, too few seeds)."""
+        """The verdict, with the reason where there is no interval (no runs, too few seeds, not tested)."""
         return f"{self.verdict} ({self.note})" if self.note and self.interval is None else self.verdict
 
     def needed_text(self) -> str:
@@ -217,21 +302,26 @@ class Verdict:
 
 def evaluate(claim: Claim, observations: Sequence[Observation], metric: str) -> list[Verdict]:
     """The claim's verdicts on ``observations``, one per split; ``metric``: the sweep's (the claim's default).
-    ValueError when the claim leaves several cells per model and seed in a split (it must say where or each)."""
+    ValueError when the claim leaves several cells per model and seed in a split (it must say where or each),
+    unless it is about every run."""
     metric = claim.metric or metric
     chosen = [o for o in observations if all(o.labels.get(k) == str(v) for k, v in claim.where.items())]
     splits: dict[tuple, list[Observation]] = {}
     for obs in chosen:
         splits.setdefault(tuple(obs.labels.get(k, "—") for k in claim.each), []).append(obs)
-    return [_judge(claim, dict(zip(claim.each, key)), metric, _paired(claim, group, metric))
+    return [_judge(claim, dict(zip(claim.each, key)), metric, _paired(claim, group))
             for key, group in (splits or {(): []}).items()]
 
 
-def _paired(claim: Claim, group: Sequence[Observation], metric: str) -> list[float]:
-    """Per seed the claim's quantity (the model's value, or A - B over the seeds both have), NaN left out."""
-    per_model: dict[str, dict[int, Observation]] = {m: {} for m in claim.models}
+def _paired(claim: Claim, group: Sequence[Observation]) -> list[tuple[Observation, ...]]:
+    """The claim's units: per seed the model's observation, or (A, B) over the seeds both have; for an ``every``
+    claim each run of the model, whatever its cell."""
+    per_model: dict[str, dict[Any, Observation]] = {m: {} for m in claim.models}
     for obs in group:
         if obs.model not in per_model:
+            continue
+        if claim.every:
+            per_model[obs.model][(tuple(sorted(obs.labels.items())), obs.seed)] = obs
             continue
         seen = per_model[obs.model].get(obs.seed)
         if seen is not None:
@@ -239,43 +329,102 @@ def _paired(claim: Claim, group: Sequence[Observation], metric: str) -> list[flo
             raise ValueError(f"claim {claim.text!r} matches several cells of {obs.model} for seed {obs.seed} "
                              f"(they differ in {', '.join(differ)}): give them in where or each")
         per_model[obs.model][obs.seed] = obs
-    def value(model: str, seed: int) -> float:
-        return per_model[model][seed].values.get(metric, math.nan)
-
-    first = claim.models[0]
+    first = per_model[claim.models[0]]
     if claim.difference is None:
-        values = [value(first, seed) for seed in sorted(per_model[first])]
-    else:
-        second = claim.models[1]
-        values = [value(first, seed) - value(second, seed)
-                  for seed in sorted(set(per_model[first]) & set(per_model[second]))]
+        return [(first[key],) for key in sorted(first)]
+    second = per_model[claim.models[1]]
+    return [(first[seed], second[seed]) for seed in sorted(set(first) & set(second))]
+
+
+def _values(claim: Claim, units: Sequence[tuple[Observation, ...]], metric: str) -> list[float]:
+    """Per unit the claim's quantity (the model's value, or A - B), NaN left out."""
+    values = [u[0].values.get(metric, math.nan) - (u[1].values.get(metric, math.nan) if len(u) > 1 else 0.0)
+              for u in units]
     return [v for v in values if not math.isnan(v)]
 
 
-def _judge(claim: Claim, split: Mapping[str, str], metric: str, values: list[float]) -> Verdict:
+def untrained_note(claim: Claim, units: Sequence[tuple[Observation, ...]]) -> str:
+    """Why the claim is not tested on ``units``: each of its models (but those it expects to fail) most of whose
+    units did not train (``Observation.trained``), with how many and why; "" when none."""
+    kind = "runs" if claim.every else "seeds"
+    notes = []
+    for i, model in enumerate(claim.models):
+        failed = [u[i] for u in units if not u[i].trained()]
+        if model in claim.fails_by_design or not 2 * len(failed) > len(units):
+            continue
+        why = []
+        stalled = [o.loss_fall for o in failed if o.stalled()]
+        if stalled:
+            why.append(f"training loss down {_span(stalled, '.0%')} from its first evaluation")
+        chance = [o for o in failed if o.at_chance()]
+        if chance:
+            why.append(f"acc_micro {_span([o.values['acc_micro'] for o in chance], '.3f')} against a chance of "
+                       f"{_span([o.chance for o in chance], '.3f')}")
+        notes.append(f"{model} did not train in {len(failed)} of {len(units)} {kind}: {', '.join(why)}")
+    return "; ".join(notes)
+
+
+def _span(values: Sequence[float], spec: str) -> str:
+    """``0.002-0.006``, or one value when they are all the same in ``spec``."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low.rstrip('%')}-{high}"
+
+
+def _judge(claim: Claim, split: Mapping[str, str], metric: str, units: list[tuple[Observation, ...]]) -> Verdict:
+    values = _values(claim, units, metric)
     n = len(values)
     if n == 0:
         return Verdict(claim, split, metric, 0, note="no scored seeds of its models and settings")
+    untested = untrained_note(claim, units)
     if claim.solved_at is not None:
-        solved = sum(v >= claim.solved_at for v in values)
-        if n < MIN_SEEDS:  # as for a median: no interval, so one seed never shows a spread
-            return Verdict(claim, split, metric, n, solved / n, None, None, INCONCLUSIVE, MIN_SEEDS, solved,
-                           note=f"too few seeds ({n} < {MIN_SEEDS})")
-        interval = stats.wilson(solved, n)
-        verdict = decide(claim, interval)
-        needed = None
-        if verdict == INCONCLUSIVE:
-            needed = stats.seeds_for_fraction(solved, n, lambda iv: decide(claim, iv) != INCONCLUSIVE)
-        return Verdict(claim, split, metric, n, solved / n, interval, None, verdict, needed, solved)
-    effect = float(np.median(values))
-    p = None if claim.op == "=" else stats.sign_test(values, claim.value, above=claim.op.startswith(">"))
+        return _judge_solved(claim, split, metric, values, untested)
+    steps = _steps(claim, units)
+    basis = METRIC if steps is None else STEPS
+    judged = claim if steps is None else dataclasses.replace(claim, op=FLIPPED[claim.op])
+    values = values if steps is None else steps
+    n, effect = len(values), float(np.median(values))
+    p = None if claim.op == "=" else stats.sign_test(values, judged.value, above=judged.op.startswith(">"))
+    if untested:
+        return Verdict(claim, split, metric, n, effect, None, p, NOT_TESTED, note=untested, basis=basis)
     if n < MIN_SEEDS:
         return Verdict(claim, split, metric, n, effect, None, p, INCONCLUSIVE, MIN_SEEDS,
-                       note=f"too few seeds ({n} < {MIN_SEEDS})")
+                       note=f"too few seeds ({n} < {MIN_SEEDS})", basis=basis)
     interval = stats.bootstrap_median(values)
+    verdict = decide(judged, interval)
+    needed = stats.seeds_for_median(n, effect, interval, _bounds(judged, effect)) if verdict == INCONCLUSIVE else None
+    return Verdict(claim, split, metric, n, effect, interval, p, verdict, needed, basis=basis)
+
+
+def _steps(claim: Claim, units: Sequence[tuple[Observation, ...]]) -> list[float] | None:
+    """Per seed A's steps to its early stop minus B's, when the claim is a one-sided ordering (value 0) and both
+    models stopped early in every paired seed; else None (the claim's metric decides)."""
+    if claim.difference is None or claim.op == "=" or claim.value != 0 or not units:
+        return None
+    if any(a.stopped_at is None or b.stopped_at is None for a, b in units):
+        return None
+    return [float(a.stopped_at - b.stopped_at) for a, b in units]
+
+
+def _judge_solved(claim: Claim, split: Mapping[str, str], metric: str, values: list[float], untested: str
+                  ) -> Verdict:
+    """A solve-fraction claim: the share of seeds at or above ``solved_at`` against its value by the Wilson
+    interval; an ``every`` claim: reproduced when every run is, contradicted when one is not."""
+    n = len(values)
+    solved = sum(v >= claim.solved_at for v in values)
+    if untested:
+        return Verdict(claim, split, metric, n, solved / n, None, None, NOT_TESTED, solved=solved, note=untested)
+    if n < MIN_SEEDS:  # as for a median: no interval, so one seed never shows a spread
+        return Verdict(claim, split, metric, n, solved / n, None, None, INCONCLUSIVE, MIN_SEEDS, solved,
+                       note=f"too few {'runs' if claim.every else 'seeds'} ({n} < {MIN_SEEDS})")
+    interval = stats.wilson(solved, n)
+    if claim.every:  # the Wilson interval of k < n lies below 1; of n of n it reaches 1
+        return Verdict(claim, split, metric, n, solved / n, interval, None,
+                       REPRODUCED if solved == n else CONTRADICTED, None, solved)
     verdict = decide(claim, interval)
-    needed = stats.seeds_for_median(n, effect, interval, _bounds(claim, effect)) if verdict == INCONCLUSIVE else None
-    return Verdict(claim, split, metric, n, effect, interval, p, verdict, needed)
+    needed = None
+    if verdict == INCONCLUSIVE:
+        needed = stats.seeds_for_fraction(solved, n, lambda iv: decide(claim, iv) != INCONCLUSIVE)
+    return Verdict(claim, split, metric, n, solved / n, interval, None, verdict, needed, solved)
 
 
 def decide(claim: Claim, interval: stats.Interval) -> str:
@@ -309,20 +458,29 @@ def split_text(split: Mapping[str, str]) -> str:
 def verdict_rows(verdicts: Iterable[Verdict]) -> list[list[str]]:
     """Table rows: claim, at (the split), check, effect, 95% interval, n, p (sign test), verdict, seeds to
     decide (VERDICT_HEADERS)."""
-    return [[v.claim.text, split_text(v.split), v.claim.check_text(v.metric), v.effect_text(),
-             v.interval.text() if v.interval else "—", str(v.n), "—" if v.p is None else f"{v.p:.3f}",
-             v.verdict_text(), v.needed_text()]
+    return [[v.claim.text, split_text(v.split), v.check_text(), v.effect_text(), v.interval_text(), str(v.n),
+             p_text(v), v.verdict_text(), v.needed_text()]
             for v in verdicts]
 
 
+def p_text(verdict: Verdict) -> str:
+    return "—" if verdict.p is None else f"{verdict.p:.3f}"
+
+
 VERDICT_HEADERS = ["claim", "at", "check", "effect", "95% interval", "n", "p (sign)", "verdict", "seeds to decide"]
-VERDICT_RULE = ("effect: the median over seeds of the value (level) or of the per-seed difference, or the share "
-                "of seeds solved; 95% interval: percentile bootstrap of the median (10,000 resamples, seed 0; "
-                "at n <= 5 seeds it is their range), Wilson for a solve fraction; p (sign): exact one-sided sign "
-                "test of the claim's direction over the seeds; reproduced: the whole interval on the claim's "
-                f"side, contradicted: wholly on the other, inconclusive: it straddles the claim (or n < "
-                f"{MIN_SEEDS}); seeds to decide: the count at which an interval shrinking as 1/sqrt(n) would "
-                "clear the claim's value (docs/claims.md).")
+VERDICT_RULE = ("effect: the median over seeds of the value (level) or of the per-seed difference, the share "
+                "of seeds solved, or for a claim about every run the runs that reach its level; 95% interval: "
+                "percentile bootstrap of the median (10,000 resamples, seed 0; at n <= 5 seeds it is their "
+                "range), Wilson for a share; p (sign): exact one-sided sign test of the claim's direction over "
+                "the seeds; reproduced: the whole interval on the claim's side, contradicted: wholly on the "
+                f"other, inconclusive: it straddles the claim (or n < {MIN_SEEDS}); every run: contradicted by "
+                "one run short of the level, reproduced when all reach it; steps: where both models of an "
+                "ordering stopped early in every seed, the claim is judged on the steps each took to its "
+                "early-stop threshold (A beats B: A took fewer); not tested: most seeds of one of its models "
+                f"did not train (training loss down less than {LOSS_FALL_MIN:.0%} from the first evaluation, or "
+                f"micro accuracy within {CHANCE_MARGIN:.0%} of chance, the best constant answer); seeds to "
+                "decide: the count at which an interval shrinking as 1/sqrt(n) would clear the claim's value "
+                "(docs/claims.md).")
 
 
 def sweep_claims(data: SweepData) -> tuple[list[Claim], list[str]]:

@@ -41,7 +41,11 @@ PAPERS = (
     Paper("Dynamic Short Convolutions Improve Transformers: Figure 2, variable-length-key MQAR",
           sweeps=("mqar_varlen_fig2", "mqar_varlen_fig2_lr1e-3", "mqar_varlen_small")),
     Paper("RubiConv: packed associative retrieval and packed noisy recall",
-          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k", "packed_mq", "packed_mq_small")),
+          sweeps=("packed_rubiconv", "packed_small", "packed_small_5k", "packed_mq", "packed_mq_small",
+                  "packed_mq_control", "packed_mq_control_small")),
+    Paper("Zoology: MQAR, its Figure 2 and its repository's recall-memory figure",
+          sweeps=("baselines_mqar_zoology", "baselines_mqar_zoology_small", "baselines_mqar_mid",
+                  "baselines_mqar_small", "baselines_mqar")),
     Paper("Convolutions for Large Language Models: the post-QKV conv case study",
           sentences=("A short conv after the Q, K and V projections makes a token's hidden state carry the tokens "
                      "just before it (docs/representations.md).",)),
@@ -122,7 +126,7 @@ def paper_claims(paper: Paper, preset_claims: PresetClaims) -> list[claims.Claim
     return []
 
 
-LEDGER_HEADERS = ["claim", "at", "verdict", "effect [95% interval], n", "evidence", "deviations"]
+LEDGER_HEADERS = ["claim", "at", "verdict", "effect [95% interval], n", "p (sign)", "evidence", "deviations"]
 
 
 def paper_rows(paper: Paper, evidence: Sequence[Evidence], preset_claims: PresetClaims) -> list[list[str]]:
@@ -130,19 +134,20 @@ def paper_rows(paper: Paper, evidence: Sequence[Evidence], preset_claims: Preset
     one row; a paper without evidence gets one row per claim saying so."""
     if not evidence:
         texts = [c.text for c in paper_claims(paper, preset_claims)] + list(paper.sentences)
-        return [[text, "—", "no runs", "—", "no records in the folders given", "—"] for text in texts]
+        return [[text, "—", "no runs", "—", "—", "no records in the folders given", "—"] for text in texts]
     rows = []
     for mark, item in zip(MARKS, evidence):
         scored = [v for v in item.verdicts if v.n]
         for v in scored:
-            interval = f" {v.interval.text()}" if v.interval else ""
+            interval = f" {v.interval_text()}" if v.interval else ""
             needed = v.needed_text()
             verdict = f"{v.verdict_text()}, {needed} seeds to decide" if needed else v.verdict_text()
             rows.append([v.claim.text, claims.split_text(v.split), verdict,
-                         f"{v.effect_text()}{interval}, n={v.n}", f"{item.name} ({item.counts()})", f"({mark})"])
+                         f"{v.effect_text()}{interval}, n={v.n}", claims.p_text(v), f"{item.name} ({item.counts()})",
+                         f"({mark})"])
         unscored = len(item.verdicts) - len(scored)
         if unscored:
-            rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—",
+            rows.append([f"{unscored} more claims of this paper", "—", "no data (no scored seeds)", "—", "—",
                          f"{item.name} ({item.counts()})", f"({mark})"])
     return rows
 
@@ -168,6 +173,10 @@ def ledger_markdown(datas: Sequence[SweepData], preset_claims: PresetClaims) -> 
         for mark, item in zip(MARKS, evidence):
             lines += [f"({mark}) {item.name}: {item.folders()}. Deviations from the paper's protocol:", "",
                       *(f"- {d}" for d in item.deviations), ""]
+        unrun = [name for name in paper.sweeps if all(d.name != name for d in grids)]
+        if unrun:
+            lines += ["Sweeps of this paper with no folder of their own here: " + ", ".join(f"`{n}`" for n in unrun)
+                      + ".", ""]
     return "\n".join(lines)
 
 

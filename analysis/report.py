@@ -340,7 +340,8 @@ def _grid_section(data: SweepData, out: Path, sections: list[str], name: str) ->
     description = data.spec.get("description", "")
     missing = f" ({data.missing} planned runs have no record yet)" if data.missing else ""
     sections += [f"## {name}", "", f"{description}{missing}".strip(), "",
-                 f"Best training point per seed by {data.metric}, then median [IQR] and n over seeds; still "
+                 f"Best training point per seed by {data.metric}, then median [IQR] and n over seeds, and where "
+                 f"the seeds split at {SOLVED_AT} the share solved (a median hides a bimodal cell); still "
                  "improving: of those best runs, how many had their lowest test perplexity at their last "
                  "evaluation without stopping early (a longer budget could change them).", "",
                  table.markdown(), ""]

@@ -27,6 +27,7 @@ from mixlab.analysis.aggregate import (
     LOWEST_PPL,
     MAD_TASK_NAMES,
     METRIC_KEYS,
+    SOLVED_AT,
     MadScores,
     Stats,
     SweepData,
@@ -51,8 +52,6 @@ SELECTIVE_COPY = MAD_TASK_NAMES["mad/selective_copy"]
 VARIANTS = {SELECTIVE_COPY: COPY16, AVERAGE: COPY16_AVERAGE}
 # The report lists the cells (and settings) whose median the reported epoch moves by more than this.
 EPOCH_MOVED = 0.01
-# A seed solves a MAD setting when its best grid point reaches this macro accuracy (the claims' solved_at).
-SOLVED_AT = 0.99
 # The paper's claims about its MAD table beyond the values themselves (checked by analysis.claims, which adds
 # one claim per value of REFERENCE: the score within MAD_TOLERANCE of it; the tolerance is ours).
 MAD_TOLERANCE = 0.03
@@ -409,7 +408,9 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     """A grid sweep's summary (best training point per seed, then over seeds) as a table and CSV rows: the
     metric's median [IQR], each score group's median (e.g. acc_present / acc_absent), how many seeds' best
     runs were still improving when training ended, and the paper's value for that (task, model) when the
-    sweep's spec gives a reference (``runners.sweep.spec`` ``reference``). A cell some planned run of which has no
+    sweep's spec gives a reference (``runners.sweep.spec`` ``reference``). A cell whose seeds split, some at or
+    above SOLVED_AT and some below, gives the share solved beside its median (``0.973 [0.491], 2/3 solved``): a
+    median hides a bimodal outcome. A cell some planned run of which has no
     readable record reads ``(partial k/n)`` (k records of its n runs), and then every CSV row gets ``records`` and
     ``planned``."""
     summary = grid_summary(data)
@@ -425,6 +426,8 @@ def grid_table(data: SweepData) -> tuple[Table, list[dict[str, Any]]]:
     for r in summary:
         key = tuple(r[k] for k in GRID_CELL)
         cell = fmt_stats(Stats(r["median"], r["q25"], r["q75"], r["n"]))
+        if 0 < r["solved"] < r["n"]:
+            cell += f", {r['solved']}/{r['n']} solved"
         if key in partial:  # a planned run of the cell has no readable record: its best point may not be
             cell = partial_cell(cell, bool(r["n"]), *partial[key])
         if partial:

@@ -33,6 +33,7 @@ def example_plugin_installed() -> bool:
 def pytest_configure(config):
     config.addinivalue_line("markers", "example_plugin: needs the example plugin examples/mixlab-maxpool "
                                        "installed; skipped with the install command otherwise")
+    config.addinivalue_line("markers", "slow: takes over 20 s on a CPU (still runs in CI)")
 
 
 def pytest_runtest_setup(item):

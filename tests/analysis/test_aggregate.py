@@ -560,3 +560,17 @@ def test_a_smoke_profile_judges_no_claims(mad_dir, tmp_path):
     smoke = write_report([mad_dir], tmp_path / "smoke")[0].read_text()
     assert "### The paper's claims, smoke profile\n\nNot judged: the smoke profile checks" in smoke
     assert VERDICT_RULE not in smoke
+
+
+def test_a_cell_whose_seeds_split_gives_the_share_solved_beside_its_median(grid_dir):
+    """dynamic_conv at d=64 solves (>= 0.99) on seed 1 only: the median 0.784 would hide it; a cell whose seeds
+    all fall short (or all solve) gets no share."""
+    for path in (grid_dir / "runs").glob("dynamic_conv-64-0.01-1.json"):
+        rec = json.loads(path.read_text())
+        rec["history"][-1]["acc_micro"] = 0.995
+        path.write_text(json.dumps(rec))
+    table, summary = grid_table(load_sweep(grid_dir))
+    cells = {(r[2], r[3]): r[4] for r in table.rows}
+    assert cells["dynamic_conv", "d_model=64"] == "0.784 [0.116], 1/3 solved"
+    assert cells["dynamic_conv", "d_model=32"] == "0.742 [0.010]"
+    assert [r["solved"] for r in summary if r["model"] == "dynamic_conv"] == [0, 1]

@@ -2,6 +2,7 @@
 outcome, too few seeds), claims naming what a sweep lacks refused in one line (exit 2 from the command line), and
 the verdicts in `mixlab report` and the `mixlab claims` ledger."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ from mixlab.runners.cli.main import main
 from mixlab.runners.sweep.manifest import _identity
 from mixlab.runners.sweep.spec import SweepSpec, load_spec, preset_names, reference_claims
 from scipy.stats import binomtest
-from test_aggregate import grid_dir, mad_dir  # noqa: F401  (fixtures)
+from test_aggregate import grid_dir, mad_dir, manifest_for, record, write_sweep  # noqa: F401  (fixtures)
 
 
 def observations(per_model, labels=None):
@@ -126,9 +127,14 @@ def test_each_gives_one_verdict_per_value_and_where_picks_cells():
     ({"text": "x", "level": "a", "op": ">", "tolerance": 0.1}, "tolerance goes with op '='"),
     ({"text": "x", "difference": ["a", "b"], "op": ">", "solved_at": 0.9}, "solved_at goes with a level"),
     ({"text": "x", "level": "a", "op": ">", "solved_at": 0.9, "value": 2}, "value in [0, 1]"),
+    ({"text": "x", "level": "a", "op": ">=", "value": 1, "every": True}, "every goes with solved_at"),
+    ({"text": "x", "level": "a", "op": ">", "value": 0.5, "solved_at": 0.9, "every": True},
+     "every goes with solved_at, op '>=' and value 1"),
+    ({"text": "x", "difference": ["a", "b"], "op": ">", "fails_by_design": ["c"]}, "fails_by_design names ['c']"),
     ("a sentence", "must be a mapping"),
 ], ids=["unknown-key", "neither", "both", "one-model-difference", "bad-op", "equal-without-tolerance",
-        "tolerance-without-equal", "solved-difference", "fraction-above-one", "plain-sentence"])
+        "tolerance-without-equal", "solved-difference", "fraction-above-one", "every-without-solved",
+        "every-as-a-share", "fails-by-design-stranger", "plain-sentence"])
 def test_a_malformed_claim_is_refused_in_one_line(data, message):
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         parse_claim(data, "claims[0]")
@@ -231,6 +237,8 @@ def test_the_ledger_has_a_row_per_claim_and_paper_and_says_no_runs(grid_dir, tmp
     assert "no runs" in case_study
     fig2 = text.split("Figure 2")[1].split("##")[0]  # no folder of its sweeps: its preset's claims, no runs
     assert fig2.count("| no runs") == len(load_spec("mqar_varlen_fig2").reference["claims"])
+    assert ("Sweeps of this paper with no folder of their own here: `mqar_varlen_fig2`, `mqar_varlen_fig2_lr1e-3`, "
+            "`mqar_varlen_small`.") in fig2
 
 
 def test_a_newer_folder_of_one_model_and_profile_supersedes_the_older(mad_dir, tmp_path):  # noqa: F811
@@ -257,3 +265,127 @@ def test_a_newer_folder_of_one_model_and_profile_supersedes_the_older(mad_dir, t
     text = write_ledger([mad_dir, newer], reference_claims(PRESET_SWEEPS), tmp_path / "CLAIMS.md")
     assert f"superseded by a newer folder of the same model and profile: `{mad_dir}`" in text
     assert f"(a) MAD, paper profile: `{newer}`. Deviations" in text
+
+
+def runs(model, accuracies, *, labels=None, loss_fall=0.8, chance=0.001, stopped_at=None):
+    """Observations of acc_micro for one model, one per seed, with what tells a trained run from one that is not
+    (a loss that fell by ``loss_fall``, a test split whose chance is ``chance``) and the step of an early stop."""
+    stops = stopped_at if isinstance(stopped_at, list) else [stopped_at] * len(accuracies)
+    return [Observation(model, seed, labels or {"task": "t"}, {"acc_micro": acc}, stopped_at=stop,
+                        loss_fall=loss_fall, chance=chance)
+            for seed, (acc, stop) in enumerate(zip(accuracies, stops, strict=True))]
+
+
+def test_a_model_whose_loss_barely_fell_leaves_a_comparison_not_tested():
+    trained = runs("a", [0.97, 0.99, 0.98])
+    (verdict,) = evaluate(BEATS, trained + runs("b", [0.20, 0.30, 0.25], loss_fall=0.05), "acc_micro")
+    assert verdict.verdict == "not tested" and verdict.interval is None
+    assert "b did not train in 3 of 3 seeds: training loss down 5% from its first evaluation" in verdict.note
+    assert verdict.effect == pytest.approx(0.73)  # shown beside the verdict, not judged
+    (judged,) = evaluate(BEATS, trained + runs("b", [0.20, 0.30, 0.25], loss_fall=0.5), "acc_micro")
+    assert judged.verdict == "reproduced"
+
+
+def test_a_model_at_chance_leaves_the_claim_not_tested_and_says_its_chance():
+    # packed retrieval answered NONE everywhere: 0.5 is the best constant answer's accuracy there
+    leaky = runs("b", [0.506, 0.496, 0.52], chance=0.5)
+    (verdict,) = evaluate(BEATS, runs("a", [0.56, 0.54, 0.58], chance=0.5) + leaky, "acc_micro")
+    assert verdict.verdict == "not tested"
+    assert "acc_micro 0.496-0.520 against a chance of 0.500" in verdict.note
+    clear = runs("b", [0.60, 0.61, 0.62], chance=0.5)  # 0.5 + 0.05 * 0.5 = 0.525 is the edge
+    assert evaluate(BEATS, runs("a", [0.7] * 3, chance=0.5) + clear, "acc_micro")[0].verdict == "reproduced"
+
+
+def test_a_level_claim_about_a_model_that_did_not_train_is_not_tested():
+    claim = Claim(text="b fails", level="b", op="<", value=0.25)
+    (verdict,) = evaluate(claim, runs("b", [0.002, 0.003, 0.001]), "acc_micro")
+    assert verdict.verdict == "not tested"
+
+
+def test_most_seeds_decide_whether_a_model_trained():
+    def b(stuck):  # seeds 0..stuck-1 at chance with a flat loss, the rest trained to 0.25
+        return [Observation("b", s, {"task": "t"}, {"acc_micro": 0.001 if s < stuck else 0.25},
+                            loss_fall=0.01 if s < stuck else 0.5, chance=0.001) for s in range(3)]
+
+    (verdict,) = evaluate(BEATS, runs("a", [0.9] * 3) + b(stuck=1), "acc_micro")
+    assert verdict.verdict == "reproduced"  # one of three: judged, the stuck seed is data
+    (verdict,) = evaluate(BEATS, runs("a", [0.9] * 3) + b(stuck=2), "acc_micro")
+    assert verdict.verdict == "not tested" and "b did not train in 2 of 3 seeds" in verdict.note
+
+
+def test_a_model_that_fails_by_design_is_judged_as_it_stands():
+    claim = Claim(text="conv beats none", difference=("a", "b"), op=">", fails_by_design=("b",))
+    (verdict,) = evaluate(claim, runs("a", [0.9] * 3) + runs("b", [0.001] * 3, loss_fall=0.01), "acc_micro")
+    assert verdict.verdict == "reproduced"
+    # the model it names must still train
+    (verdict,) = evaluate(claim, runs("a", [0.001] * 3, loss_fall=0.01) + runs("b", [0.0] * 3), "acc_micro")
+    assert verdict.verdict == "not tested" and "a did not train" in verdict.note
+
+
+def test_scores_without_training_facts_count_as_trained():
+    (verdict,) = evaluate(BEATS, observations({"a": [0.002] * 3, "b": [0.001] * 3}), "acc_micro")
+    assert verdict.verdict == "reproduced"  # MAD scores: no loss fall, no chance known
+
+
+def test_two_models_at_the_early_stop_are_compared_on_their_steps_to_it():
+    # both stop above the threshold in every seed: their accuracies tie, the steps do not (packed_mq's hyena)
+    exact = runs("a", [0.9995, 0.9994, 0.9996], stopped_at=1500)
+    leaky = runs("b", [0.9996, 0.9995, 0.9995], stopped_at=[3000, 3500, 3500])
+    (verdict,) = evaluate(BEATS, exact + leaky, "acc_micro")
+    assert (verdict.basis, verdict.verdict, verdict.effect) == ("steps", "reproduced", -2000)
+    assert (verdict.interval.low, verdict.interval.high) == (-2000, -1500)
+    assert verdict.effect_text() == "-2,000 steps" and verdict.interval_text() == "[-2,000, -1,500]"
+    assert verdict.check_text() == "steps to the early stop: a - b < 0" and verdict.p == pytest.approx(1 / 8)
+    (slower,) = evaluate(BEATS, runs("a", [0.9995] * 3, stopped_at=4000) + leaky, "acc_micro")
+    assert slower.verdict == "contradicted"
+
+
+def test_steps_decide_only_when_both_models_stopped_in_every_seed():
+    exact = runs("a", [0.9995, 0.9994, 0.9996], stopped_at=1500)
+    leaky = runs("b", [0.98, 0.985, 0.99], stopped_at=[3000, 3500, None])  # seed 2 never got there
+    (verdict,) = evaluate(BEATS, exact + leaky, "acc_micro")
+    assert verdict.basis == "metric" and verdict.verdict == "reproduced"
+    assert verdict.effect == pytest.approx(0.0144)  # differences .0195 .0144 .0096
+    value_claim = Claim(text="a beats b by 0.1", difference=("a", "b"), op=">", value=0.1)
+    both = runs("b", [0.9995] * 3, stopped_at=3000)
+    (verdict,) = evaluate(value_claim, exact + both, "acc_micro")
+    assert verdict.basis == "metric" and verdict.verdict == "contradicted"  # a margin is not a step count
+
+
+def test_a_claim_about_every_run_counts_the_runs_over_its_cells():
+    claim = Claim(text="a solves it everywhere", level="a", solved_at=0.97, every=True, op=">=", value=1)
+    cells = [{"task": "t", "d_model": d} for d in ("64", "128", "256")]
+    values = {"64": [0.98, 0.016, 0.99], "128": [0.99] * 3, "256": [0.999] * 3}
+    obs = [o for c in cells for o in runs("a", values[c["d_model"]], labels=c)]
+    obs[1] = dataclasses.replace(obs[1], loss_fall=0.5)  # failed, but it trained: a run short of the level
+    (verdict,) = evaluate(claim, obs, "acc_micro")
+    assert (verdict.verdict, verdict.solved, verdict.n) == ("contradicted", 8, 9)
+    assert verdict.effect_text() == "8 of 9 runs >= 0.97"
+    assert verdict.interval.high < 1  # Wilson's interval of 8 of 9 excludes every run
+    obs[1] = dataclasses.replace(obs[1], values={"acc_micro": 0.975})
+    (verdict,) = evaluate(claim, obs, "acc_micro")
+    assert (verdict.verdict, verdict.solved) == ("reproduced", 9)
+    (verdict,) = evaluate(claim, obs[:2], "acc_micro")
+    assert verdict.verdict == "inconclusive" and "too few runs (2 < 3)" in verdict.verdict_text()
+
+
+def test_grid_observations_carry_the_early_stop_the_loss_fall_and_the_chance(tmp_path):
+    """From records: the fewest steps at which one of a cell's training points stopped early, the loss fall of
+    the run judged (the best point), and the chance of its test split."""
+    params = {"vocab_size": 64, "seq_len": 16, "num_kv_pairs": 2}
+    records, metas = [], []
+    for lr, acc, stopped, steps in [(1e-3, 0.9992, True, 40), (1e-2, 0.9995, True, 60), (3e-3, 0.5, False, 80)]:
+        rec = record(f"r{lr}", "mqar", params, 100, [(2.0, acc / 2), (1.5, acc)], lr=lr,
+                     model={"mixer": "attention", "d_model": 16})
+        rec["config"]["train"]["num_test"] = 50
+        rec["history"][0]["train_loss"], rec["history"][1]["train_loss"] = 4.0, 1.0
+        rec["stopped_early"], rec["steps"] = stopped, steps
+        records.append(rec)
+        metas.append({"task": "mqar", "setting": "default", "model": "m", "model_grid": {"d_model": 16},
+                      "train_grid": {"lr": lr}, "seed": 0})
+    spec = {"name": "g", "metric": "acc_micro", "seeds": [0]}
+    data = load_sweep(write_sweep(tmp_path / "g", records, manifest_for(records, metas, "grid", spec)))
+    (obs,) = claims.grid_observations(data)
+    assert obs.values["acc_micro"] == 0.9995 and obs.stopped_at == 40 and obs.loss_fall == 0.75
+    from mixlab.analysis.ceilings import chance_accuracy
+    assert obs.chance == chance_accuracy("mqar", params, 50, 0) and 0 < obs.chance < 0.2
