@@ -64,7 +64,7 @@ NAIVE_CHUNK = 16
 # chunk length of the gated delta rule's torch form (``chunked_gated_delta_rule``) by device type: its steps are
 # a loop over chunks, so longer chunks mean fewer ops but more arithmetic (a chunk's [C, C] products). On CUDA
 # (backend "torch") steps this small are bound by their launches; on the CPU by arithmetic.
-# Fwd+bwd of 16 heads (keys 8, values 16), non-view aten ops dispatched (under a TorchDispatchMode, 2026-12-03):
+# Fwd+bwd of 16 heads (keys 8, values 16), non-view aten ops dispatched (counted under a TorchDispatchMode):
 # B=32 T=128 143 at chunks of 64, 197 at 32, against 999 for fla's naive chunked form at chunks of 16 (which
 # also loops over a chunk's positions); B=4 T=1024 521, 953 and 5,255.
 GDR_CHUNK = {"cuda": 64, "cpu": 32}
@@ -77,7 +77,7 @@ MAX_GRID_ROWS = 65535
 # Rows of at most RECURRENT_MAX_T[op] tokens take fla's fused recurrent kernels (one launch each way, a loop over
 # the tokens with each head's [K, V] state on chip) instead of its chunked ones (about ten launches each way, built
 # for long rows and wide heads), for the ops that have both (RECURRENT_OPS: the gated delta rule's recurrent
-# kernel has no backward, Based has no recurrent form). From `mixlab bench fla` on an H200 (2026-12-03,
+# kernel has no backward, Based has no recurrent form). From `mixlab bench fla` on an H200 (
 # BENCHMARKS.md: 16 heads, keys 8 and values 16 padded to 16, bf16, 294,912 tokens, fla autotune first), fwd+bwd
 # chunked against recurrent: GLA 45.5 ms against 9.5-11.0 at T = 128-1024, simple_gla (on GLA's chunked kernel
 # where fla refuses its own) 45.8-45.9 against 8.1-8.9, retention 2.9 against 7.0-9.0. Longer rows were not timed.

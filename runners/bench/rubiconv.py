@@ -34,7 +34,7 @@ from mixlab.runners.bench.anchors import Anchor, long_conv_anchors
 from mixlab.runners.bench.utils import device_line, median_time_ms, rel_rms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision (issue #5); with
+# Relative RMS error the gate allows: exact FFT baselines, then the GEMM form per precision; with
 # bfloat16 activations, rounding y, dx and dh to bfloat16 alone costs ~2e-3, so no bound is below IO_BOUND.
 BOUND_EXACT, BOUND, IO_BOUND = 1e-5, {"fp32": 1e-3, "bf16": 2e-2}, {"fp32": 0.0, "bf16": 1e-2}
 # Lognormal document lengths: median e^6.7 ~ 810 tokens, mean ~1340: about 49 documents in 65,536 tokens.

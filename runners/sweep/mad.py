@@ -32,7 +32,7 @@ smoke    6 baselines  1e-3 x {0, 0.1}   2                               <=64 / 6
 
 Sizes for one architecture and one seed, before early stopping (``MadProfile.max_total_steps``): ``paper``
 396 runs, 5.38M optimizer steps, about 12 GPU-hours one run at a time at 7.9 ms per step (H200, docs/engine.md);
-``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one GPU session one
+``quick`` 66 runs, 91,940 steps, about 12 GPU-minutes plus evaluation: it fits one 30-minute GPU lease one
 run at a time; ``smoke`` 12 runs of 2 steps of 64 rows, well under a CPU minute for a transformer. ``quick``
 keeps every setting because the MAD score averages over them (long sequences and small training sets are the
 hard ones); it drops the grid and caps the steps instead. A quick run is the first epochs of the paper run

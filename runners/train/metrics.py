@@ -1,7 +1,7 @@
 """Evaluation metrics over scored positions (targets != -100), computed on the device without host syncs.
 
 A sync per test batch is cheap alone, but several sweep workers share one GPU: each sync then waits for the
-other processes' queued work, and evaluations took most of a run's wall time (issue #12's first sweeps).
+other processes' queued work, and evaluations then took most of a run's wall time.
 Counts stay on the device; `EvalSums.metrics` reads them once per evaluation.
 """
 

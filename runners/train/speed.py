@@ -13,7 +13,7 @@ import torch
 
 SPEEDS = ("eager", "compile", "cuda-graph", "compile+graph", "auto")
 # Longest row (tokens) whose stacks ``auto`` compiles and captures on CUDA; longer rows are compiled only. From an
-# H200 (2026-12-02, BENCHMARKS.md), 18 stacked MAD runs, train tokens/s compiled against compiled + CUDA graph:
+# H200 (BENCHMARKS.md), 18 stacked MAD runs, train tokens/s compiled against compiled + CUDA graph:
 # transformer compression T=32 9.5M against 16.1M; in-context recall T=127 transformer 28.4M against 25.6M,
 # static_conv_qkv 24.0M against 21.9M, dynamic_conv_qkv 18.6M against 16.9M. 64-token rows were not measured.
 GRAPH_MAX_ROW = 32

@@ -121,7 +121,7 @@ def test_modeled_work_counts_each_stage():
 
 
 def test_modeled_work_orders_the_blocks_as_the_h200_timed_them():
-    """`mixlab bench rubiconv`'s row, timed on the H200 (2026-12-04, BENCHMARKS.md): Triton fp32 forward k=64 6.19
+    """`mixlab bench rubiconv`'s row, timed on the H200 (BENCHMARKS.md): Triton fp32 forward k=64 6.19
     ms, k=128 6.91, k=256 13.88 (fwd+bwd 13.85, 15.79, 36.75). The model orders the three blocks the same way."""
     from mixlab.runners.bench.rubiconv import lognormal_layout
 

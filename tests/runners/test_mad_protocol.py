@@ -64,7 +64,7 @@ def test_seeds_vary_data_and_initialisation():
         (s, s, s) for s in range(3)}
 
 
-def test_quick_profile_fits_one_gpu_session():
+def test_quick_profile_fits_one_gpu_lease():
     profile = mad.PROFILES["quick"]
     plan = mad.mad_plan("transformer", "quick")
     assert len({(r.meta["task"], r.meta["setting"]) for r in plan.runs}) == 66
