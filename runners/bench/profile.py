@@ -130,12 +130,12 @@ class Window:
     def busy_s(self) -> float:
         return busy_seconds([(start, end) for _, start, end in self.device])
 
-    def summary(self, per: str) -> str:
-        """Wall and busy time per ``per``, their ratio, and the device events per ``per``."""
-        busy = self.busy_s
-        return (f"{self.wall_s / self.count * 1e3:.3f} ms a {per}, GPU busy {busy / self.count * 1e3:.3f} ms a "
-                f"{per} ({busy / self.wall_s:.0%} of the wall), {len(self.device) / self.count:g} device events a "
-                f"{per}")
+    def summary(self, per: str, unit: Literal["ms", "µs"] = "ms") -> str:
+        """Wall and GPU busy time per ``per`` in ``unit``, their ratio, and the device events per ``per``."""
+        scale = {"ms": 1e3, "µs": 1e6}[unit] / self.count
+        wall, busy = self.wall_s * scale, self.busy_s * scale
+        return (f"{wall:,.2f} {unit} a {per}, GPU busy {busy:,.2f} {unit} a {per} ({busy / wall:.0%} of the wall), "
+                f"{len(self.device) / self.count:g} device events a {per}")
 
     def tables(self, rows: int, per: str) -> list[str]:
         """The kernel table (when the device ran any) and the host table, with a blank line after each."""
@@ -230,7 +230,7 @@ def profile_ops(conv: ConvInputs = ConvInputs(), *, only: Sequence[str] = KERNEL
     for label, run in conv.calls(device, only):
         window = profile_calls(run, calls, device)
         waits = ", ".join(f"{name} {n / calls:g}" for name, _, n in window.host if name in WAITS) or "none"
-        lines += [f"## {label}", "", f"{window.summary('call')}; host waits a call: {waits}", "",
+        lines += [f"## {label}", "", f"{window.summary('call', 'µs')}; host waits a call: {waits}", "",
                   *window.tables(rows, "call")]
     return "\n".join(lines)
 

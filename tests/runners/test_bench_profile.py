@@ -7,6 +7,7 @@ from mixlab.runners.bench import profile, profile_host
 from mixlab.runners.bench.profile import (
     ConvInputs,
     TrainProfile,
+    Window,
     busy_seconds,
     host_table,
     kernel_table,
@@ -74,6 +75,17 @@ def test_host_table_orders_the_ops_by_self_cpu_time():
         "| `aten::mm` | 150.0 | 1 |",
         "| `aten::add` | 20.0 | 2 |",
     ]
+
+
+def test_window_summary_sets_the_busy_time_against_the_wall():
+    window = Window(wall_s=2e-3, count=2, device=[("gemm", 0.0, 500.0), ("copy", 250.0, 1000.0)],
+                    host=[("aten::mm", 80.0, 2)])
+    assert window.summary("step") == "1.00 ms a step, GPU busy 0.50 ms a step (50% of the wall), 1 device events a step"
+    assert window.summary("call", "µs").startswith("1,000.00 µs a call, GPU busy 500.00 µs a call (50% ")
+    tables = window.tables(rows=5, per="step")
+    assert tables[0].startswith("| kernel | µs a step |") and tables[2].startswith("| host op |")
+    assert Window(1.0, 1, [], [("aten::mm", 1.0, 1)]).tables(5, "run")[0].startswith("| host op |"), \
+        "no kernel table without device events"
 
 
 def test_stack_step_profile_records_the_steps_after_skip_only():
