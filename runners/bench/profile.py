@@ -68,6 +68,8 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMe
 # ncu's attention: sequences, heads, head size and lengths of a stack of 18 MAD runs (128 rows each).
 ATTENTION = (18 * 128, 16, 8, (127, 1023))
 NCU_GROUPS = ("shortconv", "attention", "rubiconv")
+# Rows a step of profile_train's runs (bench train's default).
+BATCH = 128
 # Table names are cut to this many characters.
 NAME_WIDTH = 70
 
@@ -301,7 +303,8 @@ def profile_ncu(groups: Sequence[str] = ("shortconv", "attention"), conv: ConvIn
     lines = _header("Kernel launches profiled for Nsight Compute", device,
                     f"groups {', '.join(dict.fromkeys(groups))}; short convs {conv.describe()}",
                     "one NVTX range a launch, in this order")
-    lines += ["| # | launch |", "|---|---|", *(f"| {n} | {name} |" for n, (name, _) in enumerate(launches, 1))]
+    cells = [name.replace("|", "\\|") for name, _ in launches]  # the NVTX names, their bars escaped for markdown
+    lines += ["| # | launch (NVTX range) |", "|---|---|", *(f"| {n} | {cell} |" for n, cell in enumerate(cells, 1))]
     return "\n".join(lines) + "\n"
 
 
@@ -366,8 +369,9 @@ def profile_train(task: str = "mad/in_context_recall", model: str = "transformer
     model's fields): wall and GPU busy time a step, the kernels and the host ops a step (CUDA)."""
     o = options
     device = _cuda("train")
+    # one batch more training rows than steps: no epoch ends in the window, the only evaluation follows the last step
     runs = bench_runs(task, model, o.n_runs, o.steps, "cuda", task_params=task_params, model_params=model_params,
-                      num_train=128 * (o.steps + 1), num_test=o.num_test)
+                      batch_size=BATCH, num_train=BATCH * (o.steps + 1), num_test=o.num_test)
     window = profile_stack_steps(runs, speed=o.speed, skip=o.skip, last=o.steps)
     tc, model_config = runs[0].config.train, runs[0].model_config
     lines = _header(

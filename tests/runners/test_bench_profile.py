@@ -156,6 +156,17 @@ def test_ops_profile_on_the_cpu_lists_each_case_with_its_host_ops():
     assert "host waits a call: none" in report
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check run, on a machine without a GPU")
+def test_ncu_report_lists_the_launches_in_the_order_run(monkeypatch):
+    ran = []
+    monkeypatch.setattr(profile, "_cuda", lambda mode, hint="": torch.device("cpu"))
+    monkeypatch.setattr(profile, "run_for_ncu", lambda launches: ran.extend(name for name, _ in launches))
+    report = profile.profile_ncu(["shortconv"], ConvInputs(shape=(1, 16, 16, 2), dtype="fp32", n_docs=2))
+    table = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert len(ran) == 8 and ran[0] == "static | no documents | fwd+bwd"
+    assert table == [f"| {n} | {name.replace('|', chr(92) + '|')} |" for n, name in enumerate(ran, 1)]
+
+
 def test_host_table_at_tiny_shapes_on_the_cpu_skips_launches_and_restores_them():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
