@@ -234,7 +234,7 @@ def profile_ops(conv: ConvInputs = ConvInputs(), *, only: Sequence[str] = KERNEL
         waits = ", ".join(f"{name} {n / calls:g}" for name, _, n in window.host if name in WAITS) or "none"
         lines += [f"## {label}", "", f"{window.summary('call', 'µs')}; host waits a call: {waits}", "",
                   *window.tables(rows, "call")]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def _attention_launches(device: torch.device) -> list[tuple[str, Callable]]:
@@ -305,7 +305,7 @@ def profile_ncu(groups: Sequence[str] = ("shortconv", "attention"), conv: ConvIn
                     "one NVTX range a launch, in this order")
     cells = [name.replace("|", "\\|") for name, _ in launches]  # the NVTX names, their bars escaped for markdown
     lines += ["| # | launch (NVTX range) |", "|---|---|", *(f"| {n} | {cell} |" for n, cell in enumerate(cells, 1))]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def profile_stack_steps(runs: Sequence[ResolvedRun], *, speed: str = "eager", skip: int = 5,
@@ -381,7 +381,7 @@ def profile_train(task: str = "mad/in_context_recall", model: str = "transformer
         f"speed {o.speed}; task_params={task_params or {}!r}, model_params={model_params or {}!r}",
         f"profiled steps {o.skip + 1}-{o.steps} of {o.steps}")
     lines += [window.summary("step"), "", *window.tables(o.rows, "step")]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def shortened(config: RunConfig, steps: int) -> RunConfig:
@@ -429,5 +429,5 @@ def profile_preset(preset: str = "packed_rubiconv", *, steps: int = 200, profile
         rate, window = profile_one_run(config, steps=steps, profiled=profiled)
         lines += [f"## {name}", "", f"{rate:.1f} steps/s alone ({1e3 / rate:.1f} ms a step); profiled run: wall "
                   f"{window.wall_s:.2f} s, GPU busy {window.busy_s:.2f} s", "", *window.tables(rows, "run")]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 

@@ -196,4 +196,4 @@ def host_overhead(device: Literal["cpu", "cuda"] = "cpu", *, repeats: int = 15, 
         lines += ["", "| piece | µs a call |", "|---|---|"]
         for name, call in op_pieces(ops).items():
             lines.append(f"| {name} | {median_us(call, repeats, calls, dev):.1f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)

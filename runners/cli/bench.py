@@ -287,7 +287,7 @@ def profile_host_cmd(
     """Host µs a call of the short convs' public ops, the autograd floor, and each op's pieces."""
     from mixlab.runners.bench.profile_host import host_overhead
 
-    typer.echo(host_overhead(device, repeats=repeats, calls=calls), nl=False)
+    typer.echo(host_overhead(device, repeats=repeats, calls=calls))
 
 
 def register(app: typer.Typer) -> None:
