@@ -106,9 +106,10 @@ def op_pieces(ops: list[BenchKernel]) -> dict[str, Callable[[], object]]:
     """Each op's pieces below the public op, and the static op's below its launchers: name -> a call. ``ops``:
     ``bench_kernels`` at (B, T, D, W), the static op first."""
     pieces = {}
+    gen = torch.Generator(device=ops[0].inputs["x"].device).manual_seed(2)
     for k in ops:
         op, args = TRITON_OPS[k.kind], tuple(k.inputs.values())
-        dy = torch.randn_like(k.inputs["x"])
+        dy = torch.randn(k.inputs["x"].shape, generator=gen, device=gen.device)
         n_fwd, n_bwd = LAUNCHES[k.kind]
         pieces[f"{k.name}: raw forward launcher ({n_fwd} launch)"] = lambda op=op, a=args: op.fwd(*a, None, True)
         pieces[f"{k.name}: raw backward launcher ({n_bwd} launches)"] = (
@@ -186,8 +187,9 @@ def host_overhead(device: Literal["cpu", "cuda"] = "cpu", *, repeats: int = 15, 
         floor = (floor_op, {"x": static.inputs["x"], "weight": static.inputs["weight"]}, {},
                  "floor: an autograd Function that only allocates its outputs")
         cases = [(k.op, k.inputs, {"residual": True, "backend": "triton"}, k.name) for k in ops] + [floor]
+        gen = torch.Generator(device=dev).manual_seed(1)
         for op, inputs, options, name in cases:
-            dy = torch.randn_like(inputs["x"])
+            dy = torch.randn(inputs["x"].shape, generator=gen, device=dev)
             fwd = median_us(fwd_call(op, inputs, **options), repeats, calls, dev)
             total = median_us(fwd_bwd_call(op, inputs, dy, **options), repeats, calls, dev)
             chain = median_us(fwd_bwd_call(chained(op, CHAIN), inputs, dy, **options), repeats,

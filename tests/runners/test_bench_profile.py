@@ -171,9 +171,10 @@ def test_host_table_at_tiny_shapes_on_the_cpu_skips_launches_and_restores_them()
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    launchers = JITFunction.run, InterpretedFunction.run
+    launchers, rng = (JITFunction.run, InterpretedFunction.run), torch.get_rng_state()
     report = profile_host.host_overhead("cpu", repeats=1, calls=1)
     assert (JITFunction.run, InterpretedFunction.run) == launchers
+    assert torch.equal(torch.get_rng_state(), rng), "the inputs come from seeded generators of their own"
     rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ") and "---" not in line]
     ops, pieces = rows[1:6], rows[7:]
     assert [op[0] for op in ops] == ["| static", "| head-wise, head size 1", "| head-wise, head size 16",
