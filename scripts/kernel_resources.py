@@ -5,7 +5,7 @@ without a GPU.
     python scripts/kernel_resources.py --ops shortconv --config "headwise[bwd,tiled,hs1].tile=1024"
     python scripts/kernel_resources.py --ops shortconv --calls low-rank   # only the calls so labelled
 
-The launchers run on CPU tensors at the shapes of ``scripts/profile_kernels_gpu.py ncu`` (short convs B=4,
+The launchers run on CPU tensors at the shapes of ``mixlab bench profile ncu`` (short convs B=4,
 T=4096, D=2048, W=4, bf16, without and with 64 documents; attention a stack of 18 MAD runs at T=127 and 1023;
 RubiConv forward and backward on one row of 65,536 tokens in 49 documents, D=1024, fp32 and bf16), at the
 launch settings the GPU takes (each kernel module's ``config_for``, with ``--config`` replacing fields of a

@@ -7,7 +7,7 @@ zeros, never another document), causal attention runs per row with positions res
 positions are read back. Padding sits after each document's end, so the causal mask hides it. Each token has
 exactly one slot, so both copies and their gradients are plain one-to-one index ops: gathering the padding
 from one shared zero row instead made the backward an accumulate onto that row from every padded slot, which
-serialised on the GPU (4.3 of 4.6 s of CUDA time in 20 packed steps, scripts/profile_packed_gpu.py).
+serialised on the GPU (4.3 of 4.6 s of CUDA time in 20 packed steps, ``mixlab bench profile run``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ KERNEL_KEYS = ("static", "hs1", "hs16", "lowrank")
 
 
 @dataclasses.dataclass
-class _Kernel:
+class BenchKernel:
+    """One short conv as the benchmarks call it: its public op, its reference, its inputs and its byte floors."""
+
     key: str  # one of KERNEL_KEYS
     name: str
     kind: str  # static, headwise or lowrank: which anchors apply
@@ -68,7 +70,9 @@ class _Kernel:
     bytes_fwd_bwd: int
 
 
-def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.device) -> list[_Kernel]:
+def bench_kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.device) -> list[BenchKernel]:
+    """The benchmark's kernels (``KERNEL_KEYS``, head size 16 only where it divides D) on seeded inputs: x [B, T, D]
+    shared by all, static weights [W, D], head-wise weights [B, T, D / hs, W], low-rank z [B, T, 16], U [16, W*D]."""
     gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -79,7 +83,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
     params = 2 * W * D * s  # static_w read once, its gradient written once
     static = {"x": x, "weight": static_w}
     out = [
-        _Kernel(
+        BenchKernel(
             "static",
             "static",
             "static",
@@ -98,15 +102,15 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
         fwd, fwd_bwd = 2 * N * D * s + N * H * W * s + params, 5 * N * D * s + 3 * N * H * W * s + params
         name = f"head-wise, head size {hs}"
         out.append(
-            _Kernel(f"hs{hs}", name, "headwise", kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref, inputs,
-                    fwd, fwd_bwd)
+            BenchKernel(f"hs{hs}", name, "headwise", kernels.dynamic_conv_headwise, dynamic_conv_headwise_ref,
+                        inputs, fwd, fwd_bwd)
         )
     R = 16
     inputs = {"x": x, "z": randn(B, T, R), "U": randn(R, W * D, scale=(R * W) ** -0.5), "static_w": static_w}
     params += 2 * R * W * D * s
     fwd, fwd_bwd = 2 * N * D * s + N * R * s + params, 5 * N * D * s + 3 * N * R * s + params
     out.append(
-        _Kernel(
+        BenchKernel(
             "lowrank", f"low-rank, R={R}", "lowrank", kernels.dynamic_conv_lowrank, dynamic_conv_lowrank_ref, inputs,
             fwd, fwd_bwd,
         )
@@ -114,7 +118,7 @@ def _kernels(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torch.d
     return out
 
 
-def _doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tensor:
+def doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tensor:
     """cu_seqlens of n_docs documents of random lengths (seeded), every row cut into about n_docs / B."""
     if n_docs < B or n_docs > B * T:
         raise ValueError(f"n_docs={n_docs} must lie between B={B} and B*T={B * T}")
@@ -127,7 +131,7 @@ def _doc_layout(B: int, T: int, n_docs: int, device: torch.device) -> torch.Tens
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
-def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
+def _gate(kernel: BenchKernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
     """Worst relative RMS error of the Triton output and input gradients (with documents) against float64."""
     got = fwd_bwd_call(kernel.op, kernel.inputs, upstream, cu_seqlens=cu, residual=True, backend="triton")()
     as64 = {k: None if v is None else v.double() for k, v in kernel.inputs.items()}
@@ -135,7 +139,7 @@ def _gate(kernel: _Kernel, cu: torch.Tensor, upstream: torch.Tensor) -> float:
     return max(rel_rms(a, b) for a, b in zip(got, want, strict=True))
 
 
-def _anchor_error(kernel: _Kernel, anchor: Anchor, cu: torch.Tensor | None) -> float:
+def _anchor_error(kernel: BenchKernel, anchor: Anchor, cu: torch.Tensor | None) -> float:
     """Relative RMS error of an anchor's output against our float64 reference of the same function."""
     with torch.no_grad():
         got = anchor.fn(**anchor.inputs)
@@ -145,7 +149,7 @@ def _anchor_error(kernel: _Kernel, anchor: Anchor, cu: torch.Tensor | None) -> f
     return rel_rms(got, want)
 
 
-def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
+def _anchor_rows(kernel: BenchKernel, cases: list[tuple[torch.Tensor | None, str]],
                  timed: dict[str, tuple[float | None, float | None, float | None, float | None]],
                  upstream: torch.Tensor, repeats: int,
                  bw: float) -> tuple[list[str], list[str]]:
@@ -187,7 +191,7 @@ def _anchor_rows(kernel: _Kernel, cases: list[tuple[torch.Tensor | None, str]],
     return lines, notes
 
 
-def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: _Kernel, bw: float,
+def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: BenchKernel, bw: float,
          graph_fwd: float | None = None, graph_total: float | None = None) -> str:
     def us(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
@@ -230,7 +234,7 @@ def bench_shortconv(
         raise ValueError("bench shortconv times Triton kernels on a GPU, and torch sees no CUDA device here (on a CPU "
                          "the kernels run only in the Triton interpreter, TRITON_INTERPRET=1, at tiny shapes)")
     torch_dtype = DTYPES[dtype]
-    cu = _doc_layout(B, T, n_docs, dev)
+    cu = doc_layout(B, T, n_docs, dev)
     bw = copy_bandwidth(dev, repeats)
     lines = [
         f"# Short-convolution kernels, {datetime.date.today().isoformat()}",
@@ -244,7 +248,7 @@ def bench_shortconv(
     ]
     if progress:
         print("\n".join(lines), file=sys.stderr, flush=True)
-    for kernel in [k for k in _kernels(B, T, D, W, torch_dtype, dev) if k.key in only]:
+    for kernel in [k for k in bench_kernels(B, T, D, W, torch_dtype, dev) if k.key in only]:
         done = len(lines)
         x = kernel.inputs["x"]
         upstream = torch.randn(x.shape, generator=torch.Generator(device=dev).manual_seed(2), device=dev)

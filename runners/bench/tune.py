@@ -40,7 +40,7 @@ from mixlab.kernels.rubiconv import triton as rubiconv
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
 from mixlab.kernels.short_conv import triton as short
 from mixlab.kernels.short_conv.naive import short_conv_ref
-from mixlab.runners.bench.shortconv import _doc_layout
+from mixlab.runners.bench.shortconv import doc_layout
 from mixlab.runners.bench.utils import device_line, error_line, median_time_ms, rel_rms
 
 
@@ -189,7 +189,7 @@ class _ShortConvCase:
             self.rows = {"fwd": lowrank.config_for("fwd"), "dx_config": lowrank.config_for("dx"),
                          "dz_config": lowrank.config_for("dz"), "du_config": lowrank.config_for("du")}
         self.rows = {name: _key(self.module, row) for name, row in self.rows.items()}  # launch keyword -> row key
-        self.cu = _doc_layout(B, T, n_docs, device)
+        self.cu = doc_layout(B, T, n_docs, device)
         leaves = [a.float().requires_grad_() for a in self.args]
         y = ref(*leaves, cu_seqlens=self.cu, residual=True)
         self.want = [y.detach(), *torch.autograd.grad(y, leaves, self.dy.float())]

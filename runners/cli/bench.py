@@ -1,4 +1,5 @@
-"""``mixlab bench ...``: kernel and training benchmarks (each prints a markdown table; GPU name and versions on top)."""
+"""``mixlab bench ...``: kernel and training benchmarks, and ``bench profile``'s profiles (each prints markdown; the
+GPU name and versions on top)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from mixlab.runners.bench.train import WARMUP_STEPS
 from mixlab.runners.sweep.jobs import DEFAULT_MAX_STACK
 from mixlab.runners.train.speed import SPEED_HELP, from_flags
 
-bench_app = typer.Typer(help="Benchmarks: kernels and training throughput (tables for BENCHMARKS.md).",
+bench_app = typer.Typer(help="Benchmarks and profiles: kernels and training throughput (tables for BENCHMARKS.md).",
                         no_args_is_help=True)
 
 
@@ -20,6 +21,17 @@ def parse_shape(text: str, n: int, what: str) -> tuple[int, ...]:
     if len(shape) != n or min(shape) < 1:
         raise ValueError(f"--shape expects {what} (positive integers), got {text!r}")
     return shape
+
+
+def _train_fields(task: str, set_: list[str] | None, command: str, options: str):
+    """``--set`` of a training benchmark: task parameters and model fields; training fields are its options."""
+    from mixlab.runners.cli.settings import split_run_assignments
+
+    fields = split_run_assignments(task, set_)
+    if fields.train:
+        raise ValueError(f"{command} sets training fields with its own options ({options}), not --set "
+                         f"{next(iter(fields.train))}")
+    return fields
 
 
 @bench_app.command("shortconv")
@@ -129,13 +141,9 @@ def bench_train_cmd(
 ) -> None:
     """Tokens per second and runs per hour: one run at a time against many runs batched on one device."""
     from mixlab.runners.bench.train import bench_train
-    from mixlab.runners.cli.settings import split_run_assignments
     from mixlab.runners.cli.sweep import comma_names
 
-    fields = split_run_assignments(task, set_)
-    if fields.train:
-        raise ValueError(f"bench train sets training fields with its own options (--steps, --batch-size, --num-train, "
-                         f"--num-test, --device), not --set {next(iter(fields.train))}")
+    fields = _train_fields(task, set_, "bench train", "--steps, --batch-size, --num-train, --num-test, --device")
     flagged = [m for m, on in (("compile", compile), ("cuda-graph", cuda_graph),
                                ("compile+graph", compile and cuda_graph)) if on]
     typer.echo(bench_train(task=task, model=model, n_runs=n_runs, steps=steps, device=device,
@@ -184,6 +192,102 @@ def bench_mad_cmd(
                               heaviest_first=heaviest_first, precompile=precompile,
                               sweep_epochs=sweep_epochs or None, workers=workers)
     typer.echo(bench_mad(model, profile, options))
+
+
+profile_app = typer.Typer(help="Where the time goes: the short convs' eager ops, Nsight Compute launches, a stack's "
+                          "steps, one run alone, the eager ops' host time (markdown; device and versions on top).",
+                          no_args_is_help=True)
+bench_app.add_typer(profile_app, name="profile")
+KERNELS_HELP = "Comma-separated short convs: static, hs1, hs16 (head-wise at head size 1, 16), lowrank."
+
+
+def _conv_inputs(shape: str, dtype: str, n_docs: int):
+    from mixlab.runners.bench.profile import ConvInputs
+
+    return ConvInputs(shape=parse_shape(shape, 4, "B,T,D,W"), dtype=dtype, n_docs=n_docs)
+
+
+@profile_app.command("ops")
+def profile_ops_cmd(
+    shape: str = typer.Option("4,4096,2048,4", help="B,T,D,W of the short convs."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16 activations."),
+    n_docs: int = typer.Option(64, help="Documents of the packed case."),
+    only: str = typer.Option("static,hs1,hs16,lowrank", "--kernels", help=KERNELS_HELP),
+    calls: int = typer.Option(20, help="Profiled calls of each op."),
+    rows: int = typer.Option(12, help="Kernels and host ops listed."),
+) -> None:
+    """torch.profiler of each short conv's eager fwd+bwd: wall and GPU busy time a call, kernels by launch, host
+    ops (CUDA)."""
+    from mixlab.runners.bench.profile import profile_ops
+    from mixlab.runners.cli.sweep import comma_names
+
+    typer.echo(profile_ops(_conv_inputs(shape, dtype, n_docs), only=comma_names(only), calls=calls, rows=rows))
+
+
+@profile_app.command("ncu")
+def profile_ncu_cmd(
+    ops: str = typer.Option("shortconv,attention", help="Comma-separated groups: shortconv, attention, rubiconv."),
+    shape: str = typer.Option("4,4096,2048,4", help="B,T,D,W of the short convs."),
+    dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16 activations of the short convs."),
+    n_docs: int = typer.Option(64, help="Documents of the short convs' packed case."),
+) -> None:
+    """Every kernel launched once in an NVTX range, for ncu --profile-from-start off --nvtx (CUDA); prints the
+    launches in order."""
+    from mixlab.runners.bench.profile import profile_ncu
+    from mixlab.runners.cli.sweep import comma_names
+
+    typer.echo(profile_ncu(comma_names(ops), _conv_inputs(shape, dtype, n_docs)))
+
+
+@profile_app.command("train")
+def profile_train_cmd(
+    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    n_runs: int = typer.Option(6, help="Runs in the stack."),
+    steps: int = typer.Option(30, help="Steps of each run; the window ends with the last."),
+    skip: int = typer.Option(5, help="Steps before the profiled window (at least 1)."),
+    speed: str = typer.Option("eager", help="How the stack steps: eager, compile, cuda-graph, compile+graph, auto."),
+    rows: int = typer.Option(25, help="Kernels and host ops listed."),
+    num_test: int = typer.Option(128, help="Test rows (evaluated once, after the window)."),
+    set_: list[str] = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model "
+                                   "field over the model's, e.g. --set proj_bias=true --set seq_len=1024; prefix "
+                                   "task. or model. when a name is ambiguous."),
+) -> None:
+    """torch.profiler over the steady steps of a stack of bench train's runs: wall and GPU busy time a step,
+    kernels, host ops (CUDA)."""
+    from mixlab.runners.bench.profile import TrainProfile, profile_train
+
+    fields = _train_fields(task, set_, "bench profile train", "--steps, --num-test")
+    options = TrainProfile(n_runs=n_runs, steps=steps, skip=skip, speed=speed, num_test=num_test, rows=rows)
+    typer.echo(profile_train(task, model, options, task_params=fields.task_params, model_params=fields.model))
+
+
+@profile_app.command("run")
+def profile_run_cmd(
+    preset: str = typer.Option("packed_rubiconv", help="A sweep preset (see `mixlab sweeps`) or a YAML grid file."),
+    steps: int = typer.Option(200, help="Steps of the timed run alone."),
+    profile_steps: int = typer.Option(20, help="Steps of the profiled run."),
+    rows: int = typer.Option(15, help="Kernels and host ops listed per model."),
+    device: str = typer.Option("cuda", help="cuda, or cpu to check the path."),
+) -> None:
+    """Each model of a preset (first task, seed 0) trained alone as the sweep does: its steps/s, then a profile of
+    a short run of it."""
+    from mixlab.runners.bench.profile import profile_preset
+
+    typer.echo(profile_preset(preset, steps=steps, profiled=profile_steps, rows=rows, device=device))
+
+
+@profile_app.command("host")
+def profile_host_cmd(
+    repeats: int = typer.Option(15, help="Blocks timed; the median is printed."),
+    calls: int = typer.Option(200, help="Calls per block."),
+    device: str = typer.Option("cpu", help="cpu: launches skipped (run with TRITON_INTERPRET=1); cuda: launches "
+                               "made."),
+) -> None:
+    """Host µs a call of the short convs' public ops, the autograd floor, and each op's pieces."""
+    from mixlab.runners.bench.profile_host import host_overhead
+
+    typer.echo(host_overhead(device, repeats=repeats, calls=calls))
 
 
 def register(app: typer.Typer) -> None:

@@ -116,7 +116,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,8 @@ def group_key(run: ResolvedRun) -> tuple:
 def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str | Path | None = None,
                        run_names: Sequence[str | None] | None = None, progress: bool = True,
                        speed: str = "eager", max_stack: int | None = None,
-                       checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
+                       checkpoint_every_s: float | None = None,
+                       on_step: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Train every run (resolved, or its config, which is resolved here), stacking those with equal ``group_key``;
     return their records in the order given.
 
@@ -176,6 +177,11 @@ def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str 
     evaluations once that many seconds have passed since its last (0: at every evaluation; None or negative:
     never), and on Ctrl-C (``runners.train.resume``); trained again, a stack goes on from its checkpoint to the same
     records. A run that had finished before is not trained again: its record is read from ``out_dir``.
+
+    ``on_step`` (a profiler's window, a probe): called after every step of a stack with the steps that stack has
+    taken (1 after its first; a stack that goes on from a checkpoint counts on from the checkpoint's), before the
+    evaluation that may follow the step; its time counts as training time. Runs trained one at a time
+    (``ResolvedRun.unbatchable_reason``) never call it.
     """
     runs = [as_resolved(run) for run in runs]
     names = [None] * len(runs) if run_names is None else list(run_names)
@@ -208,7 +214,7 @@ def train_runs_batched(runs: Sequence[ResolvedRun | RunConfig], *, out_dir: str 
                             progress=progress, compile=compile, cuda_graph=cuda_graph,
                             compact_at=COMPILED_COMPACTION if compile else 1.0,
                             width=min(max_stack or len(members), len(members)),
-                            checkpoint_every_s=checkpoint_every_s)
+                            checkpoint_every_s=checkpoint_every_s, on_step=on_step)
         for i, record in zip(members, done):
             records[i] = record
     return records
@@ -621,11 +627,13 @@ class _Stack:
 
 def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_dir: str | Path | None,
                  progress: bool, compile: bool, cuda_graph: bool, compact_at: float, width: int | None = None,
-                 checkpoint_every_s: float | None = None) -> list[dict[str, Any]]:
+                 checkpoint_every_s: float | None = None,
+                 on_step: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Train runs of one group_key in one stack of ``width`` rows (None: every run at once), the others queued in
     the order given; records in that order. Once the queue is empty, rows left empty leave the stack when at
     most ``compact_at`` of its rows still train (1.0: at once). With ``out_dir`` and ``checkpoint_every_s``, the
-    stack goes on from its checkpoint and writes new ones (``runners.train.resume``)."""
+    stack goes on from its checkpoint and writes new ones (``runners.train.resume``). ``on_step``: as
+    ``train_runs_batched``'s."""
     tc = resolved[0].config.train
     device = pick_device(tc.device)
     autocast = uses_bf16(tc.precision, device)
@@ -642,7 +650,7 @@ def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_di
         queue = [asked[name] for name in saved.queue if name in asked]
     todo = sum(run is not None for run in rows) + len(queue)
     stack = _Stack(resolved, len(rows), device, autocast, compile, cuda_graph)
-    loop = _Loop(stack, rows, collections.deque(queue), out_dir, compact_at)
+    loop = _Loop(stack, rows, collections.deque(queue), out_dir, compact_at, on_step)
     loop.start(saved)
     bar = tqdm(total=todo, disable=not progress, unit="run", dynamic_ncols=True, leave=False,
                desc=f"{resolved[0].config.task} {resolved[0].model_config.mixer} x{len(loop.rows)}")
@@ -663,13 +671,14 @@ def _train_stack(resolved: list[ResolvedRun], names: list[str | None], *, out_di
 class _Loop:
     """A stack's training loop and where it stands: ``step`` stack steps taken; ``rows`` the stack's runs, row by
     row (None: an empty row, idle until a compaction drops it); ``queue`` the runs waiting for a row; ``records``
-    those written so far, by ``id`` of their run."""
+    those written so far, by ``id`` of their run; ``on_step`` called with ``step`` after each step."""
 
     stack: _Stack
     rows: list[_Run | None]
     queue: collections.deque[_Run]
     out_dir: str | Path | None
     compact_at: float
+    on_step: Callable[[int], None] | None = None
     step: int = 0
     records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -705,6 +714,8 @@ class _Loop:
         step in flight when ``interrupts`` has one pending (then raise KeyboardInterrupt)."""
         while self.live:
             stepped = self._step()
+            if self.on_step is not None:
+                self.on_step(self.step)
             due = [n for n in stepped if self.rows[n].plan.evaluates_after(self.rows[n].step)]
             if due:
                 bar.update(self._evaluate(due))

@@ -89,7 +89,7 @@ def test_an_agreeing_anchor_is_timed_with_its_ratio_and_a_disagreeing_one_is_not
     _modules(monkeypatch, headwise=_headwise_module(honest))
     # our timings 2x and 3x the anchor's (the anchor's are pinned: measure_pair is replaced)
     monkeypatch.setattr(bench_shortconv_module, "measure_pair", lambda fwd, total, repeats, device: (10.0, 20.0, ""))
-    kernel = next(k for k in bench_shortconv_module._kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
+    kernel = next(k for k in bench_shortconv_module.bench_kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
                   if k.kind == "headwise")
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
@@ -105,7 +105,7 @@ def test_the_graphed_ratio_joins_the_note_and_the_row_when_both_sides_were_captu
     monkeypatch.setattr(bench_shortconv_module, "measure_pair", lambda fwd, total, repeats, device: (10.0, 20.0, ""))
     monkeypatch.setattr(bench_shortconv_module, "measure_graphed",
                         lambda fwd, total, repeats, device: (8.0, 16.0, ""))
-    kernel = next(k for k in bench_shortconv_module._kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
+    kernel = next(k for k in bench_shortconv_module.bench_kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
                   if k.kind == "headwise")
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
     lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, 12.0, 40.0)},
@@ -154,7 +154,7 @@ def test_an_anchor_failing_on_a_bare_assert_is_noted_by_where_it_failed(monkeypa
         return x
 
     _modules(monkeypatch, headwise=headwise_dynamic_convolution)
-    kernel = next(k for k in bench_shortconv_module._kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
+    kernel = next(k for k in bench_shortconv_module.bench_kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
                   if k.kind == "headwise")
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
     lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, None, None)},

@@ -329,6 +329,24 @@ def test_packed_fla_baselines_are_trained_one_at_a_time(monkeypatch):
     assert calls == configs
 
 
+def test_on_step_is_called_after_every_stack_step_with_its_count_before_the_evaluation(monkeypatch):
+    """36 and 40 training rows: four full batches together, then the first run's short last batch in a step of its
+    own (it ends and is evaluated), then the second run's fifth full batch: six stack steps for two 5-step runs."""
+    configs = [tiny(epochs=1), tiny(epochs=1, num_train=40, init_seed=1)]
+    events = []
+    evaluate = engine._Stack.evaluate
+
+    def spy_evaluate(self, run_tasks, rows, batch_size):
+        events.append(f"evaluate {rows}")
+        return evaluate(self, run_tasks, rows, batch_size)
+
+    monkeypatch.setattr(engine._Stack, "evaluate", spy_evaluate)
+    batched = train_runs_batched(configs, progress=False, on_step=events.append)
+    assert events == [1, 2, 3, 4, 5, "evaluate [0]", 6, "evaluate [0]"]
+    assert [r["steps"] for r in batched] == [5, 5]
+    assert_same_records(batched, solo(configs))
+
+
 def test_max_stack_is_the_stacks_width_and_the_other_runs_queue(monkeypatch):
     configs = [tiny(epochs=1, init_seed=0), tiny(epochs=1, batch_size=4), tiny(epochs=1, init_seed=1),
                tiny(epochs=1, init_seed=2)]
