@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -57,3 +58,34 @@ def entry_point_origin(ep: importlib.metadata.EntryPoint) -> str:
     """``"entry point of mixlab-maxpool 0.1.0 (mixlab_maxpool:GatedMaxPool)"``."""
     dist = f" of {ep.dist.name} {ep.dist.version}" if ep.dist is not None else ""
     return f"entry point{dist} ({ep.value})"
+
+
+def origins(built_in: Iterable[str], found: Mapping[str, list[importlib.metadata.EntryPoint]],
+            built_in_label: str) -> dict[str, str]:
+    """Every name reachable in a registry and where it comes from: the built-ins (``built_in_label``), then the
+    installed entry points ``found`` by name (``"entry point of DIST VERSION (module:Name)"``); a built-in name an
+    entry point also claims keeps the built-in, and a name two packages claim is ambiguous. Nothing is imported."""
+    named = dict.fromkeys(built_in, built_in_label)
+    for name, eps in sorted(found.items()):
+        where = ", ".join(entry_point_origin(ep) for ep in eps)
+        if name in named:
+            named[name] = f"{built_in_label} (ignored: {where})"
+        elif len(eps) > 1:
+            named[name] = f"ambiguous: {where}; use an import path"
+        else:
+            named[name] = where
+    return named
+
+
+def named_entry_point(kind: str, name: str, found: Mapping[str, list[importlib.metadata.EntryPoint]],
+                      known: Iterable[str], form: str) -> tuple[importlib.metadata.EntryPoint, str]:
+    """The one installed entry point ``name`` of a registry of ``kind`` ("mixer", "task") and its origin.
+    ValueError, one line: no such name (listing ``known`` and the import path ``form``), or two packages
+    registering it."""
+    eps = found.get(name, [])
+    if not eps:
+        raise ValueError(f"unknown {kind} {name!r}; choose from {', '.join(known)} or give an import path {form}")
+    if len(eps) > 1:
+        raise ValueError(f"{kind} {name!r} is registered by several packages "
+                         f"({', '.join(entry_point_origin(ep) for ep in eps)}); use an import path")
+    return eps[0], entry_point_origin(eps[0])

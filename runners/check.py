@@ -79,8 +79,23 @@ class BenchRow:
     peak_mib: float | None
 
 
+class _Verdict:
+    """What a report of checks concludes: the names of its failed checks, and whether none failed."""
+
+    checks: tuple[Check, ...]
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of the failed checks."""
+        return [c.name for c in self.checks if c.passed is False]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
 @dataclasses.dataclass(frozen=True)
-class MixerReport:
+class MixerReport(_Verdict):
     """Everything ``check_mixer`` found: the checks in order, then the benchmark rows (empty when a check
     failed or the benchmark was not asked for)."""
 
@@ -94,15 +109,6 @@ class MixerReport:
     checks: tuple[Check, ...]
     bench_shape: tuple[int, int, int] | None = None
     bench: tuple[BenchRow, ...] = ()
-
-    @property
-    def failed(self) -> list[str]:
-        """Names of the failed checks."""
-        return [c.name for c in self.checks if c.passed is False]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failed
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "failed": self.failed, "passed": self.passed}
@@ -436,21 +442,13 @@ TASK_CHECKS = ("build", "params", "generate", "seeded", "global_rng", "splits", 
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskReport:
+class TaskReport(_Verdict):
     """Everything ``check_task`` found: the task, where it comes from, its parameters and the checks in order."""
 
     name: str
     origin: str
     params: dict
     checks: tuple[Check, ...]
-
-    @property
-    def failed(self) -> list[str]:
-        return [c.name for c in self.checks if c.passed is False]
-
-    @property
-    def passed(self) -> bool:
-        return not self.failed
 
     def format(self) -> str:
         """The report as text: a header, one line per check, then the verdict."""

@@ -30,16 +30,7 @@ def entry_points() -> dict:
 def task_origins() -> dict[str, str]:
     """Every task reachable by name and where it comes from: the built-ins, then installed entry points
     (``"entry point of DIST VERSION (module:TaskClass)"``). Nothing is imported."""
-    origins = {name: BUILT_IN for name in TASKS}
-    for name, eps in sorted(entry_points().items()):
-        found = ", ".join(plugins.entry_point_origin(ep) for ep in eps)
-        if name in TASKS:
-            origins[name] = f"{BUILT_IN} (ignored: {found})"
-        elif len(eps) > 1:
-            origins[name] = f"ambiguous: {found}; use an import path"
-        else:
-            origins[name] = found
-    return origins
+    return plugins.origins(TASKS, entry_points(), BUILT_IN)
 
 
 def task_class(name: str) -> type[Task]:
@@ -54,15 +45,8 @@ def task_class(name: str) -> type[Task]:
         return TASKS[name]
     if plugins.is_import_path(name):
         return _checked(name, plugins.load_object(name, f"task {name!r}", "package.module:TaskClass"))
-    eps = entry_points().get(name, [])
-    if not eps:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_origins())} "
-                         "(or an import path package.module:TaskClass)")
-    if len(eps) > 1:
-        raise ValueError(f"task {name!r} is registered by several packages "
-                         f"({', '.join(plugins.entry_point_origin(ep) for ep in eps)}); use an import path")
-    origin = plugins.entry_point_origin(eps[0])
-    return _checked(name, plugins.load_object(eps[0].value, f"task {name!r} ({origin})", "package.module:TaskClass"))
+    ep, origin = plugins.named_entry_point("task", name, entry_points(), task_origins(), "package.module:TaskClass")
+    return _checked(name, plugins.load_object(ep.value, f"task {name!r} ({origin})", "package.module:TaskClass"))
 
 
 def _checked(name: str, target: object) -> type[Task]:

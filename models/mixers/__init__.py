@@ -19,7 +19,8 @@ A hybrid stack names one mixer per layer: ``ModelConfig.mixer`` may be a comma l
 
 from collections.abc import Callable
 
-from mixlab.core.plugins import entry_point_origin, is_import_path
+from mixlab.core import plugins
+from mixlab.core.plugins import is_import_path
 from mixlab.models.layers import Mixer
 from mixlab.models.mixers.attention import Attention
 from mixlab.models.mixers.external import (
@@ -63,16 +64,7 @@ PATTERN_SEP = ","
 def mixer_origins() -> dict[str, str]:
     """Every mixer reachable by name and where it comes from: the built-ins (``"built-in"``), then installed
     entry points by name (``"entry point of DIST VERSION (module:Factory)"``). Nothing is imported."""
-    origins = {name: BUILT_IN for name in MIXERS}
-    for name, eps in sorted(entry_points().items()):
-        found = ", ".join(entry_point_origin(ep) for ep in eps)
-        if name in MIXERS:
-            origins[name] = f"{BUILT_IN} (ignored: {found})"
-        elif len(eps) > 1:
-            origins[name] = f"ambiguous: {found}; use an import path"
-        else:
-            origins[name] = found
-    return origins
+    return plugins.origins(MIXERS, entry_points(), BUILT_IN)
 
 
 def resolve_mixer(name: str) -> Callable[..., Mixer]:
@@ -88,15 +80,8 @@ def resolve_mixer(name: str) -> Callable[..., Mixer]:
         return MIXERS[name]
     if is_import_path(name):
         return ExternalFactory(name, IMPORT_PATH, load_target(name, repr(name)))
-    eps = entry_points().get(name, [])
-    if not eps:
-        raise ValueError(f"unknown mixer {name!r}; choose from {', '.join(mixer_origins())} "
-                         "or give an import path package.module:Factory")
-    if len(eps) > 1:
-        raise ValueError(f"mixer {name!r} is registered by several packages "
-                         f"({', '.join(entry_point_origin(ep) for ep in eps)}); use an import path")
-    origin = entry_point_origin(eps[0])
-    return ExternalFactory(name, origin, load_target(eps[0].value, f"{name!r} ({origin})"))
+    ep, origin = plugins.named_entry_point("mixer", name, entry_points(), mixer_origins(), "package.module:Factory")
+    return ExternalFactory(name, origin, load_target(ep.value, f"{name!r} ({origin})"))
 
 
 def mixer_pattern(mixer: str) -> list[str]:

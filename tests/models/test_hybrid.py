@@ -3,12 +3,12 @@ from it, its hash, the engine's stacking of it, and the command lines that take 
 
 import pytest
 import torch
+from cli_run import run_cli
 from mixlab import models
 from mixlab.models import MIXERS, ModelConfig, build_model
 from mixlab.models.layers import Mixer
 from mixlab.models.mixers.attention import Attention
 from mixlab.models.mixers.short_conv import StaticConvMixer
-from mixlab.runners.cli import main as cli
 from mixlab.runners.sweep import mad
 from mixlab.runners.sweep.spec import SweepSpec
 from mixlab.runners.train import engine
@@ -105,16 +105,6 @@ def test_a_hybrid_trains_stacked_as_alone(one_torch_thread):
     alone = [engine.train_run(c, progress=False) for c in configs]
     for s, a in zip(stacked, alone):
         assert s["history"] == a["history"] and s["final"] == a["final"]
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = 0
-    try:
-        cli.main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_command_lines_take_a_pattern(capsys, tmp_path):

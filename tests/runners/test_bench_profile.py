@@ -3,6 +3,7 @@ CPU, and the command's wiring (its modes, its one-line errors)."""
 
 import pytest
 import torch
+from cli_run import run_cli
 from mixlab.runners.bench import profile, profile_host
 from mixlab.runners.bench.profile import (
     ConvInputs,
@@ -16,7 +17,6 @@ from mixlab.runners.bench.profile import (
     profile_stack_steps,
     shortened,
 )
-from mixlab.runners.cli.main import main
 from mixlab.runners.train.config import RunConfig, TrainConfig
 from mixlab.runners.train.resolved import resolve
 
@@ -29,17 +29,6 @@ def tiny(**train) -> RunConfig:
               "device": "cpu", **train}
     return RunConfig(task="mad/in_context_recall", task_params={"seq_len": 16}, model=TINY_MODEL,
                      train=TrainConfig(**fields))
-
-
-def run(capsys, *argv):
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize(("intervals", "seconds"), [
@@ -200,7 +189,7 @@ def test_launches_skipped_returns_before_the_kernel_runs():
 
 
 def test_profile_lists_its_modes(capsys):
-    code, out, _ = run(capsys, "bench", "profile", "--help")
+    code, out, _ = run_cli(capsys, "bench", "profile", "--help")
     assert code == 0
     commands = out.split("Commands:")[1].split()
     assert [word for word in commands if word in ("ops", "ncu", "train", "run", "host")] == \
@@ -219,7 +208,7 @@ def test_profile_lists_its_modes(capsys):
 ], ids=["ops", "ncu", "train", "run", "host"])
 def test_modes_without_a_gpu_say_what_they_need(capsys, monkeypatch, argv, message):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    code, out, err = run(capsys, "bench", "profile", *argv)
+    code, out, err = run_cli(capsys, "bench", "profile", *argv)
     assert code == 2 and out == ""
     assert err.startswith(f"mixlab: error: {message}") and err.count("\n") == 1, err
 
@@ -227,13 +216,13 @@ def test_modes_without_a_gpu_say_what_they_need(capsys, monkeypatch, argv, messa
 def test_profile_train_takes_set_for_task_and_model_only(capsys, monkeypatch):
     calls = []
     monkeypatch.setattr(profile, "profile_train", lambda *args, **kwargs: calls.append((args, kwargs)) or "table")
-    code, out, err = run(capsys, "bench", "profile", "train", "--model", "gla", "--set", "proj_bias=true",
+    code, out, err = run_cli(capsys, "bench", "profile", "train", "--model", "gla", "--set", "proj_bias=true",
                          "--set", "seq_len=1024", "--skip", "2", "--steps", "10", "--speed", "compile")
     assert code == 0 and out == "table\n", err
     ((task, model, options), kwargs), = calls
     assert (task, model) == ("mad/in_context_recall", "gla")
     assert (options.skip, options.steps, options.speed, options.n_runs) == (2, 10, "compile", 6)
     assert kwargs == {"task_params": {"seq_len": 1024}, "model_params": {"proj_bias": True}}
-    code, _, err = run(capsys, "bench", "profile", "train", "--set", "lr=0.1")
+    code, _, err = run_cli(capsys, "bench", "profile", "train", "--set", "lr=0.1")
     assert code == 2 and err == ("mixlab: error: bench profile train sets training fields with its own options "
                                  "(--steps, --num-test), not --set lr\n")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import run_cli
 from mixlab import models
 from mixlab.runners.check import check_mixer
-from test_cli import run  # the CLI in-process: (exit code, stdout, stderr)
 
 HELPERS = Path(__file__).resolve().parents[1] / "models"  # byo_mixers.py, byo_broken_mixer.py
 EXAMPLE = "gated_maxpool"
@@ -38,7 +38,7 @@ def test_check_mixer_passes_registry_mixers_and_the_example(mixer, one_torch_thr
 
 @pytest.mark.example_plugin
 def test_check_mixer_cli_reports_and_benchmarks_the_example(capsys, one_torch_thread):
-    code, out, err = run(capsys, "check-mixer", EXAMPLE, "--shape", "2,32,16")
+    code, out, err = run_cli(capsys, "check-mixer", EXAMPLE, "--shape", "2,32,16")
     assert code == 0, out + err
     assert out.startswith(f"check-mixer {EXAMPLE}  [entry point of mixlab-maxpool 0.1.0 ")
     assert "documents: forward takes cu_seqlens: claims exact blindness" in out
@@ -49,7 +49,7 @@ def test_check_mixer_cli_reports_and_benchmarks_the_example(capsys, one_torch_th
 
 
 def test_mixer_without_cu_seqlens_passes_without_leakage_probes(capsys, one_torch_thread):
-    code, out, _ = run(capsys, "check-mixer", "byo_mixers:CumulativeMean", "--no-bench")
+    code, out, _ = run_cli(capsys, "check-mixer", "byo_mixers:CumulativeMean", "--no-bench")
     assert code == 0, out
     assert "forward takes no cu_seqlens: packed inputs are refused" in out
     (probe_line,) = [line for line in out.splitlines() if line.startswith("leakage ")]
@@ -73,7 +73,7 @@ def test_mixer_without_cu_seqlens_passes_without_leakage_probes(capsys, one_torc
          "wrong-dtype", "factory-raises", "factory-returns-a-tensor"],
 )
 def test_check_mixer_fails_bad_mixers_naming_the_check(capsys, mixer, failed, one_torch_thread):
-    code, out, err = run(capsys, "check-mixer", mixer, "--no-bench")
+    code, out, err = run_cli(capsys, "check-mixer", mixer, "--no-bench")
     assert code == 1, out + err
     assert out.rstrip().splitlines()[-1] == "FAILED: " + ", ".join(failed)
     assert "benchmark at" not in out
@@ -106,14 +106,14 @@ def test_declared_leaky_mixer_passes_with_probes_unjudged(one_torch_thread):
     ids=["check-mixer", "leakage", "run", "mad-run"],
 )
 def test_bad_import_paths_are_one_line_and_exit_2(capsys, tmp_path, command, mixer, named):
-    code, _, err = run(capsys, *command, mixer, *(["--out", str(tmp_path)] if "run" in command else []))
+    code, _, err = run_cli(capsys, *command, mixer, *(["--out", str(tmp_path)] if "run" in command else []))
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("mixlab: error:") and named in lines[0], err
 
 
 @pytest.mark.example_plugin
 def test_mixers_list_shows_the_example_with_its_origin(capsys):
-    code, out, _ = run(capsys, "mixers", "list")
+    code, out, _ = run_cli(capsys, "mixers", "list")
     assert code == 0
     lines = {line.split()[0]: line for line in out.strip().splitlines()}
     assert list(lines)[:len(models.MIXERS)] == list(models.MIXERS)
@@ -131,7 +131,7 @@ RUN_SMALL = ["--set", "vocab_size=32", "--set", "seq_len=16", "--set", "num_kv_p
 @pytest.mark.parametrize("mixer", [pytest.param(EXAMPLE, id="entry-point", marks=pytest.mark.example_plugin),
                                    pytest.param("byo_mixers:CumulativeMean", id="import-path")])
 def test_run_trains_an_external_mixer(capsys, tmp_path, mixer, one_torch_thread):
-    code, out, err = run(capsys, "run", "mqar", "--mixer", mixer, *RUN_SMALL, "--out", str(tmp_path))
+    code, out, err = run_cli(capsys, "run", "mqar", "--mixer", mixer, *RUN_SMALL, "--out", str(tmp_path))
     assert code == 0, err
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())
@@ -140,7 +140,7 @@ def test_run_trains_an_external_mixer(capsys, tmp_path, mixer, one_torch_thread)
 
 
 def test_run_refuses_packed_documents_for_a_mixer_without_cu_seqlens(capsys, tmp_path, one_torch_thread):
-    code, _, err = run(capsys, "run", "packed/noisy_recall", "--mixer", "byo_mixers:CumulativeMean",
+    code, _, err = run_cli(capsys, "run", "packed/noisy_recall", "--mixer", "byo_mixers:CumulativeMean",
                        "--set", "seq_len=128", "--set", "d_model=16", "--set", "n_heads=2",
                        "--set", "num_train=8", "--set", "num_test=8", "--steps", "1", "--device", "cpu",
                        "--no-progress",
@@ -151,16 +151,16 @@ def test_run_refuses_packed_documents_for_a_mixer_without_cu_seqlens(capsys, tmp
 
 @pytest.mark.example_plugin
 def test_leakage_command_probes_external_mixers(capsys, one_torch_thread):
-    code, out, _ = run(capsys, "leakage", "--mixer", EXAMPLE, "--rows", "2", "--seq-len", "24")
+    code, out, _ = run_cli(capsys, "leakage", "--mixer", EXAMPLE, "--rows", "2", "--seq-len", "24")
     assert code == 0 and f"{EXAMPLE}  blind" in out and out.rstrip().endswith("exact")
-    code, out, _ = run(capsys, "leakage", "--mixer", "byo_mixers:LeakyClaimsBlind", "--rows", "2",
+    code, out, _ = run_cli(capsys, "leakage", "--mixer", "byo_mixers:LeakyClaimsBlind", "--rows", "2",
                        "--seq-len", "24")
     assert code == 1 and "byo_mixers:LeakyClaimsBlind" in out.splitlines()[-1]
 
 
 @pytest.mark.example_plugin
 def test_mad_smoke_profile_runs_the_example_plugin(capsys, tmp_path, one_torch_thread):
-    code, out, err = run(capsys, "mad", "run", "--model", EXAMPLE, "--profile", "smoke", "--device", "cpu",
+    code, out, err = run_cli(capsys, "mad", "run", "--model", EXAMPLE, "--profile", "smoke", "--device", "cpu",
                          "--out", str(tmp_path), "--no-progress")
     assert code == 0, err
     records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
@@ -179,7 +179,7 @@ def test_sweep_by_import_path_runs_in_spawned_workers(capsys, tmp_path):
             "seeds": 2}
     path = tmp_path / "byo.yaml"
     path.write_text(yaml.safe_dump(spec))
-    code, out, err = run(capsys, "sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "2",
+    code, out, err = run_cli(capsys, "sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "2",
                          "--no-progress")
     assert code == 0, err
     records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "runs").glob("*.json")]

@@ -8,26 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from mixlab.runners.cli.main import main
+from cli_run import one_error_line, run_cli
 
 OLD = Path(__file__).parent / "data" / "old_sweeps"
-
-
-def mixlab(capsys, *argv):
-    """The CLI in-process: (exit status, stdout, stderr)."""
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_error_line(err):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mixlab: error: "), err
-    return lines[0]
 
 
 @pytest.fixture
@@ -66,7 +49,7 @@ def unreadable_runs(tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", [["report"], ["claims"], ["sweep", str(OLD / "tiny_device.yaml"), "--out"]],
                          ids=["report", "claims", "sweep"])
 def test_an_unreadable_runs_folder_is_named(capsys, unreadable_runs, command):
-    code, _, err = mixlab(capsys, *command, str(unreadable_runs))
+    code, _, err = run_cli(capsys, *command, str(unreadable_runs))
     line = one_error_line(err)
     assert code == 2
     assert line == f"mixlab: error: {unreadable_runs / 'runs'}: Permission denied"
@@ -74,7 +57,7 @@ def test_an_unreadable_runs_folder_is_named(capsys, unreadable_runs, command):
 
 @pytest.mark.parametrize("task", ["mqar", "mqar_varlen", "mad/in_context_recall", "mad/selective_copy"])
 def test_a_negative_length_is_named_as_such(capsys, task):
-    code, _, err = mixlab(capsys, "run", task, "--set", "seq_len=-5")
+    code, _, err = run_cli(capsys, "run", task, "--set", "seq_len=-5")
     assert code == 2
     assert one_error_line(err) == f"mixlab: error: {task}.seq_len must be a positive integer, got -5"
 
@@ -82,7 +65,7 @@ def test_a_negative_length_is_named_as_such(capsys, task):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_bench_shortconv_without_a_gpu_says_it_needs_one(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    code, out, err = mixlab(capsys, "bench", "shortconv", "--shape", "1,16,8,2")
+    code, out, err = run_cli(capsys, "bench", "shortconv", "--shape", "1,16,8,2")
     line = one_error_line(err)
     assert code == 2 and out == ""
     assert line.startswith("mixlab: error: bench shortconv times Triton kernels on a GPU, and torch sees no CUDA "

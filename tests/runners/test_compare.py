@@ -2,10 +2,10 @@
 verdict per pair from the claims machinery."""
 
 import pytest
+from cli_run import run_cli
 from mixlab.analysis import stats
 from mixlab.analysis.claims import Claim, Verdict, decide
 from mixlab.analysis.compare import Pair
-from mixlab.runners.cli.main import main
 from mixlab.runners.sweep.spec import compare_spec
 
 TINY = ["--set", "seq_len=16", "--set", "num_kv_pairs=2", "--set", "vocab_size=32", "--set", "d_model=16",
@@ -13,20 +13,10 @@ TINY = ["--set", "seq_len=16", "--set", "num_kv_pairs=2", "--set", "vocab_size=3
         "--set", "batch_size=8", "--steps", "2", "--device", "cpu", "--no-progress"]
 
 
-def mixlab(capsys, *argv):
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_compare_trains_each_mixer_per_seed_tabulates_and_resumes(capsys, tmp_path, one_torch_thread):
     folder = tmp_path / "cmp"
     argv = ["compare", "mqar", "--mixers", "attention,static_conv", "--seeds", "3", *TINY, "--out", str(folder)]
-    code, out, err = mixlab(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"6 runs: 0 already done, 6 run now -> {folder}"
@@ -39,7 +29,7 @@ def test_compare_trains_each_mixer_per_seed_tabulates_and_resumes(capsys, tmp_pa
     assert pair.split("|")[4].strip() == "3"  # seeds both have
     assert {p.name for p in folder.iterdir()} >= {"sweep.json", "runs", "compare.md", "compare.png",
                                                   "compare_curves.png"}
-    code, out, _ = mixlab(capsys, *argv)
+    code, out, _ = run_cli(capsys, *argv)
     assert code == 0 and out.startswith(f"6 runs: 6 already done, 0 run now -> {folder}")
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import one_error_line, run_cli
 from mixlab import models
 from mixlab.core.atomic import write_json_atomic
 from mixlab.core.records import finished_hashes
-from mixlab.runners.cli.main import main
 from mixlab.runners.sweep import local_backend
 from mixlab.runners.train import run as train
 
@@ -40,23 +40,6 @@ TINY_SWEEP = {
     "train_grid": {"lr": [1.0e-3, 1.0e-2]},
     "seeds": 3,
 }
-
-
-def run_cli(capsys, *argv):
-    """The CLI in-process: (exit code, stdout, stderr)."""
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_error_line(err):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mixlab: error: "), err
-    return lines[0]
 
 
 def refuse(*args, **kwargs):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mixlab.runners.cli.main import main
+from cli_run import run_cli
 from mixlab.runners.sweep.mad import mad_plan
 from mixlab.runners.sweep.manifest import plan_for_folder, write_manifest
 from mixlab.runners.sweep.spec import load_spec
@@ -23,17 +23,6 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusa
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def mixlab(capsys, *argv):
-    """The CLI in-process: (exit status, stdout, stderr)."""
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def old_folder(tmp_path, which):
     folder = tmp_path / which
     shutil.copytree(OLD / which, folder)
@@ -44,7 +33,7 @@ def old_folder(tmp_path, which):
 def test_a_finished_folder_of_the_default_device_is_done_on_the_cpu(capsys, tmp_path):
     folder = old_folder(tmp_path, "auto")
     before = {p.name: p.read_bytes() for p in (folder / "runs").iterdir()}
-    code, out, err = mixlab(capsys, "sweep", SPEC, "--device", "cpu", "--out", str(folder), "--no-progress")
+    code, out, err = run_cli(capsys, "sweep", SPEC, "--device", "cpu", "--out", str(folder), "--no-progress")
     assert code == 0, err
     assert out.startswith("2 runs: 2 already done, 0 run now")
     assert {p.name: p.read_bytes() for p in (folder / "runs").iterdir()} == before
@@ -54,7 +43,7 @@ def test_a_folder_planned_for_cuda_trains_here_under_its_names(capsys, tmp_path)
     folder = old_folder(tmp_path, "cuda")
     manifest = json.loads((folder / "sweep.json").read_text())
     planned = {run["hash"] for run in manifest["runs"]}
-    code, out, err = mixlab(capsys, "sweep", SPEC, "--device", "cpu", "--out", str(folder), "--no-progress")
+    code, out, err = run_cli(capsys, "sweep", SPEC, "--device", "cpu", "--out", str(folder), "--no-progress")
     assert code == 0, err
     assert out.startswith("2 runs: 0 already done, 2 run now")
     records = {p.stem: json.loads(p.read_text()) for p in (folder / "runs").glob("*.json")}
@@ -63,7 +52,7 @@ def test_a_folder_planned_for_cuda_trains_here_under_its_names(capsys, tmp_path)
     after = json.loads((folder / "sweep.json").read_text())
     assert after["spec"]["device"] == "cuda", "the manifest keeps the device that names the runs"
     assert all(config_hash_of(run) == run["hash"] for run in after["runs"])
-    code, out, _ = mixlab(capsys, "sweep", SPEC, "--out", str(folder), "--no-progress")
+    code, out, _ = run_cli(capsys, "sweep", SPEC, "--out", str(folder), "--no-progress")
     assert code == 0 and out.startswith("2 runs: 2 already done, 0 run now")
 
 
@@ -76,15 +65,15 @@ def config_hash_of(manifest_run):
 @no_gpu
 def test_cuda_without_a_gpu_fails_before_anything_is_written(capsys, tmp_path):
     folder = tmp_path / "new"
-    code, _, err = mixlab(capsys, "sweep", SPEC, "--device", "cuda", "--out", str(folder), "--no-progress")
+    code, _, err = run_cli(capsys, "sweep", SPEC, "--device", "cuda", "--out", str(folder), "--no-progress")
     assert code == 2 and "torch sees no CUDA device" in err and "nothing was written" in err
     assert not folder.exists()
     old = old_folder(tmp_path, "auto")
     before = (old / "sweep.json").read_bytes()
-    code, _, err = mixlab(capsys, "mad", "run", "--model", "transformer", "--profile", "smoke", "--device", "cuda",
+    code, _, err = run_cli(capsys, "mad", "run", "--model", "transformer", "--profile", "smoke", "--device", "cuda",
                           "--out", str(tmp_path / "mad"), "--no-progress")
     assert code == 2 and "torch sees no CUDA device" in err and not (tmp_path / "mad").exists()
-    code, _, err = mixlab(capsys, "sweep", SPEC, "--device", "cuda", "--out", str(old), "--no-progress")
+    code, _, err = run_cli(capsys, "sweep", SPEC, "--device", "cuda", "--out", str(old), "--no-progress")
     assert code == 2 and (old / "sweep.json").read_bytes() == before
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 from mixlab.analysis import tensorboard
-from mixlab.runners.cli.main import main
 
 OLD = Path(__file__).parent / "data" / "old_sweeps"
 TINY = {"seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "d_model": 16, "n_heads": 2, "n_layers": 1,
@@ -44,19 +44,9 @@ def records(folder):
     return {p.name: json.loads(p.read_text()) for p in folder.glob("*.json")}
 
 
-def mixlab(capsys, *argv):
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_a_sweep_logs_each_run_once_under_its_labels(capsys, tmp_path, kept_writer, one_torch_thread):
     spec, folder, logs = str(OLD / "tiny_device.yaml"), tmp_path / "sweep", tmp_path / "tb"
-    code, _, err = mixlab(capsys, "sweep", spec, "--out", str(folder), "--log", "tensorboard", str(logs),
+    code, _, err = run_cli(capsys, "sweep", spec, "--out", str(folder), "--log", "tensorboard", str(logs),
                           "--no-progress")
     assert code == 0, err
     manifest = json.loads((folder / "sweep.json").read_text())
@@ -67,7 +57,7 @@ def test_a_sweep_logs_each_run_once_under_its_labels(capsys, tmp_path, kept_writ
         assert [(v, s) for t, v, s in scalars if t == "test/acc_macro"] == [(h["acc_macro"], h["step"])
                                                                            for h in record["history"]]
     kept_writer.logged = {}
-    code, _, _ = mixlab(capsys, "sweep", spec, "--out", str(folder), "--log", "tensorboard", str(logs),
+    code, _, _ = run_cli(capsys, "sweep", spec, "--out", str(folder), "--log", "tensorboard", str(logs),
                         "--no-progress")
     assert code == 0 and kept_writer.logged == {}, "a run is logged once"
 
@@ -91,14 +81,14 @@ def test_records_are_logged_while_the_sweep_trains(tmp_path, kept_writer):
 
 
 def test_log_takes_tensorboard_only(capsys, tmp_path, kept_writer):
-    code, _, err = mixlab(capsys, "sweep", str(OLD / "tiny_device.yaml"), "--out", str(tmp_path / "s"), "--log",
+    code, _, err = run_cli(capsys, "sweep", str(OLD / "tiny_device.yaml"), "--out", str(tmp_path / "s"), "--log",
                           "wandb", str(tmp_path / "tb"))
     assert code == 2 and err.strip() == "mixlab: error: --log takes tensorboard and a folder, got 'wandb'"
     assert not (tmp_path / "s").exists()
 
 
 def test_run_logs_its_evaluations_to_tensorboard(capsys, tmp_path, kept_writer, one_torch_thread):
-    code, out, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "4", "--set", "eval_every=2", "--device", "cpu",
+    code, out, err = run_cli(capsys, "run", "mqar", *SETS, "--steps", "4", "--set", "eval_every=2", "--device", "cpu",
                             "--out", str(tmp_path / "runs"), "--no-progress", "--log", "tensorboard",
                             str(tmp_path / "tb"))
     assert code == 0, err
@@ -123,7 +113,7 @@ def test_tensorboard_missing_is_one_line_before_anything_trains(capsys, tmp_path
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
-    code, _, err = mixlab(capsys, "run", "mqar", *SETS, "--steps", "2", "--device", "cpu", "--out",
+    code, _, err = run_cli(capsys, "run", "mqar", *SETS, "--steps", "2", "--device", "cpu", "--out",
                           str(tmp_path / "runs"), "--log", "tensorboard", str(tmp_path / "tb"))
     assert code == 2
     assert err.strip() == ("mixlab: error: --log tensorboard needs the tensorboard package: pip install "

@@ -5,9 +5,9 @@ import importlib.metadata
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 from mixlab import tasks
 from mixlab.runners.check import TASK_CHECKS, check_task
-from mixlab.runners.cli.main import main
 from mixlab.runners.sweep.spec import SweepSpec
 
 HERE = Path(__file__).resolve().parent
@@ -17,17 +17,6 @@ GOOD = "byo_tasks:FirstToken"
 @pytest.fixture(autouse=True)
 def helper_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
-
-
-def mixlab(capsys, *argv):
-    """The CLI in-process: (exit status, stdout, stderr)."""
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("name", [*tasks.TASKS, GOOD])
@@ -88,13 +77,13 @@ def test_the_real_entry_point_group_is_read(monkeypatch):
 
 
 def test_cli_checks_shows_trains_and_sweeps_a_plugin_task(capsys, tmp_path, one_torch_thread):
-    code, out, _ = mixlab(capsys, "check-task", GOOD, "--set", "seq_len=8")
+    code, out, _ = run_cli(capsys, "check-task", GOOD, "--set", "seq_len=8")
     assert code == 0 and out.startswith(f"check-task {GOOD}  [import path]") and "all 10 checks passed" in out
-    code, out, _ = mixlab(capsys, "check-task", "byo_tasks:LongerTests")
+    code, out, _ = run_cli(capsys, "check-task", "byo_tasks:LongerTests")
     assert code == 1 and out.strip().endswith("FAILED: lengths")
-    code, out, _ = mixlab(capsys, "tasks", "show", GOOD, "--set", "seq_len=6")
+    code, out, _ = run_cli(capsys, "tasks", "show", GOOD, "--set", "seq_len=6")
     assert code == 0 and "scored positions: 1" in out
-    code, out, err = mixlab(capsys, "run", GOOD, "--set", "d_model=16", "--set", "n_heads=2", "--set", "n_layers=1",
+    code, out, err = run_cli(capsys, "run", GOOD, "--set", "d_model=16", "--set", "n_heads=2", "--set", "n_layers=1",
                             "--set", "num_train=16", "--set", "num_test=8", "--set", "batch_size=8", "--steps", "2",
                             "--device", "cpu", "--out", str(tmp_path), "--no-progress")
     assert code == 0, err
