@@ -4,7 +4,9 @@ One markdown table per kernel (static, head-wise head size 1 and 16, low-rank R=
 and with ``cu_seqlens`` (``n_docs`` documents), the plain-torch reference and ``torch.compile`` of it; forward
 and forward+backward medians of ``triton.testing.do_bench``, the same two with each call captured once as a
 CUDA graph and replayed (the kernels' time without the host's launch and autograd overhead, which an eager call
-of a 100-200 µs op can exceed), achieved forward bandwidth and the ratio to the byte floor. The GPU name and
+of a 100-200 µs op can exceed), forward and ``.backward()`` as a model calls the op (leaf inputs, gradients
+accumulated into ``.grad``: what autograd adds after the op's own backward), achieved forward bandwidth and the
+ratio to the byte floor. The GPU name and
 versions go on top. Before timing, each Triton kernel is checked at the benchmark shape (with documents)
 against the float64 reference, output and every input gradient; a kernel that fails gets no Triton timings (the
 correctness gate).
@@ -37,12 +39,14 @@ from mixlab.kernels.dynamic_conv.naive import dynamic_conv_headwise_ref, dynamic
 from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench.anchors import Anchor, short_conv_anchors
 from mixlab.runners.bench.utils import (
+    backward_call,
     copy_bandwidth,
     device_line,
     error_line,
     fwd_bwd_call,
     fwd_call,
     measure_graphed,
+    measure_one,
     measure_pair,
     rel_rms,
 )
@@ -149,13 +153,33 @@ def _anchor_error(kernel: BenchKernel, anchor: Anchor, cu: torch.Tensor | None) 
     return rel_rms(got, want)
 
 
+def _measure(fn: Callable, inputs: dict, upstream: torch.Tensor, repeats: int, device: torch.device,
+             **kwargs) -> tuple[tuple[float | None, ...], list[str]]:
+    """((fwd, fwd+bwd, the two as CUDA graphs, fwd + ``.backward()`` into leaves' ``.grad``) µs, notes) of one
+    implementation; a timing that fails is None and noted."""
+    closures = (fwd_call(fn, inputs, **kwargs), fwd_bwd_call(fn, inputs, upstream, **kwargs))
+    fwd_us, total_us, note = measure_pair(*closures, repeats, device)
+    graph_fwd, graph_total, graph_note = measure_graphed(*closures, repeats, device)
+    leaf_us, leaf_note = measure_one(backward_call(fn, inputs, upstream, **kwargs), repeats, device)
+    notes = [note, graph_note, leaf_note and f".backward(): {leaf_note}"]
+    return (fwd_us, total_us, graph_fwd, graph_total, leaf_us), [n for n in notes if n]
+
+
+def _ratio_note(label: str, ours: tuple, theirs: tuple, extra: str) -> str:
+    """Our times over an anchor's, each where both sides have one: fwd, fwd+bwd, as CUDA graphs, ``.backward()``."""
+    parts = [f"fwd {ours[0] / theirs[0]:.2f}x, fwd+bwd {ours[1] / theirs[1]:.2f}x"]
+    if None not in (ours[3], theirs[3]):
+        parts.append(f"as CUDA graphs fwd+bwd {ours[3] / theirs[3]:.2f}x")
+    if None not in (ours[4], theirs[4]):
+        parts.append(f"with .backward() {ours[4] / theirs[4]:.2f}x")
+    return f"{label}: {'; '.join(parts)} (below 1: ours faster){extra}"
+
+
 def _anchor_rows(kernel: BenchKernel, cases: list[tuple[torch.Tensor | None, str]],
-                 timed: dict[str, tuple[float | None, float | None, float | None, float | None]],
-                 upstream: torch.Tensor, repeats: int,
+                 timed: dict[str, tuple[float | None, ...]], upstream: torch.Tensor, repeats: int,
                  bw: float) -> tuple[list[str], list[str]]:
     """Table rows and notes of the public anchors of ``kernel`` for each (cu_seqlens, label suffix) case; each
-    ratio is our time (``timed["Triton" + suffix]``: fwd, fwd+bwd, and the two as CUDA graphs) over the
-    anchor's."""
+    ratio is our time (``timed["Triton" + suffix]``, as ``_measure`` gives them) over the anchor's."""
     lines, notes = [], []
     bound = RMS_BOUND[kernel.inputs["x"].dtype]
     for docs, suffix in cases:
@@ -173,35 +197,28 @@ def _anchor_rows(kernel: BenchKernel, cases: list[tuple[torch.Tensor | None, str
             if error > bound:
                 notes.append(f"{label}: not timed, disagrees with our reference (relative RMS {error:.2e})")
                 continue
-            closures = (fwd_call(anchor.fn, anchor.inputs), fwd_bwd_call(anchor.fn, anchor.inputs, upstream))
-            fwd_us, total_us, note = measure_pair(*closures, repeats, upstream.device)
-            graph_fwd, graph_total, graph_note = measure_graphed(*closures, repeats, upstream.device)
-            lines.append(_row(label, fwd_us, total_us, kernel, bw, graph_fwd, graph_total))
-            extra = f" ({anchor.note})" if anchor.note else ""
-            if graph_note:
-                notes.append(f"{label}: {graph_note}")
-            if note:
-                notes.append(f"{label}: {note}")
-            elif ours and None not in ours[:2]:
-                graphed = ""
-                if None not in (ours[3], graph_total):
-                    graphed = f"; as CUDA graphs fwd+bwd {ours[3] / graph_total:.2f}x"
-                notes.append(f"Triton{suffix} / {anchor.name}: fwd {ours[0] / fwd_us:.2f}x, fwd+bwd "
-                             f"{ours[1] / total_us:.2f}x{graphed} (below 1: ours faster){extra}")
+            theirs, failed = _measure(anchor.fn, anchor.inputs, upstream, repeats, upstream.device)
+            lines.append(_row(label, theirs, kernel, bw))
+            notes += [f"{label}: {n}" for n in failed]
+            if ours and None not in ours[:2] + theirs[:2]:
+                extra = f" ({anchor.note})" if anchor.note else ""
+                notes.append(_ratio_note(f"Triton{suffix} / {anchor.name}", ours, theirs, extra))
     return lines, notes
 
 
-def _row(label: str, fwd_us: float | None, total_us: float | None, kernel: BenchKernel, bw: float,
-         graph_fwd: float | None = None, graph_total: float | None = None) -> str:
+def _row(label: str, times: tuple[float | None, ...], kernel: BenchKernel, bw: float) -> str:
+    """A table row from ``_measure``'s times (None: not timed)."""
+
     def us(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
 
+    fwd_us, total_us, graph_fwd, graph_total, leaf_us = times
     floor_fwd, floor_total = 1e6 * kernel.bytes_fwd / bw, 1e6 * kernel.bytes_fwd_bwd / bw
     tbs = "—" if fwd_us is None else f"{kernel.bytes_fwd / (fwd_us * 1e-6) / 1e12:.2f}"
     r_fwd = "—" if fwd_us is None else f"{fwd_us / floor_fwd:.2f}"
     r_total = "—" if total_us is None else f"{total_us / floor_total:.2f}"
-    return (f"| {label} | {us(fwd_us)} | {us(total_us)} | {us(graph_fwd)} | {us(graph_total)} | {tbs} | {r_fwd} "
-            f"| {r_total} |")
+    return (f"| {label} | {us(fwd_us)} | {us(total_us)} | {us(graph_fwd)} | {us(graph_total)} | {us(leaf_us)} "
+            f"| {tbs} | {r_fwd} | {r_total} |")
 
 
 def bench_shortconv(
@@ -263,9 +280,9 @@ def bench_shortconv(
             f"Correctness gate (Triton with documents vs float64, output and every gradient): "
             f"{'PASS' if ok else 'FAIL'}, worst relative RMS {worst:.2e} (bound {RMS_BOUND[torch_dtype]:g}).",
             "",
-            "| implementation | fwd µs | fwd+bwd µs | fwd µs, graph | fwd+bwd µs, graph | fwd TB/s | fwd / floor "
-            "| fwd+bwd / floor |",
-            "|---|---|---|---|---|---|---|---|",
+            "| implementation | fwd µs | fwd+bwd µs | fwd µs, graph | fwd+bwd µs, graph | fwd+bwd µs, .backward() "
+            "| fwd TB/s | fwd / floor | fwd+bwd / floor |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         compiled_ref = torch.compile(kernel.ref)
         variants = [
@@ -277,15 +294,12 @@ def bench_shortconv(
         notes, timed = [], {}
         for label, fn, extra, docs, allowed in variants:
             if not allowed:
-                lines.append(_row(f"{label} (gate failed)", None, None, kernel, bw))
+                lines.append(_row(f"{label} (gate failed)", (None,) * 5, kernel, bw))
                 continue
-            kwargs = {"cu_seqlens": docs, "residual": True, **extra}
-            closures = (fwd_call(fn, kernel.inputs, **kwargs), fwd_bwd_call(fn, kernel.inputs, upstream, **kwargs))
-            fwd_us, total_us, note = measure_pair(*closures, repeats, dev)
-            graph_fwd, graph_total, graph_note = measure_graphed(*closures, repeats, dev)
-            timed[label] = (fwd_us, total_us, graph_fwd, graph_total)
-            lines.append(_row(label, fwd_us, total_us, kernel, bw, graph_fwd, graph_total))
-            notes += [f"{label}: {n}" for n in (note, graph_note) if n]
+            timed[label], failed = _measure(fn, kernel.inputs, upstream, repeats, dev, cu_seqlens=docs,
+                                            residual=True, **extra)
+            lines.append(_row(label, timed[label], kernel, bw))
+            notes += [f"{label}: {n}" for n in failed]
         anchor_lines, anchor_notes = _anchor_rows(kernel, [(None, ""), (cu, f", {n_docs} documents")], timed,
                                                   upstream, repeats, bw)
         lines += anchor_lines

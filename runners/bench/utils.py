@@ -108,6 +108,18 @@ def fwd_bwd_call(
     return run
 
 
+def backward_call(fn: Callable, inputs: dict, upstream: torch.Tensor, **kwargs) -> Callable[[], None]:
+    """A closure running fn forward and ``.backward()`` as a model's training step calls an op: the inputs are leaf
+    tensors whose gradients accumulate into ``.grad`` from the second call on (what ``fwd_bwd_call``'s
+    ``autograd.grad`` never pays: autograd's accumulation, and any cast or copy it needs to match a leaf)."""
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in inputs.items()}
+
+    def run():
+        fn(**leaves, **kwargs).backward(upstream)
+
+    return run
+
+
 def fwd_call(fn: Callable, inputs: dict, **kwargs) -> Callable[[], torch.Tensor]:
     """A closure running fn forward only, without autograd: -> y."""
     def run():
@@ -154,6 +166,14 @@ def measure_graphed(fn_fwd, fn_total, repeats: int, device: torch.device) -> tup
     except Exception as err:  # noqa: BLE001 - an op that syncs with the host cannot be captured; say so
         return None, None, f"CUDA graph: {error_line(err)}"
     return measure_pair(fn_fwd, fn_total, repeats, device)
+
+
+def measure_one(fn: Callable[[], object], repeats: int, device: torch.device) -> tuple[float | None, str]:
+    """(µs, note) of one closure, as ``measure_pair`` times each of its two."""
+    try:
+        return time_us(fn, repeats, device), ""
+    except Exception as err:  # noqa: BLE001 - one broken baseline must not hide the other rows
+        return None, error_line(err)
 
 
 def measure_pair(fn_fwd, fn_total, repeats: int, device: torch.device) -> tuple[float | None, float | None, str]:

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 from mixlab.kernels.rubiconv.naive import rubiconv_ref
+from mixlab.kernels.short_conv.naive import short_conv_ref
 from mixlab.runners.bench import anchors as bench_anchors
 from mixlab.runners.bench import shortconv as bench_shortconv_module
 from mixlab.runners.bench.anchors import Anchor, Missing, long_conv_anchors, short_conv_anchors
@@ -94,24 +95,48 @@ def test_an_agreeing_anchor_is_timed_with_its_ratio_and_a_disagreeing_one_is_not
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
     lines, notes = bench_shortconv_module._anchor_rows(
-        kernel, [(None, ""), (cu, ", 2 documents")], {"Triton": (20.0, 60.0, None, None)}, upstream, 1, 1e9)
+        kernel, [(None, ""), (cu, ", 2 documents")], {"Triton": (20.0, 60.0, None, None, None)}, upstream, 1, 1e9)
     assert [line.split(" | ")[0] for line in lines] == (["| anchor: dynamic-conv1d"] if honest else [])
     assert any(expect in n for n in notes)
     assert "anchor: dynamic-conv1d, 2 documents: skipped, no document support" in notes
 
 
-def test_the_graphed_ratio_joins_the_note_and_the_row_when_both_sides_were_captured(monkeypatch):
+def test_the_graphed_and_backward_ratios_join_the_note_and_the_row_when_both_sides_were_timed(monkeypatch):
     _modules(monkeypatch, headwise=_headwise_module(True))
     monkeypatch.setattr(bench_shortconv_module, "measure_pair", lambda fwd, total, repeats, device: (10.0, 20.0, ""))
     monkeypatch.setattr(bench_shortconv_module, "measure_graphed",
                         lambda fwd, total, repeats, device: (8.0, 16.0, ""))
+    monkeypatch.setattr(bench_shortconv_module, "measure_one", lambda fn, repeats, device: (25.0, ""))
     kernel = next(k for k in bench_shortconv_module.bench_kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
                   if k.kind == "headwise")
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
-    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, 12.0, 40.0)},
-                                                       upstream, 1, 1e9)
-    assert lines[0].split(" | ")[1:5] == ["10.0", "20.0", "8.0", "16.0"]
-    assert any("fwd+bwd 3.00x; as CUDA graphs fwd+bwd 2.50x" in n for n in notes)
+    timed = {"Triton": (20.0, 60.0, 12.0, 40.0, 50.0)}
+    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], timed, upstream, 1, 1e9)
+    assert lines[0].split(" | ")[1:6] == ["10.0", "20.0", "8.0", "16.0", "25.0"]
+    assert any("fwd+bwd 3.00x; as CUDA graphs fwd+bwd 2.50x; with .backward() 2.00x" in n for n in notes)
+
+
+def test_backward_call_accumulates_into_the_leaves_grad_as_a_training_step_does():
+    """The ``.backward()`` column's closure: the first call leaves each input's gradient in ``.grad``, the second
+    adds to it (what ``autograd.grad`` in the fwd+bwd column never does)."""
+    from mixlab.runners.bench.utils import backward_call, fwd_bwd_call
+
+    gen = torch.Generator().manual_seed(3)
+    inputs = {"x": torch.randn(2, 9, 4, generator=gen), "weight": torch.randn(3, 4, generator=gen)}
+    upstream = torch.randn(2, 9, 4, generator=gen)
+    _, *want = fwd_bwd_call(short_conv_ref, inputs, upstream, residual=True)()
+    leaves = {}
+
+    def conv(**tensors):
+        leaves.update(x=tensors["x"], weight=tensors["weight"])
+        return short_conv_ref(**tensors)
+
+    call = backward_call(conv, inputs, upstream, residual=True)
+    call()
+    torch.testing.assert_close([leaves["x"].grad, leaves["weight"].grad], want)
+    call()
+    torch.testing.assert_close([leaves["x"].grad, leaves["weight"].grad], [2 * w for w in want])
+    assert inputs["x"].grad is None  # the caller's tensors are left alone
 
 
 def test_graphed_timing_is_absent_off_cuda():
@@ -157,7 +182,7 @@ def test_an_anchor_failing_on_a_bare_assert_is_noted_by_where_it_failed(monkeypa
     kernel = next(k for k in bench_shortconv_module.bench_kernels(1, 8, 4, 2, torch.float32, torch.device("cpu"))
                   if k.kind == "headwise")
     upstream = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
-    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, None, None)},
+    lines, notes = bench_shortconv_module._anchor_rows(kernel, [(None, "")], {"Triton": (20.0, 60.0, None, None, None)},
                                                        upstream, 1, 1e9)
     line = headwise_dynamic_convolution.__code__.co_firstlineno + 2
     assert lines == []
