@@ -28,6 +28,11 @@ or Nsight Compute. Each mode is a function here that returns a markdown report h
   the last step fall outside (the training set is one batch longer than the steps, so that evaluation is the only
   one). The window's wall time per step against the GPU's busy time in it: well under 1, the host's launches bound
   the step.
+- ``rows`` (``kernel_groups``, ``profile_rows``): ``train``'s stack at each of several row lengths (the task's
+  ``seq_len``), one table: per length the wall and GPU busy time a step, train tokens/s, and the kernel time a
+  step by what it does (``GROUPS``: attention forward and backward, the convs, matmuls, the optimizer, compiled
+  and eager elementwise work, copies), then the largest kernels no group names. Where a MAD step's time goes as
+  its rows grow, in one call.
 - ``run`` (``profile_one_run``, ``profile_preset``): for each model of a sweep preset (on its first task, seed 0),
   its run trained alone by ``runners.train.run.train_run`` as the sweep trains it, for ``steps`` steps (its training
   steps per second), then for ``profiled`` steps under torch.profiler, data generation and the one evaluation at
@@ -41,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -72,6 +78,22 @@ NCU_GROUPS = ("shortconv", "attention", "rubiconv")
 BATCH = 128
 # Table names are cut to this many characters.
 NAME_WIDTH = 70
+# ``rows``' kernel groups, (label, pattern searched in the kernel's name, any case), the first that matches takes it:
+# the lab's Triton kernels by their function names, cuBLAS/CUTLASS and inductor's matmul templates, the optimizer's
+# multi-tensor kernels, inductor's fused pointwise and reduction kernels (a fused cast counts there), copies and
+# fills, aten's eager elementwise and reduction kernels.
+GROUPS = tuple((label, re.compile(pattern, re.IGNORECASE)) for label, pattern in (
+    ("attention fwd", r"_attn_fwd"),
+    ("attention bwd", r"_attn_bwd"),
+    ("short convs", r"_short_conv_|_headwise_|_dynamic_conv_|_sum_partials"),
+    ("RubiConv", r"_rubi_"),
+    ("matmuls", r"gemm|gemv|nvjet|cutlass|xmma|triton_tem_|cublas"),
+    ("optimizer", r"multi_tensor_apply|adam"),
+    ("compiled elementwise", r"^triton_(poi|red|per)_"),
+    ("copies, fills", r"^Memcpy|^Memset|copy|fill|CatArray"),
+    ("eager elementwise", r"elementwise|reduce_kernel|softmax|index|gather|scatter"),
+))
+OTHER = "other"
 
 
 def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
@@ -381,6 +403,68 @@ def profile_train(task: str = "mad/in_context_recall", model: str = "transformer
         f"speed {o.speed}; task_params={task_params or {}!r}, model_params={model_params or {}!r}",
         f"profiled steps {o.skip + 1}-{o.steps} of {o.steps}")
     lines += [window.summary("step"), "", *window.tables(o.rows, "step")]
+    return "\n".join(lines).rstrip("\n")
+
+
+def group_of(kernel: str) -> str:
+    """The ``GROUPS`` label of a kernel's name, else ``OTHER``."""
+    return next((label for label, pattern in GROUPS if pattern.search(kernel)), OTHER)
+
+
+def kernel_groups(spans: Sequence[tuple[str, float, float]]) -> dict[str, float]:
+    """µs of the kernels ``(name, start µs, end µs)`` by ``GROUPS`` label, every label present, ``OTHER`` last."""
+    totals = dict.fromkeys([label for label, _ in GROUPS] + [OTHER], 0.0)
+    for name, start, end in spans:
+        totals[group_of(name)] += end - start
+    return totals
+
+
+def profile_rows(task: str = "mad/in_context_recall", model: str = "transformer",
+                 lengths: Sequence[int] = (128, 256, 512, 1024), options: TrainProfile = TrainProfile(), *,
+                 device: str = "cuda", task_params: dict[str, Any] | None = None,
+                 model_params: dict[str, Any] | None = None) -> str:
+    """Markdown: ``profile_train``'s stack at each ``seq_len`` of ``lengths``, one row each: wall and GPU busy time a
+    step, train tokens/s, kernel time a step by ``kernel_groups``; then the largest kernels of group ``OTHER``.
+    ``device`` "cpu" checks the path (no kernels are seen there)."""
+    lengths = check("lengths", tuple(lengths), tuple[PositiveInt, ...])
+    if not lengths:
+        raise ValueError("lengths must name at least one row length")
+    dev = _cuda("rows", " (--device cpu checks the path on a CPU)") if device == "cuda" else torch.device(device)
+    o, stacks = options, []
+    for length in lengths:  # every length resolved before any is timed: a bad one fails first
+        params = {**(task_params or {}), "seq_len": length}
+        stacks.append(bench_runs(task, model, o.n_runs, o.steps, dev.type, task_params=params,
+                                 model_params=model_params, batch_size=BATCH, num_train=BATCH * (o.steps + 1),
+                                 num_test=o.num_test))
+    labels = [label for label, _ in GROUPS] + [OTHER]
+    table = ["| seq_len | row tokens | ms a step | GPU busy ms | train tokens/s | "
+             + " | ".join(f"{label} ms" for label in labels) + " |", "|---" * (5 + len(labels)) + "|"]
+    others = []
+    for length, runs in zip(lengths, stacks, strict=True):
+        window = profile_stack_steps(runs, speed=o.speed, skip=o.skip, last=o.steps)
+        step_s = window.wall_s / window.count
+        tokens = sum(run.config.train.batch_size * run.row_tokens for run in runs)
+        groups = kernel_groups(window.device)
+        whole = sum(groups.values()) or 1.0
+        cells = [f"{t / window.count / 1e3:,.2f} ({t / whole:.0%})" for t in groups.values()]
+        busy = f"{1e3 * window.busy_s / window.count:,.2f}"
+        if not window.device:  # a CPU run: no kernels seen
+            busy, cells = "—", ["—"] * len(cells)
+        head = [str(length), str(runs[0].row_tokens), f"{1e3 * step_s:,.2f}", busy, f"{tokens / step_s:,.0f}"]
+        table.append("| " + " | ".join(head + cells) + " |")
+        rest = [span for span in window.device if group_of(span[0]) == OTHER]
+        if rest:
+            others += [f"seq_len {length}:", "", kernel_table(rest, 5, window.count), ""]
+    model_config = stacks[0][0].model_config
+    lines = _header(
+        f"Where a stack's step goes by row length: {task}, model {model}", dev,
+        f"{o.n_runs} runs of {BATCH} rows a step, {model_config.n_layers} blocks, d={model_config.d_model}, "
+        f"{'bf16 autocast' if uses_bf16(stacks[0][0].config.train.precision, dev) else 'fp32'}, speed {o.speed}; "
+        f"task_params={task_params or {}!r}, model_params={model_params or {}!r}",
+        f"profiled steps {o.skip + 1}-{o.steps} of {o.steps}; kernel groups: ms a step (share of the kernel time)")
+    lines += table + [""]
+    if others:
+        lines += [f"Largest kernels in \"{OTHER}\":", "", *others]
     return "\n".join(lines).rstrip("\n")
 
 

@@ -195,7 +195,8 @@ def bench_mad_cmd(
 
 
 profile_app = typer.Typer(help="Where the time goes: the short convs' eager ops, Nsight Compute launches, a stack's "
-                          "steps, one run alone, the eager ops' host time (markdown; device and versions on top).",
+                          "steps, the same by row length, one run alone, the eager ops' host time (markdown; device "
+                          "and versions on top).",
                           no_args_is_help=True)
 bench_app.add_typer(profile_app, name="profile")
 KERNELS_HELP = "Comma-separated short convs: static, hs1, hs16 (head-wise at head size 1, 16), lowrank."
@@ -260,6 +261,33 @@ def profile_train_cmd(
     fields = _train_fields(task, set_, "bench profile train", "--steps, --num-test")
     options = TrainProfile(n_runs=n_runs, steps=steps, skip=skip, speed=speed, num_test=num_test, rows=rows)
     typer.echo(profile_train(task, model, options, task_params=fields.task_params, model_params=fields.model))
+
+
+@profile_app.command("rows")
+def profile_rows_cmd(
+    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
+    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    lengths: str = typer.Option("128,256,512,1024", help="Comma-separated seq_len values, one stack each."),
+    n_runs: int = typer.Option(18, help="Runs in each stack (a MAD seed's stacks hold 18 at the paper profile)."),
+    steps: int = typer.Option(20, help="Steps of each run; the window ends with the last."),
+    skip: int = typer.Option(5, help="Steps before the profiled window (at least 1)."),
+    speed: str = typer.Option("auto", help="How the stacks step: eager, compile, cuda-graph, compile+graph, auto."),
+    num_test: int = typer.Option(128, help="Test rows (evaluated once, after the window)."),
+    device: str = typer.Option("cuda", help="cuda, or cpu to check the path."),
+    set_: list[str] = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model "
+                                   "field, as bench profile train's --set."),
+) -> None:
+    """Where a stack's step goes as its rows grow: per row length, ms a step, tokens/s and kernel time by group."""
+    from mixlab.runners.bench.profile import TrainProfile, profile_rows
+
+    try:
+        seq_lens = tuple(int(v) for v in lengths.split(","))
+    except ValueError:
+        raise ValueError(f"--lengths expects comma-separated integers, got {lengths!r}") from None
+    fields = _train_fields(task, set_, "bench profile rows", "--steps, --num-test")
+    options = TrainProfile(n_runs=n_runs, steps=steps, skip=skip, speed=speed, num_test=num_test)
+    typer.echo(profile_rows(task, model, seq_lens, options, device=device, task_params=fields.task_params,
+                            model_params=fields.model))
 
 
 @profile_app.command("run")

@@ -11,9 +11,11 @@ from mixlab.runners.bench.profile import (
     Window,
     busy_seconds,
     host_table,
+    kernel_groups,
     kernel_table,
     ncu_launches,
     profile_one_run,
+    profile_rows,
     profile_stack_steps,
     shortened,
 )
@@ -54,6 +56,38 @@ def test_kernel_table_sums_each_kernel_per_step_by_time():
     long = kernel_table([("k" * 100, 0.0, 1500.0)], rows=5, count=1, per="call").splitlines()
     assert long[0] == "| kernel | µs a call | share | calls a call | mean µs |"
     assert long[2] == f"| `{'k' * 70}` | 1,500.0 | 100.0% | 1 | 1,500.0 |"
+
+
+def test_kernel_groups_sum_each_kernel_under_the_first_group_its_name_matches():
+    spans = [
+        ("_attn_fwd_kernel", 0.0, 10.0), ("_attn_bwd_one_pass_kernel", 0.0, 30.0),
+        ("_dynamic_conv_lowrank_bwd_dx_kernel", 0.0, 4.0), ("_sum_partials_kernel", 0.0, 1.0),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 0.0, 5.0), ("triton_tem_fused_mm_3", 0.0, 2.0),
+        ("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", 0.0, 6.0),
+        ("triton_poi_fused__to_copy_add_0", 0.0, 7.0), ("Memcpy DtoD (Device -> Device)", 0.0, 8.0),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 0.0, 9.0),
+        ("void at::native::reduce_kernel<512, 1>", 0.0, 11.0), ("_rubi_spectrum_kernel", 0.0, 12.0),
+        ("mystery_kernel", 0.0, 13.0),
+    ]
+    assert kernel_groups(spans) == {
+        "attention fwd": 10.0, "attention bwd": 30.0, "short convs": 5.0, "RubiConv": 12.0, "matmuls": 7.0,
+        "optimizer": 6.0, "compiled elementwise": 7.0, "copies, fills": 17.0, "eager elementwise": 11.0,
+        "other": 13.0,
+    }
+    assert list(kernel_groups([]).values()) == [0.0] * 10
+
+
+def test_rows_profile_gives_one_row_a_length_and_no_kernel_figures_on_the_cpu():
+    report = profile_rows(lengths=(16, 32), options=TrainProfile(n_runs=2, steps=4, skip=1, num_test=8),
+                          device="cpu", model_params=TINY_MODEL)
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0][:5] == ["| seq_len", "row tokens", "ms a step", "GPU busy ms", "train tokens/s"]
+    assert rows[0][-1] == "other ms |" and len(rows[0]) == 15
+    assert [row[:2] for row in rows[1:]] == [["| 16", "15"], ["| 32", "31"]]
+    assert all(float(row[2]) > 0 and int(row[4].replace(",", "")) > 0 for row in rows[1:])
+    assert all(cell.strip(" |") == "—" for row in rows[1:] for cell in row[5:])
+    with pytest.raises(ValueError, match="seq_len=15 must be an even number"):
+        profile_rows(lengths=(16, 15), device="cpu", model_params=TINY_MODEL)
 
 
 def test_host_table_orders_the_ops_by_self_cpu_time():
@@ -202,10 +236,13 @@ def test_profile_lists_its_modes(capsys):
                                      "device here"),
     (["ncu"], "bench profile ncu needs a CUDA GPU, and torch sees no CUDA device here"),
     (["train"], "bench profile train needs a CUDA GPU, and torch sees no CUDA device here"),
+    (["rows"], "bench profile rows needs a CUDA GPU, and torch sees no CUDA device here (--device cpu checks the "
+               "path on a CPU)"),
+    (["rows", "--lengths", "128,1k"], "--lengths expects comma-separated integers, got '128,1k'"),
     (["run"], "bench profile run needs a CUDA GPU, and torch sees no CUDA device here (--device cpu checks the "
               "path on a CPU)"),
     (["host"], "bench profile host on the CPU needs the Triton interpreter's kernels"),
-], ids=["ops", "ncu", "train", "run", "host"])
+], ids=["ops", "ncu", "train", "rows", "rows_lengths", "run", "host"])
 def test_modes_without_a_gpu_say_what_they_need(capsys, monkeypatch, argv, message):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     code, out, err = run_cli(capsys, "bench", "profile", *argv)
