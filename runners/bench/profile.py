@@ -429,6 +429,8 @@ def profile_rows(task: str = "mad/in_context_recall", model: str = "transformer"
     lengths = check("lengths", tuple(lengths), tuple[PositiveInt, ...])
     if not lengths:
         raise ValueError("lengths must name at least one row length")
+    if "seq_len" in (task_params or {}):
+        raise ValueError("profile rows takes each stack's seq_len from lengths, not from the task parameters")
     dev = _cuda("rows", " (--device cpu checks the path on a CPU)") if device == "cuda" else torch.device(device)
     o, stacks = options, []
     for length in lengths:  # every length resolved before any is timed: a bad one fails first

@@ -240,19 +240,28 @@ def profile_ncu_cmd(
     typer.echo(profile_ncu(comma_names(ops), _conv_inputs(shape, dtype, n_docs)))
 
 
+# The options ``profile train`` and ``profile rows`` share.
+_STACK_TASK = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline).")
+_STACK_MODEL = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name.")
+_STACK_SKIP = typer.Option(5, help="Steps before the profiled window (at least 1).")
+_STACK_NUM_TEST = typer.Option(128, help="Test rows (evaluated once, after the window).")
+_STACK_SET = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model field over "
+                          "the model's, e.g. --set proj_bias=true --set seq_len=1024; prefix task. or model. when a "
+                          "name is ambiguous.")
+_SPEEDS = "eager, compile, cuda-graph, compile+graph, auto"
+
+
 @profile_app.command("train")
 def profile_train_cmd(
-    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
-    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    task: str = _STACK_TASK,
+    model: str = _STACK_MODEL,
     n_runs: int = typer.Option(6, help="Runs in the stack."),
     steps: int = typer.Option(30, help="Steps of each run; the window ends with the last."),
-    skip: int = typer.Option(5, help="Steps before the profiled window (at least 1)."),
-    speed: str = typer.Option("eager", help="How the stack steps: eager, compile, cuda-graph, compile+graph, auto."),
+    skip: int = _STACK_SKIP,
+    speed: str = typer.Option("eager", help=f"How the stack steps: {_SPEEDS}."),
     rows: int = typer.Option(25, help="Kernels and host ops listed."),
-    num_test: int = typer.Option(128, help="Test rows (evaluated once, after the window)."),
-    set_: list[str] = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model "
-                                   "field over the model's, e.g. --set proj_bias=true --set seq_len=1024; prefix "
-                                   "task. or model. when a name is ambiguous."),
+    num_test: int = _STACK_NUM_TEST,
+    set_: list[str] = _STACK_SET,
 ) -> None:
     """torch.profiler over the steady steps of a stack of bench train's runs: wall and GPU busy time a step,
     kernels, host ops (CUDA)."""
@@ -265,17 +274,16 @@ def profile_train_cmd(
 
 @profile_app.command("rows")
 def profile_rows_cmd(
-    task: str = typer.Option("mad/in_context_recall", help="Task (its defaults: the MAD baseline)."),
-    model: str = typer.Option("transformer", help="A preset (transformer, static_conv_qkv, ...) or a mixer name."),
+    task: str = _STACK_TASK,
+    model: str = _STACK_MODEL,
     lengths: str = typer.Option("128,256,512,1024", help="Comma-separated seq_len values, one stack each."),
     n_runs: int = typer.Option(18, help="Runs in each stack (a MAD seed's stacks hold 18 at the paper profile)."),
-    steps: int = typer.Option(20, help="Steps of each run; the window ends with the last."),
-    skip: int = typer.Option(5, help="Steps before the profiled window (at least 1)."),
-    speed: str = typer.Option("auto", help="How the stacks step: eager, compile, cuda-graph, compile+graph, auto."),
-    num_test: int = typer.Option(128, help="Test rows (evaluated once, after the window)."),
+    steps: int = typer.Option(20, help="Steps of each run; its last closes the window."),
+    skip: int = _STACK_SKIP,
+    speed: str = typer.Option("auto", help=f"How the stacks step: {_SPEEDS}."),
+    num_test: int = _STACK_NUM_TEST,
     device: str = typer.Option("cuda", help="cuda, or cpu to check the path."),
-    set_: list[str] = typer.Option(None, "--set", help="key=value (repeatable) for a task parameter or a model "
-                                   "field, as bench profile train's --set."),
+    set_: list[str] = _STACK_SET,
 ) -> None:
     """Where a stack's step goes as its rows grow: per row length, ms a step, tokens/s and kernel time by group."""
     from mixlab.runners.bench.profile import TrainProfile, profile_rows

@@ -88,6 +88,8 @@ def test_rows_profile_gives_one_row_a_length_and_no_kernel_figures_on_the_cpu():
     assert all(cell.strip(" |") == "—" for row in rows[1:] for cell in row[5:])
     with pytest.raises(ValueError, match="seq_len=15 must be an even number"):
         profile_rows(lengths=(16, 15), device="cpu", model_params=TINY_MODEL)
+    with pytest.raises(ValueError, match="takes each stack's seq_len from lengths"):
+        profile_rows(lengths=(16,), device="cpu", task_params={"seq_len": 32})
 
 
 def test_host_table_orders_the_ops_by_self_cpu_time():
