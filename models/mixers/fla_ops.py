@@ -252,11 +252,8 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 def _chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                              beta: torch.Tensor, scale: float, chunk_size: int | None,
-                              mm: Callable = torch.matmul, stored: Callable = lambda t: t) -> torch.Tensor:
-    """``chunked_gated_delta_rule``'s body. ``mm`` does its matrix products and ``stored`` is applied to what a
-    chunked kernel keeps between its stages (the WY factors u and w, each chunk's entering state, its writes):
-    scripts/emulate_gdn_rounding.py passes roundings there to mimic fla's kernels."""
+                              beta: torch.Tensor, scale: float, chunk_size: int | None) -> torch.Tensor:
+    """``chunked_gated_delta_rule``'s body, autocast off."""
     B, T, H, K = q.shape
     C = min(chunk_size or GDR_CHUNK.get(q.device.type, GDR_CHUNK["cpu"]), T)
     n = -(-T // C)
@@ -273,24 +270,22 @@ def _chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     L = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # [B, H, n, C, C]
     k_beta = k * beta[..., None]
     # unit lower-triangular I + A: solve_triangular reads only the strict lower part and takes the diagonal as 1
-    A = mm(k_beta, k.transpose(-1, -2)) * L  # [B, H, n, C, C]
+    A = (k_beta @ k.transpose(-1, -2)) * L  # [B, H, n, C, C]
     rhs = torch.cat([v * beta[..., None], k_beta * G.exp()[..., None]], -1)  # [B, H, n, C, V + K]
     u, w = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([v.shape[-1], K], -1)
-    u, w = stored(u), stored(w)
     # u [B, H, n, C, V]: the writes were the entering state zero; w [B, H, n, C, K]: how that state lowers them
     last = G[..., -1:]  # [B, H, n, 1]
     k_out = k * (last - G).exp()[..., None]  # [B, H, n, C, K]: each key's decay to the chunk's end
     state = q.new_zeros(B, H, K, v.shape[-1])
     states, writes = [], []
     for i in range(n):
-        entering = stored(state)
-        states.append(entering)
-        e = stored(u[:, :, i] - mm(w[:, :, i], entering))  # [B, H, C, V]
+        states.append(state)
+        e = u[:, :, i] - w[:, :, i] @ state  # [B, H, C, V]
         writes.append(e)
-        state = state * last[:, :, i, :, None].exp() + mm(k_out[:, :, i].transpose(-1, -2), e)
+        state = state * last[:, :, i, :, None].exp() + k_out[:, :, i].transpose(-1, -2) @ e
     S, E = torch.stack(states, 2), torch.stack(writes, 2)  # [B, H, n, K, V], [B, H, n, C, V]
     q = q * scale
-    o = mm(q * G.exp()[..., None], S) + mm(mm(q, k.transpose(-1, -2)) * L, E)  # [B, H, n, C, V]
+    o = (q * G.exp()[..., None]) @ S + ((q @ k.transpose(-1, -2)) * L) @ E  # [B, H, n, C, V]
     return o.flatten(2, 3)[:, :, :T].transpose(1, 2)
 
 

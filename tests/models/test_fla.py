@@ -128,29 +128,6 @@ def test_chunked_gated_delta_rule_keeps_fp32_under_autocast():
     assert torch.equal(got, want)
 
 
-def test_chunked_gated_delta_rule_hooks_see_every_product_and_stored_tensor():
-    """The hooks scripts/emulate_gdn_rounding.py uses: ``mm`` does every matrix product (A, each chunk's two,
-    the output's three) and ``stored`` sees u, w and each chunk's entering state and writes; identity hooks
-    change nothing."""
-    q, k, v, extra = op_inputs("gated_delta_rule", seed=3)
-    args = (q, k, v, extra["g"], extra["beta"], 0.5, 4)
-    n_chunks = -(-q.shape[1] // 4)
-    products, kept = [], []
-
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        products.append(a.shape[-2:] + b.shape[-1:])
-        return a @ b
-
-    def stored(t: torch.Tensor) -> torch.Tensor:
-        kept.append(t.shape[-2:])
-        return t
-
-    assert torch.equal(fla_ops._chunked_gated_delta_rule(*args, mm=mm, stored=stored),
-                       fla_ops._chunked_gated_delta_rule(*args))
-    assert len(products) == 1 + 2 * n_chunks + 3
-    assert kept == [(4, V), (4, K)] + [(K, V), (4, V)] * n_chunks
-
-
 @needs_fla
 def test_retention_agrees_with_flas_naive_retention():
     from fla.ops.retention.naive import naive_retention
