@@ -83,10 +83,3 @@ class Resolver:
         config = RunConfig(task=task, task_params=dict(task_params), model=dict(full_model),
                            train=from_mapping(TrainConfig, train, where="train"))
         return dataclasses.replace(base, config=config)
-
-
-def resolved_run(task: str, params: Mapping[str, Any], model: Mapping[str, Any],
-                 train: Mapping[str, Any]) -> ResolvedRun:
-    """One run resolved, under its resolved config (every task parameter, every model field), whose hash names
-    it."""
-    return Resolver().run(task, params, model, train)

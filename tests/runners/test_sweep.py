@@ -21,7 +21,7 @@ from mixlab.runners.sweep.jobs import plan_jobs
 from mixlab.runners.sweep.local_backend import JobOutOfMemory
 from mixlab.runners.sweep.mad import mad_plan
 from mixlab.runners.sweep.manifest import write_manifest
-from mixlab.runners.sweep.plan import resolved_run
+from mixlab.runners.sweep.plan import Resolver
 from mixlab.runners.sweep.run import SweepOptions, run_sweep
 from mixlab.runners.sweep.spec import SweepSpec, load_spec, preset_names
 from mixlab.runners.train.config import config_hash
@@ -168,7 +168,7 @@ def test_committed_runs_keep_their_hashes(sweep):
     manifest = json.loads((REPO / "reproductions" / sweep / "sweep.json").read_text())
     for run in manifest["runs"][:3]:
         config = run["config"]
-        again = resolved_run(config["task"], config["task_params"], config["model"], config["train"])
+        again = Resolver().run(config["task"], config["task_params"], config["model"], config["train"])
         assert again.hash == config_hash(again.config) == run["hash"]
 
 
