@@ -12,15 +12,23 @@ bench_app = typer.Typer(help="Benchmarks and profiles: kernels and training thro
                         no_args_is_help=True)
 
 
-def parse_shape(text: str, n: int, what: str) -> tuple[int, ...]:
-    """``"4,4096,2048,4"`` -> (4, 4096, 2048, 4); anything else raises ValueError naming the text."""
+def parse_shape(text: str, n: int | None, what: str, option: str = "--shape") -> tuple[int, ...]:
+    """``"4,4096,2048,4"`` -> (4, 4096, 2048, 4): ``n`` positive integers (None: any number); anything else raises
+    ValueError naming ``option`` and the text."""
     try:
         shape = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ValueError(f"--shape expects {what}, got {text!r}") from None
-    if len(shape) != n or min(shape) < 1:
-        raise ValueError(f"--shape expects {what} (positive integers), got {text!r}")
+        raise ValueError(f"{option} expects {what}, got {text!r}") from None
+    if (n is not None and len(shape) != n) or min(shape) < 1:
+        raise ValueError(f"{option} expects {what} (positive integers), got {text!r}")
     return shape
+
+
+# Options several benchmarks share.
+_REPEATS = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep).")
+_SEQ_LENS = typer.Option("128,256,512,1024", help="Row lengths T, one table each.")
+_HEADS = typer.Option(16, help="Heads H.")
+_TOKENS = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T rows.")
 
 
 def _train_fields(task: str, set_: list[str] | None, command: str, options: str):
@@ -39,7 +47,7 @@ def bench_shortconv_cmd(
     shape: str = typer.Option("4,4096,2048,4", help="B,T,D,W."),
     dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
     n_docs: int = typer.Option(64, help="Documents in the packed variant."),
-    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    repeats: int = _REPEATS,
     only: str = typer.Option("static,hs1,hs16,lowrank", "--kernels",
                              help="Comma-separated kernels to time: static, hs1, hs16 (head-wise at head size 1, 16), "
                                   "lowrank."),
@@ -58,48 +66,48 @@ def bench_rubiconv_cmd(
     dtype: str = typer.Option("fp32", help="fp32 or bf16 activations and filter."),
     blocks: str = typer.Option("", help="Extra block sizes k for the gemm and triton rows, e.g. 64,256."),
     seed: int = typer.Option(0, help="Seed of the document lengths and data."),
-    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    repeats: int = _REPEATS,
     median_length: int | None = typer.Option(None, help="Median document length (default about 812 tokens)."),
 ) -> None:
     """RubiConv backends against a leaky single FFT, a per-document loop, pad-to-longest and pow2 buckets."""
     from mixlab.runners.bench.rubiconv import bench_rubiconv
 
-    extra = parse_shape(blocks, len(blocks.split(",")), "block sizes, e.g. 64,256") if blocks else ()
+    extra = parse_shape(blocks, None, "block sizes, e.g. 64,256", "--blocks") if blocks else ()
     typer.echo(bench_rubiconv(n_tokens=n_tokens, d=d, dtype=dtype, repeats=repeats, blocks=extra, seed=seed,
                               median_length=median_length))
 
 
 @bench_app.command("attention")
 def bench_attention_cmd(
-    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each."),
-    heads: int = typer.Option(16, help="Heads H."),
+    seq_lens: str = _SEQ_LENS,
+    heads: int = _HEADS,
     head_dim: int = typer.Option(8, help="Head size hd."),
-    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T sequences."),
+    tokens: int = _TOKENS,
     dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16."),
-    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    repeats: int = _REPEATS,
 ) -> None:
     """Triton causal attention against SDPA with each backend forced: fwd and fwd+bwd, tokens/s, byte floor."""
     from mixlab.runners.bench.attention import bench_attention
 
-    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    lens = parse_shape(seq_lens, None, "row lengths, e.g. 128,1024", "--seq-lens")
     typer.echo(bench_attention(lens, n_heads=heads, head_dim=head_dim, tokens=tokens, dtype=dtype, repeats=repeats))
 
 
 @bench_app.command("fla")
 def bench_fla_cmd(
-    seq_lens: str = typer.Option("128,256,512,1024", help="Row lengths T, one table each per op."),
+    seq_lens: str = _SEQ_LENS,
     ops: str = typer.Option("gla,simple_gla,retention", help="fla ops with both kernel forms, comma-separated."),
-    heads: int = typer.Option(16, help="Heads H."),
+    heads: int = _HEADS,
     head_dim: int = typer.Option(8, help="Key size per head."),
     value_dim: int = typer.Option(16, help="Value size per head."),
-    tokens: int = typer.Option(18 * 128 * 128, help="Tokens a call; B = tokens // T rows."),
+    tokens: int = _TOKENS,
     dtype: str = typer.Option("bf16", help="fp32, bf16 or fp16 (q, k, v; gates fp32)."),
-    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    repeats: int = _REPEATS,
 ) -> None:
     """fla's chunked against its fused recurrent kernels (GLA, simple_gla, retention): fwd and fwd+bwd."""
     from mixlab.runners.bench.fla import bench_fla
 
-    lens = parse_shape(seq_lens, len(seq_lens.split(",")), "row lengths, e.g. 128,1024")
+    lens = parse_shape(seq_lens, None, "row lengths, e.g. 128,1024", "--seq-lens")
     typer.echo(bench_fla(lens, ops=tuple(o.strip() for o in ops.split(",") if o.strip()), n_heads=heads,
                          head_dim=head_dim, value_dim=value_dim, tokens=tokens, dtype=dtype, repeats=repeats))
 
@@ -108,7 +116,7 @@ def bench_fla_cmd(
 def bench_tune_cmd(
     op: str = typer.Argument(..., help="shortconv, attention or rubiconv: whose table of launch settings."),
     group: list[str] = typer.Option(None, "--group", help="Only this tune group (repeatable; default: all)."),
-    repeats: int = typer.Option(100, help="Milliseconds of timed runs per measurement (do_bench rep)."),
+    repeats: int = _REPEATS,
     rounds: int = typer.Option(1, help="Time every candidate of a group this many times, interleaved."),
     smoke: bool = typer.Option(False, "--smoke", help="Tiny shapes: a check of the code path, not a measurement."),
 ) -> None:
@@ -288,10 +296,7 @@ def profile_rows_cmd(
     """Where a stack's step goes as its rows grow: per row length, ms a step, tokens/s and kernel time by group."""
     from mixlab.runners.bench.profile import TrainProfile, profile_rows
 
-    try:
-        seq_lens = tuple(int(v) for v in lengths.split(","))
-    except ValueError:
-        raise ValueError(f"--lengths expects comma-separated integers, got {lengths!r}") from None
+    seq_lens = parse_shape(lengths, None, "seq_len values, e.g. 128,1024", "--lengths")
     fields = _train_fields(task, set_, "bench profile rows", "--steps, --num-test")
     options = TrainProfile(n_runs=n_runs, steps=steps, skip=skip, speed=speed, num_test=num_test)
     typer.echo(profile_rows(task, model, seq_lens, options, device=device, task_params=fields.task_params,

@@ -240,7 +240,7 @@ def test_profile_lists_its_modes(capsys):
     (["train"], "bench profile train needs a CUDA GPU, and torch sees no CUDA device here"),
     (["rows"], "bench profile rows needs a CUDA GPU, and torch sees no CUDA device here (--device cpu checks the "
                "path on a CPU)"),
-    (["rows", "--lengths", "128,1k"], "--lengths expects comma-separated integers, got '128,1k'"),
+    (["rows", "--lengths", "128,1k"], "--lengths expects seq_len values, e.g. 128,1024, got '128,1k'"),
     (["run"], "bench profile run needs a CUDA GPU, and torch sees no CUDA device here (--device cpu checks the "
               "path on a CPU)"),
     (["host"], "bench profile host on the CPU needs the Triton interpreter's kernels"),
